@@ -1,0 +1,187 @@
+//! Node configuration, with the defaults that measured well on a 2-vCPU machine.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::core::bundler::BundlerKind;
+use crate::error::Error;
+
+/// One peer in the static member list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSpec {
+    pub name: String,
+    pub addr: SocketAddr,
+}
+
+impl std::str::FromStr for PeerSpec {
+    type Err = String;
+    /// Parses `name=host:port`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, addr) = s
+            .split_once('=')
+            .ok_or_else(|| format!("peer {s:?} is not NAME=HOST:PORT"))?;
+        let addr = std::net::ToSocketAddrs::to_socket_addrs(addr)
+            .map_err(|e| format!("peer {s:?}: cannot resolve {addr:?}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("peer {s:?}: {addr:?} resolves to nothing"))?;
+        Ok(PeerSpec {
+            name: name.to_string(),
+            addr,
+        })
+    }
+}
+
+/// Everything a node needs. Build with [`NodeConfig::new`] and the builder methods; every
+/// field not set there has the documented default.
+///
+/// Connections: of two peers, the one whose name sorts first dials the other; the other
+/// waits for it. List each peer on both sides (a static cluster), so every pair connects.
+#[derive(Clone)]
+pub struct NodeConfig {
+    /// This node's name, unique in the cluster (1..=255 bytes of UTF-8).
+    pub name: String,
+    /// Where to accept connections. Port 0 picks a free port (see `Node::local_addr`).
+    pub listen: SocketAddr,
+    /// The static list of peers.
+    pub peers: Vec<PeerSpec>,
+    /// The cluster secret, shared by every node. Never sent over the wire.
+    pub secret: Vec<u8>,
+    /// How outbound messages are grouped into writes. Default: `natural`.
+    pub bundler: BundlerKind,
+    /// Bound of each peer's outbound queue, in bytes. When full, `send` blocks and
+    /// `try_send` returns `Full`. Default 4 MiB.
+    pub send_queue_bytes: usize,
+    /// Bound of each mailbox's queue, in bytes; a full mailbox stops its connection's reader
+    /// (TCP flow control then slows the senders). Default 4 MiB.
+    pub mailbox_bytes: usize,
+    /// Largest payload `send` accepts. Use the same value on every node. Default 16 MiB.
+    pub max_payload: usize,
+    /// A writer closes a MESSAGES frame once it holds this many bytes and starts another,
+    /// so receivers hand out batches of about this size. Default 64 KiB.
+    pub frame_bytes: usize,
+    /// Bytes the reader asks the socket for at once. Default 64 KiB.
+    pub read_bytes: usize,
+    /// First and largest pause between connection attempts. Default 50 ms .. 2 s.
+    pub reconnect_min: Duration,
+    pub reconnect_max: Duration,
+    /// How long a handshake may take. Default 5 s.
+    pub handshake_timeout: Duration,
+    /// How long `shutdown` waits for queued messages to be written. Default 5 s.
+    pub shutdown_timeout: Duration,
+}
+
+impl std::fmt::Debug for NodeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeConfig")
+            .field("name", &self.name)
+            .field("listen", &self.listen)
+            .field("peers", &self.peers)
+            .field("secret", &"<redacted>")
+            .field("bundler", &self.bundler)
+            .field("send_queue_bytes", &self.send_queue_bytes)
+            .field("mailbox_bytes", &self.mailbox_bytes)
+            .field("max_payload", &self.max_payload)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeConfig {
+    /// A node named `name` listening on `listen`, with cluster secret `secret` and defaults.
+    pub fn new(name: impl Into<String>, listen: SocketAddr, secret: impl Into<Vec<u8>>) -> Self {
+        NodeConfig {
+            name: name.into(),
+            listen,
+            peers: Vec::new(),
+            secret: secret.into(),
+            bundler: BundlerKind::default(),
+            send_queue_bytes: 4 << 20,
+            mailbox_bytes: 4 << 20,
+            max_payload: 16 << 20,
+            frame_bytes: 64 << 10,
+            read_bytes: 64 << 10,
+            reconnect_min: Duration::from_millis(50),
+            reconnect_max: Duration::from_secs(2),
+            handshake_timeout: Duration::from_secs(5),
+            shutdown_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Add a peer.
+    pub fn peer(mut self, name: impl Into<String>, addr: SocketAddr) -> Self {
+        self.peers.push(PeerSpec {
+            name: name.into(),
+            addr,
+        });
+        self
+    }
+
+    /// Choose the bundler.
+    pub fn bundler(mut self, b: BundlerKind) -> Self {
+        self.bundler = b;
+        self
+    }
+
+    /// Read the cluster secret from a file (trailing newlines are not part of it).
+    pub fn read_secret(path: &Path) -> Result<Vec<u8>, Error> {
+        let mut s = std::fs::read(path)
+            .map_err(|e| Error::Config(format!("cannot read secret file {}: {e}", path.display())))?;
+        while s.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+            s.pop();
+        }
+        if s.is_empty() {
+            return Err(Error::Config(format!("secret file {} is empty", path.display())));
+        }
+        Ok(s)
+    }
+
+    /// The largest frame a receiver accepts: one maximum payload plus room for headers.
+    pub fn max_frame(&self) -> usize {
+        self.max_payload.max(self.frame_bytes) + 1024
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        if self.secret.is_empty() {
+            return Err(Error::Config("the cluster secret is empty".into()));
+        }
+        for (what, v) in [
+            ("send_queue_bytes", self.send_queue_bytes),
+            ("mailbox_bytes", self.mailbox_bytes),
+            ("max_payload", self.max_payload),
+            ("frame_bytes", self.frame_bytes),
+            ("read_bytes", self.read_bytes),
+        ] {
+            if v == 0 {
+                return Err(Error::Config(format!("{what} must be above 0")));
+            }
+        }
+        if self.max_payload > u32::MAX as usize - 2048 {
+            return Err(Error::Config("max_payload must be below 4 GiB".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_specs_parse() {
+        let p: PeerSpec = "b=127.0.0.1:7002".parse().unwrap();
+        assert_eq!(p.name, "b");
+        assert_eq!(p.addr.port(), 7002);
+        assert!("b127.0.0.1:7002".parse::<PeerSpec>().is_err());
+        assert!("b=nowhere".parse::<PeerSpec>().is_err());
+    }
+
+    #[test]
+    fn validation_names_the_bad_field() {
+        let mut c = NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "s");
+        c.validate().unwrap();
+        c.mailbox_bytes = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("mailbox_bytes"));
+        let c = NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "");
+        assert!(c.validate().is_err());
+    }
+}

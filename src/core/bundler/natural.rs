@@ -1,0 +1,50 @@
+//! `natural`: the writer takes everything queued and writes it as one batch, then repeats.
+//!
+//! There is no timer: at low load a message is written as soon as the writer is free, so
+//! latency equals the `none` bundler's; under backlog, messages that queued up while the
+//! previous write was in progress go out together, so batches grow exactly as fast as load
+//! does. This is what JGroups' bundlers, Aeron and ZeroMQ do today.
+
+use std::time::Instant;
+
+use super::{Bundler, Decision, FlushReason, QueueLevel};
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Natural;
+
+impl Bundler for Natural {
+    fn name(&self) -> &'static str {
+        "natural"
+    }
+
+    fn poll(&mut self, level: QueueLevel, _now: Instant) -> Decision {
+        if level.messages == 0 {
+            Decision::Wait { until: None }
+        } else {
+            Decision::Flush {
+                max_messages: usize::MAX,
+                reason: FlushReason::Drained,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flushes_everything_at_once_and_never_sets_a_timer() {
+        let now = Instant::now();
+        let mut b = Natural;
+        let empty = QueueLevel { messages: 0, bytes: 0, oldest: None };
+        assert_eq!(b.poll(empty, now), Decision::Wait { until: None });
+        for n in [1, 7, 100_000] {
+            let lvl = QueueLevel { messages: n, bytes: n * 100, oldest: None };
+            assert_eq!(
+                b.poll(lvl, now),
+                Decision::Flush { max_messages: usize::MAX, reason: FlushReason::Drained }
+            );
+        }
+    }
+}

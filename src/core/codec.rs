@@ -1,0 +1,205 @@
+//! The `Codec` trait and a zero-copy `Reader`, in the style of rustls' `msgs::codec`.
+//!
+//! Every wire type encodes itself by appending to a `Vec<u8>` and reads itself from a
+//! [`Reader`] over a [`Bytes`] buffer, so that byte strings read from the wire (payloads and
+//! mailbox names) are slices of the receive buffer rather than copies.
+//!
+//! All integers are little-endian.
+
+use bytes::Bytes;
+
+/// Why bytes could not be decoded. "Not enough bytes yet" is *not* one of these: the frame
+/// layer checks that a whole frame is present before any `Codec::read` runs, so running out
+/// of bytes inside a frame means the frame is malformed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// A field ran past the end of its frame.
+    #[error("{what} runs past the end of the frame")]
+    Truncated { what: &'static str },
+    /// A name was not valid UTF-8.
+    #[error("{what} is not valid UTF-8")]
+    NotUtf8 { what: &'static str },
+    /// A frame had bytes left over after its last field.
+    #[error("{0} unexpected trailing bytes in frame")]
+    TrailingBytes(usize),
+    /// A field held a value that is not allowed.
+    #[error("invalid {what}: {detail}")]
+    Invalid { what: &'static str, detail: String },
+}
+
+/// A type with a wire encoding.
+pub trait Codec: Sized {
+    /// Append the encoding of `self` to `out`.
+    fn encode(&self, out: &mut Vec<u8>);
+    /// Read one value from `r`, advancing it.
+    fn read(r: &mut Reader) -> Result<Self, DecodeError>;
+
+    /// Encode into a fresh vector (convenience for tests and cold paths).
+    fn get_encoding(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.encode(&mut v);
+        v
+    }
+}
+
+/// A cursor over a `Bytes` buffer. Slices it hands out share the buffer (no copy).
+#[derive(Debug, Clone)]
+pub struct Reader {
+    buf: Bytes,
+    pos: usize,
+}
+
+impl Reader {
+    pub fn new(buf: Bytes) -> Self {
+        Reader { buf, pos: 0 }
+    }
+
+    /// Bytes not yet consumed.
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// Fail unless every byte was consumed.
+    pub fn expect_empty(&self) -> Result<(), DecodeError> {
+        match self.remaining() {
+            0 => Ok(()),
+            n => Err(DecodeError::TrailingBytes(n)),
+        }
+    }
+
+    /// Take the next `n` bytes as a shared slice.
+    pub fn take(&mut self, n: usize, what: &'static str) -> Result<Bytes, DecodeError> {
+        if self.remaining() < n {
+            return Err(DecodeError::Truncated { what });
+        }
+        let b = self.buf.slice(self.pos..self.pos + n);
+        self.pos += n;
+        Ok(b)
+    }
+
+    /// Borrow the next `N` bytes as an array.
+    pub fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
+        if self.remaining() < N {
+            return Err(DecodeError::Truncated { what });
+        }
+        let mut a = [0u8; N];
+        a.copy_from_slice(&self.buf[self.pos..self.pos + N]);
+        self.pos += N;
+        Ok(a)
+    }
+
+    pub fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>(what)?[0])
+    }
+    pub fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(self.array(what)?))
+    }
+    pub fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+    pub fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    /// A name: one length byte, then that many bytes of UTF-8.
+    pub fn name(&mut self, what: &'static str) -> Result<Name, DecodeError> {
+        let len = self.u8(what)? as usize;
+        let b = self.take(len, what)?;
+        Name::from_bytes(b).ok_or(DecodeError::NotUtf8 { what })
+    }
+}
+
+/// A short UTF-8 string (at most 255 bytes) backed by `Bytes`, so that a name read off the
+/// wire is a slice of the receive buffer and cloning it never allocates.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Name(Bytes);
+
+impl Name {
+    /// The longest name the wire format can carry.
+    pub const MAX_LEN: usize = 255;
+
+    /// Wrap bytes that are valid UTF-8 and at most 255 bytes long.
+    pub fn from_bytes(b: Bytes) -> Option<Name> {
+        (b.len() <= Self::MAX_LEN && std::str::from_utf8(&b).is_ok()).then_some(Name(b))
+    }
+
+    /// A name from a string; `None` if longer than 255 bytes.
+    pub fn new(s: &str) -> Option<Name> {
+        (s.len() <= Self::MAX_LEN).then(|| Name(Bytes::copy_from_slice(s.as_bytes())))
+    }
+
+    /// A name from a `'static` string, without copying. Panics if longer than 255 bytes,
+    /// which for a literal is a programming error.
+    pub fn from_static(s: &'static str) -> Name {
+        assert!(s.len() <= Self::MAX_LEN, "name longer than 255 bytes");
+        Name(Bytes::from_static(s.as_bytes()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Checked in every constructor; from_utf8 on a short name costs a few nanoseconds
+        // and keeps this crate free of `unsafe`.
+        std::str::from_utf8(&self.0).unwrap_or("")
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Append the wire encoding (length byte + bytes).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.push(self.0.len() as u8);
+        out.extend_from_slice(&self.0);
+    }
+}
+
+impl std::fmt::Debug for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for Name {
+    fn borrow(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reader_reads_integers_little_endian_and_reports_truncation() {
+        let mut r = Reader::new(Bytes::from_static(&[1, 0, 2, 0, 0, 0, 9]));
+        assert_eq!(r.u16("a").unwrap(), 1);
+        assert_eq!(r.u32("b").unwrap(), 2);
+        assert_eq!(r.u16("c"), Err(DecodeError::Truncated { what: "c" }));
+        assert_eq!(r.u8("d").unwrap(), 9);
+        r.expect_empty().unwrap();
+    }
+
+    #[test]
+    fn names_are_checked_for_utf8_and_length() {
+        assert!(Name::from_bytes(Bytes::from_static(&[0xff, 0xfe])).is_none());
+        assert!(Name::new(&"x".repeat(256)).is_none());
+        let n = Name::new("inbox").unwrap();
+        let mut v = Vec::new();
+        n.encode(&mut v);
+        assert_eq!(v, b"\x05inbox");
+        assert_eq!(Reader::new(v.into()).name("n").unwrap(), n);
+    }
+}

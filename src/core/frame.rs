@@ -1,0 +1,654 @@
+//! Frames: the units of the batchwire wire protocol, parsed check-then-parse.
+//!
+//! ```text
+//! frame   = len:u32 kind:u8 body          len counts kind + body, little-endian
+//! HELLO   (1) = "BWIR" version:u16 incarnation:u64 nonce:[16] name
+//! AUTH    (2) = proof:[32]                HMAC-SHA256, see `handshake`
+//! REFUSE  (3) = code:u8 reason_len:u16 reason:utf8
+//! MESSAGES(4) = count:u32 { to:name from:name payload_len:u32 payload }*count
+//! UNDELIV (5) = count:u32 to:name from:name
+//! GOODBYE (6) = (empty)                   orderly close: no more frames follow
+//! name    = len:u8 utf8
+//! ```
+//!
+//! The HELLO layout is frozen across protocol versions so that a node can always read a
+//! peer's version and refuse it with a clear reason.
+//!
+//! Decoding is split like mini-redis' `Frame::check` / `Frame::parse`: [`check`] looks only at
+//! the header and says whether a whole frame is buffered ("incomplete" is `Ok(None)`, not an
+//! error), refusing a length above the limit *before* anything is allocated for it; then
+//! [`decode`] splits the frame off the buffer and parses it.
+
+use bytes::{Bytes, BytesMut};
+
+use super::codec::{Codec, DecodeError, Name, Reader};
+
+/// The four bytes every HELLO starts with.
+pub const MAGIC: [u8; 4] = *b"BWIR";
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Bytes before the body: the length and the kind.
+pub const HEADER_LEN: usize = 5;
+/// Bytes a MESSAGES frame adds around its messages (header and count).
+pub const LIST_OVERHEAD: usize = HEADER_LEN + 4;
+/// Bytes each message adds around its names and payload (two name lengths, payload length).
+pub const MESSAGE_OVERHEAD: usize = 1 + 1 + 4;
+/// Longest reason text carried in a REFUSE frame.
+pub const MAX_REASON_LEN: usize = 1024;
+
+const KIND_HELLO: u8 = 1;
+const KIND_AUTH: u8 = 2;
+const KIND_REFUSE: u8 = 3;
+const KIND_MESSAGES: u8 = 4;
+const KIND_UNDELIVERABLE: u8 = 5;
+const KIND_GOODBYE: u8 = 6;
+
+/// Why a buffer does not hold a valid frame. Any of these closes the connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame length {len} exceeds the maximum of {max} bytes")]
+    TooLarge { len: usize, max: usize },
+    #[error("frame length 0 (a frame has at least a kind byte)")]
+    Empty,
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    #[error("malformed {kind} frame: {source}")]
+    Malformed {
+        kind: &'static str,
+        #[source]
+        source: DecodeError,
+    },
+}
+
+/// One frame of the protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    Hello(Hello),
+    Auth(Auth),
+    Refuse(Refuse),
+    Messages(MessageList),
+    Undeliverable(Undeliverable),
+    Goodbye,
+}
+
+impl Frame {
+    /// The frame's name, for logs and errors.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Frame::Hello(_) => "HELLO",
+            Frame::Auth(_) => "AUTH",
+            Frame::Refuse(_) => "REFUSE",
+            Frame::Messages(_) => "MESSAGES",
+            Frame::Undeliverable(_) => "UNDELIVERABLE",
+            Frame::Goodbye => "GOODBYE",
+        }
+    }
+
+    /// Append the whole frame (header included) to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = begin(out, self.kind());
+        match self {
+            Frame::Hello(h) => h.encode(out),
+            Frame::Auth(a) => a.encode(out),
+            Frame::Refuse(r) => r.encode(out),
+            Frame::Messages(m) => {
+                out.extend_from_slice(&m.count.to_le_bytes());
+                out.extend_from_slice(&m.body);
+            }
+            Frame::Undeliverable(u) => u.encode(out),
+            Frame::Goodbye => {}
+        }
+        finish(out, start);
+    }
+
+    fn kind(&self) -> u8 {
+        match self {
+            Frame::Hello(_) => KIND_HELLO,
+            Frame::Auth(_) => KIND_AUTH,
+            Frame::Refuse(_) => KIND_REFUSE,
+            Frame::Messages(_) => KIND_MESSAGES,
+            Frame::Undeliverable(_) => KIND_UNDELIVERABLE,
+            Frame::Goodbye => KIND_GOODBYE,
+        }
+    }
+
+    fn parse(kind: u8, body: Bytes) -> Result<Frame, FrameError> {
+        let mut r = Reader::new(body);
+        let (name, res) = match kind {
+            KIND_HELLO => ("HELLO", Hello::read(&mut r).map(Frame::Hello)),
+            KIND_AUTH => ("AUTH", Auth::read(&mut r).map(Frame::Auth)),
+            KIND_REFUSE => ("REFUSE", Refuse::read(&mut r).map(Frame::Refuse)),
+            KIND_MESSAGES => ("MESSAGES", MessageList::read(&mut r).map(Frame::Messages)),
+            KIND_UNDELIVERABLE => (
+                "UNDELIVERABLE",
+                Undeliverable::read(&mut r).map(Frame::Undeliverable),
+            ),
+            KIND_GOODBYE => ("GOODBYE", Ok(Frame::Goodbye)),
+            other => return Err(FrameError::UnknownKind(other)),
+        };
+        let frame = res.and_then(|f| r.expect_empty().map(|_| f));
+        frame.map_err(|source| FrameError::Malformed { kind: name, source })
+    }
+}
+
+/// Write a frame header with a placeholder length; returns where the frame starts.
+fn begin(out: &mut Vec<u8>, kind: u8) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0, 0, 0, 0, kind]);
+    start
+}
+
+/// Patch the length of the frame that starts at `start`.
+fn finish(out: &mut [u8], start: usize) {
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Is a whole frame at the front of `buf`? `Ok(Some(n))`: yes, `n` bytes long.
+/// `Ok(None)`: not yet (incomplete is not an error). `Err`: the header is invalid, and the
+/// length is refused before anything is allocated for it.
+pub fn check(buf: &[u8], max_frame_len: usize) -> Result<Option<usize>, FrameError> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if len == 0 {
+        return Err(FrameError::Empty);
+    }
+    if len > max_frame_len {
+        return Err(FrameError::TooLarge {
+            len,
+            max: max_frame_len,
+        });
+    }
+    if buf.len() < 4 + len {
+        return Ok(None);
+    }
+    Ok(Some(4 + len))
+}
+
+/// Take one frame off the front of `buf` if a whole one is there.
+pub fn decode(buf: &mut BytesMut, max_frame_len: usize) -> Result<Option<Frame>, FrameError> {
+    let Some(n) = check(buf, max_frame_len)? else {
+        return Ok(None);
+    };
+    let mut frame = buf.split_to(n).freeze();
+    let header = frame.split_to(HEADER_LEN);
+    Frame::parse(header[4], frame).map(Some)
+}
+
+/// The first frame of each side of a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    pub version: u16,
+    pub incarnation: u64,
+    pub nonce: [u8; 16],
+    pub name: Name,
+}
+
+impl Codec for Hello {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&self.incarnation.to_le_bytes());
+        out.extend_from_slice(&self.nonce);
+        self.name.encode(out);
+    }
+    fn read(r: &mut Reader) -> Result<Self, DecodeError> {
+        let magic: [u8; 4] = r.array("magic")?;
+        if magic != MAGIC {
+            return Err(DecodeError::Invalid {
+                what: "magic",
+                detail: format!("{magic:02x?} is not a batchwire hello (expected \"BWIR\")"),
+            });
+        }
+        Ok(Hello {
+            version: r.u16("version")?,
+            incarnation: r.u64("incarnation")?,
+            nonce: r.array("nonce")?,
+            name: r.name("node name")?,
+        })
+    }
+}
+
+/// Proof that the sender knows the cluster secret (see `handshake`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Auth {
+    pub proof: [u8; 32],
+}
+
+impl Codec for Auth {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.proof);
+    }
+    fn read(r: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(Auth {
+            proof: r.array("proof")?,
+        })
+    }
+}
+
+/// Why a handshake was refused; sent to the peer just before closing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefuseCode {
+    Version,
+    Secret,
+    Name,
+    Protocol,
+    Other(u8),
+}
+
+impl RefuseCode {
+    fn to_u8(self) -> u8 {
+        match self {
+            RefuseCode::Version => 1,
+            RefuseCode::Secret => 2,
+            RefuseCode::Name => 3,
+            RefuseCode::Protocol => 4,
+            RefuseCode::Other(c) => c,
+        }
+    }
+    fn from_u8(c: u8) -> Self {
+        match c {
+            1 => RefuseCode::Version,
+            2 => RefuseCode::Secret,
+            3 => RefuseCode::Name,
+            4 => RefuseCode::Protocol,
+            c => RefuseCode::Other(c),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refuse {
+    pub code: RefuseCode,
+    pub reason: String,
+}
+
+impl Codec for Refuse {
+    fn encode(&self, out: &mut Vec<u8>) {
+        let mut end = self.reason.len().min(MAX_REASON_LEN);
+        while !self.reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.push(self.code.to_u8());
+        out.extend_from_slice(&(end as u16).to_le_bytes());
+        out.extend_from_slice(&self.reason.as_bytes()[..end]);
+    }
+    fn read(r: &mut Reader) -> Result<Self, DecodeError> {
+        let code = RefuseCode::from_u8(r.u8("code")?);
+        let len = r.u16("reason length")? as usize;
+        if len > MAX_REASON_LEN {
+            return Err(DecodeError::Invalid {
+                what: "reason length",
+                detail: format!("{len} > {MAX_REASON_LEN}"),
+            });
+        }
+        let b = r.take(len, "reason")?;
+        let reason = String::from_utf8(b.to_vec()).map_err(|_| DecodeError::NotUtf8 {
+            what: "reason",
+        })?;
+        Ok(Refuse { code, reason })
+    }
+}
+
+/// "This many messages you sent from mailbox `from` to mailbox `to` found no such mailbox."
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Undeliverable {
+    pub count: u32,
+    pub to: Name,
+    pub from: Name,
+}
+
+impl Codec for Undeliverable {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.count.to_le_bytes());
+        self.to.encode(out);
+        self.from.encode(out);
+    }
+    fn read(r: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(Undeliverable {
+            count: r.u32("count")?,
+            to: r.name("destination mailbox")?,
+            from: r.name("sending mailbox")?,
+        })
+    }
+}
+
+/// One message as carried in a MESSAGES frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// The destination mailbox on the receiving node.
+    pub to: Name,
+    /// The sending mailbox on the sending node.
+    pub from: Name,
+    pub payload: Bytes,
+}
+
+/// Append one message (no frame header) to `out`.
+#[inline]
+pub fn encode_message(out: &mut Vec<u8>, to: &Name, from: &Name, payload: &[u8]) {
+    to.encode(out);
+    from.encode(out);
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Encoded size of one message inside a MESSAGES frame.
+#[inline]
+pub fn message_len(to: &Name, from: &Name, payload_len: usize) -> usize {
+    MESSAGE_OVERHEAD + to.len() + from.len() + payload_len
+}
+
+/// Builds one MESSAGES frame in place at the end of a buffer: `start`, then `push` each
+/// message, then `finish` patches the length and count. Nothing is allocated per message.
+pub struct ListWriter {
+    start: usize,
+    count: u32,
+}
+
+impl ListWriter {
+    pub fn start(out: &mut Vec<u8>) -> Self {
+        let start = begin(out, KIND_MESSAGES);
+        out.extend_from_slice(&[0, 0, 0, 0]);
+        ListWriter { start, count: 0 }
+    }
+
+    #[inline]
+    pub fn push(&mut self, out: &mut Vec<u8>, to: &Name, from: &Name, payload: &[u8]) {
+        encode_message(out, to, from, payload);
+        self.count += 1;
+    }
+
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Bytes written so far for this frame, header included.
+    pub fn len(&self, out: &[u8]) -> usize {
+        out.len() - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    pub fn finish(self, out: &mut [u8]) {
+        let c = self.start + HEADER_LEN;
+        out[c..c + 4].copy_from_slice(&self.count.to_le_bytes());
+        finish(out, self.start);
+    }
+}
+
+/// A validated MESSAGES frame: the messages are still in the receive buffer and are handed
+/// out as slices of it by [`MessageList::iter`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageList {
+    count: u32,
+    /// The messages, after the count.
+    body: Bytes,
+}
+
+impl MessageList {
+    /// Build a list from messages (tests and cold paths; the writer uses [`ListWriter`]).
+    pub fn from_messages<'a>(msgs: impl IntoIterator<Item = &'a Message>) -> Self {
+        let mut body = Vec::new();
+        let mut count = 0;
+        for m in msgs {
+            encode_message(&mut body, &m.to, &m.from, &m.payload);
+            count += 1;
+        }
+        MessageList {
+            count,
+            body: body.into(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    pub fn iter(&self) -> MessageIter {
+        MessageIter {
+            r: Reader::new(self.body.clone()),
+            left: self.count,
+        }
+    }
+}
+
+impl Codec for MessageList {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.count.to_le_bytes());
+        out.extend_from_slice(&self.body);
+    }
+    /// Checks every message (lengths and UTF-8 of names) so that iteration cannot fail.
+    fn read(r: &mut Reader) -> Result<Self, DecodeError> {
+        let count = r.u32("count")?;
+        let body = r.take(r.remaining(), "messages")?;
+        let mut check = Reader::new(body.clone());
+        for _ in 0..count {
+            read_message(&mut check)?;
+        }
+        check.expect_empty()?;
+        Ok(MessageList { count, body })
+    }
+}
+
+fn read_message(r: &mut Reader) -> Result<Message, DecodeError> {
+    let to = r.name("destination mailbox")?;
+    let from = r.name("sending mailbox")?;
+    let len = r.u32("payload length")? as usize;
+    let payload = r.take(len, "payload")?;
+    Ok(Message { to, from, payload })
+}
+
+/// Iterator over a validated [`MessageList`].
+pub struct MessageIter {
+    r: Reader,
+    left: u32,
+}
+
+impl Iterator for MessageIter {
+    type Item = Message;
+    fn next(&mut self) -> Option<Message> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        // Validated in `MessageList::read`, so this cannot fail.
+        read_message(&mut self.r).ok()
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left as usize, Some(self.left as usize))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MAX: usize = 1 << 20;
+
+    fn n(s: &str) -> Name {
+        Name::new(s).unwrap()
+    }
+
+    fn sample_frames() -> Vec<Frame> {
+        let msgs = [
+            Message {
+                to: n("inbox"),
+                from: n("client"),
+                payload: Bytes::from_static(b"hello"),
+            },
+            Message {
+                to: n("x"),
+                from: n(""),
+                payload: Bytes::new(),
+            },
+        ];
+        vec![
+            Frame::Hello(Hello {
+                version: PROTOCOL_VERSION,
+                incarnation: 42,
+                nonce: [7; 16],
+                name: n("node-a"),
+            }),
+            Frame::Auth(Auth { proof: [9; 32] }),
+            Frame::Refuse(Refuse {
+                code: RefuseCode::Secret,
+                reason: "wrong cluster secret".into(),
+            }),
+            Frame::Messages(MessageList::from_messages(&msgs)),
+            Frame::Undeliverable(Undeliverable {
+                count: 3,
+                to: n("nobody"),
+                from: n("me"),
+            }),
+            Frame::Goodbye,
+        ]
+    }
+
+    #[test]
+    fn every_frame_round_trips() {
+        for f in sample_frames() {
+            let mut v = Vec::new();
+            f.encode(&mut v);
+            let mut buf = BytesMut::from(&v[..]);
+            assert_eq!(decode(&mut buf, MAX).unwrap(), Some(f));
+            assert!(buf.is_empty());
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_incomplete_not_an_error() {
+        for f in sample_frames() {
+            let mut v = Vec::new();
+            f.encode(&mut v);
+            for cut in 0..v.len() {
+                let mut buf = BytesMut::from(&v[..cut]);
+                assert_eq!(decode(&mut buf, MAX), Ok(None), "{f:?} cut at {cut}");
+                assert_eq!(buf.len(), cut, "an incomplete frame consumes nothing");
+            }
+        }
+    }
+
+    #[test]
+    fn huge_length_is_refused_from_the_header_alone() {
+        let buf = [0xff, 0xff, 0xff, 0x7f];
+        assert_eq!(
+            check(&buf, MAX),
+            Err(FrameError::TooLarge {
+                len: 0x7fff_ffff,
+                max: MAX
+            })
+        );
+        assert_eq!(check(&[0, 0, 0, 0], MAX), Err(FrameError::Empty));
+    }
+
+    #[test]
+    fn garbled_frames_are_typed_errors() {
+        // Unknown kind.
+        assert_eq!(
+            decode(&mut BytesMut::from(&[1, 0, 0, 0, 99][..]), MAX),
+            Err(FrameError::UnknownKind(99))
+        );
+        // Hello with the wrong magic.
+        let mut v = Vec::new();
+        Frame::Hello(Hello {
+            version: 1,
+            incarnation: 1,
+            nonce: [0; 16],
+            name: n("a"),
+        })
+        .encode(&mut v);
+        v[5] = b'X';
+        assert!(matches!(
+            decode(&mut BytesMut::from(&v[..]), MAX),
+            Err(FrameError::Malformed { kind: "HELLO", .. })
+        ));
+        // A message list whose count promises more messages than it holds.
+        let mut v = Vec::new();
+        Frame::Messages(MessageList::from_messages(&[])).encode(&mut v);
+        v[5] = 1;
+        assert!(matches!(
+            decode(&mut BytesMut::from(&v[..]), MAX),
+            Err(FrameError::Malformed {
+                kind: "MESSAGES",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn list_writer_matches_from_messages() {
+        let m = Message {
+            to: n("to"),
+            from: n("from"),
+            payload: Bytes::from_static(b"abc"),
+        };
+        let mut v = Vec::new();
+        let mut w = ListWriter::start(&mut v);
+        w.push(&mut v, &m.to, &m.from, &m.payload);
+        w.push(&mut v, &m.to, &m.from, &m.payload);
+        assert_eq!(w.len(&v), LIST_OVERHEAD + 2 * message_len(&m.to, &m.from, 3));
+        w.finish(&mut v);
+        let mut expect = Vec::new();
+        Frame::Messages(MessageList::from_messages([&m, &m])).encode(&mut expect);
+        assert_eq!(v, expect);
+    }
+
+    fn arb_name() -> impl Strategy<Value = Name> {
+        "[a-z0-9/_-]{0,20}".prop_map(|s| Name::new(&s).unwrap())
+    }
+
+    fn arb_message() -> impl Strategy<Value = Message> {
+        (arb_name(), arb_name(), proptest::collection::vec(any::<u8>(), 0..300)).prop_map(
+            |(to, from, p)| Message {
+                to,
+                from,
+                payload: p.into(),
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn message_lists_round_trip(msgs in proptest::collection::vec(arb_message(), 0..40)) {
+            let mut v = Vec::new();
+            Frame::Messages(MessageList::from_messages(&msgs)).encode(&mut v);
+            let mut buf = BytesMut::from(&v[..]);
+            let Some(Frame::Messages(list)) = decode(&mut buf, MAX).unwrap() else {
+                panic!("not a message list")
+            };
+            prop_assert_eq!(list.iter().collect::<Vec<_>>(), msgs);
+        }
+
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut buf = BytesMut::from(&bytes[..]);
+            // Decode until error or incomplete; every outcome is fine but a panic.
+            for _ in 0..512 {
+                match decode(&mut buf, 4096) {
+                    Ok(Some(Frame::Messages(l))) => { let _ = l.iter().count(); }
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
+
+        #[test]
+        fn random_bodies_behind_valid_headers_never_panic(
+            kind in 0u8..8, body in proptest::collection::vec(any::<u8>(), 0..256)
+        ) {
+            let mut v = ((body.len() + 1) as u32).to_le_bytes().to_vec();
+            v.push(kind);
+            v.extend_from_slice(&body);
+            let _ = decode(&mut BytesMut::from(&v[..]), 4096);
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! The sans-IO core: wire format, handshake and bundlers as pure state machines. Nothing in
+//! here touches a socket, spawns a thread or reads the clock; time is always passed in.
+
+pub mod bundler;
+pub mod codec;
+pub mod frame;
+pub mod handshake;

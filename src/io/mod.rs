@@ -1,0 +1,6 @@
+//! The IO layer: sockets, threads and queues around the sans-IO core.
+
+pub(crate) mod connection;
+pub mod mailbox;
+pub mod node;
+pub(crate) mod queue;

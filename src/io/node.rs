@@ -1,0 +1,732 @@
+//! The node: peers, mailboxes, threads, and the public API.
+//!
+//! Threads a node runs:
+//! - one acceptor, taking connections from peers that dial us;
+//! - per peer we dial (our name sorts first): one dialer, which connects with back-off,
+//!   handshakes, then reads the connection until it breaks, and starts over;
+//! - per accepted connection: one thread that handshakes, then reads it;
+//! - per peer: one writer, which drains that peer's outbound queue into whichever
+//!   connection is current, as its bundler decides.
+//!
+//! Every thread is joined by `shutdown`.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tracing::{debug, info, warn};
+
+use crate::config::NodeConfig;
+use crate::core::codec::Name;
+use crate::error::Error;
+use crate::io::connection;
+use crate::io::mailbox::{Envelope, Mailbox, MailboxQueue};
+use crate::io::queue::{Outgoing, PushError, SendQueue};
+use crate::stats::{NodeStats, PeerCounters};
+
+/// A mailbox on a node: where a message goes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Address {
+    pub node: Name,
+    pub mailbox: Name,
+}
+
+impl Address {
+    /// The mailbox `mailbox` on node `node`. Names are 1..=255 bytes (the mailbox name may
+    /// be empty only as a sender: "" is the anonymous sender used by `Node::send`).
+    pub fn new(node: &str, mailbox: &str) -> Result<Address, Error> {
+        Ok(Address {
+            node: node_name(node)?,
+            mailbox: Name::new(mailbox)
+                .ok_or_else(|| Error::InvalidName(mailbox.into(), "longer than 255 bytes"))?,
+        })
+    }
+
+    pub fn node(&self) -> &str {
+        self.node.as_str()
+    }
+
+    pub fn mailbox(&self) -> &str {
+        self.mailbox.as_str()
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.mailbox, self.node)
+    }
+}
+
+fn node_name(s: &str) -> Result<Name, Error> {
+    if s.is_empty() {
+        return Err(Error::InvalidName(s.into(), "empty"));
+    }
+    Name::new(s).ok_or_else(|| Error::InvalidName(s.into(), "longer than 255 bytes"))
+}
+
+/// Something that happened on a node; subscribe with [`Node::events`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A connection to `peer` was established and authenticated.
+    PeerUp {
+        peer: String,
+        incarnation: u64,
+        addr: SocketAddr,
+    },
+    /// The connection to `peer` closed. Queued messages wait for the next connection.
+    PeerDown { peer: String, reason: String },
+    /// A handshake failed (wrong secret, wrong version, wrong node...). `peer` is the name
+    /// the other side claimed, when it got that far.
+    HandshakeFailed {
+        addr: SocketAddr,
+        peer: Option<String>,
+        reason: String,
+    },
+    /// `count` messages sent from our mailbox `from` to `to` found no such mailbox.
+    Undeliverable {
+        to: Address,
+        from: String,
+        count: u64,
+    },
+    /// `count` messages to `peer` were taken for a write that failed when the connection
+    /// broke; they may or may not have arrived.
+    SendFailed {
+        peer: String,
+        count: u64,
+        reason: String,
+    },
+}
+
+/// The connection currently serving a peer.
+pub(crate) struct Conn {
+    /// The writer's handle on the socket.
+    pub stream: TcpStream,
+    closed: AtomicBool,
+}
+
+impl Conn {
+    pub fn new(stream: TcpStream) -> Self {
+        Conn {
+            stream,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Close both directions; the reader and writer using it then fail and move on.
+    pub fn close(&self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+/// Everything the node knows about one peer.
+pub(crate) struct Peer {
+    pub name: Name,
+    pub queue: SendQueue,
+    link: Mutex<Option<Arc<Conn>>>,
+    link_cv: Condvar,
+    pub stats: PeerCounters,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Peer {
+    fn new(name: Name, cfg: &NodeConfig) -> Self {
+        let track_time = cfg.bundler.build().needs_enqueue_time();
+        Peer {
+            name,
+            queue: SendQueue::new(cfg.send_queue_bytes, track_time),
+            link: Mutex::new(None),
+            link_cv: Condvar::new(),
+            stats: PeerCounters::default(),
+            writer: Mutex::new(None),
+        }
+    }
+
+    /// Make `conn` the current connection, closing any previous one.
+    pub fn install(&self, conn: Arc<Conn>) {
+        let old = self
+            .link
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(conn);
+        if let Some(old) = old {
+            old.close();
+        }
+        self.link_cv.notify_all();
+        self.queue.poke();
+    }
+
+    /// Forget `conn` if it is still the current connection.
+    pub fn uninstall(&self, conn: &Arc<Conn>) {
+        let mut g = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        if g.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            *g = None;
+        }
+        drop(g);
+        self.queue.poke();
+    }
+
+    pub fn current(&self) -> Option<Arc<Conn>> {
+        self.link.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Wait up to `d` for a connection.
+    pub fn wait_link(&self, d: Duration) -> Option<Arc<Conn>> {
+        let g = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        let (g, _) = self
+            .link_cv
+            .wait_timeout_while(g, d, |l| l.is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        g.clone()
+    }
+}
+
+/// State shared by a node's handle, its mailboxes and its threads.
+pub(crate) struct Shared {
+    pub name: Name,
+    pub incarnation: u64,
+    pub config: NodeConfig,
+    pub secret: Arc<[u8]>,
+    pub local_addr: SocketAddr,
+    peers: RwLock<HashMap<Name, Arc<Peer>>>,
+    mailboxes: RwLock<HashMap<Name, Arc<MailboxQueue>>>,
+    shutting_down: AtomicBool,
+    /// When shutdown started (writers give up waiting for a connection after the timeout).
+    shutdown_at: Mutex<Option<Instant>>,
+    stop: Mutex<bool>,
+    stop_cv: Condvar,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    events: Mutex<Option<mpsc::Sender<Event>>>,
+    undeliverable_logged: Mutex<HashSet<Name>>,
+    pub undeliverable: AtomicU64,
+    local_messages: AtomicU64,
+}
+
+impl Shared {
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
+    /// When shutdown gives up on unsent messages, if shutting down.
+    pub fn shutdown_deadline(&self) -> Option<Instant> {
+        self.shutdown_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map(|t| t + self.config.shutdown_timeout)
+    }
+
+    /// Sleep `d`, or less if the node stops. Returns false if the node is stopping.
+    pub fn sleep(&self, d: Duration) -> bool {
+        let g = self.stop.lock().unwrap_or_else(|p| p.into_inner());
+        let (g, _) = self
+            .stop_cv
+            .wait_timeout_while(g, d, |stop| !*stop)
+            .unwrap_or_else(|p| p.into_inner());
+        !*g
+    }
+
+    pub fn emit(&self, e: Event) {
+        let mut g = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = g.as_ref() {
+            if tx.send(e).is_err() {
+                *g = None;
+            }
+        }
+    }
+
+    pub fn spawn(self: &Arc<Self>, what: String, f: impl FnOnce(Arc<Shared>) + Send + 'static) {
+        let me = self.clone();
+        let h = std::thread::Builder::new()
+            .name(what)
+            .spawn(move || f(me))
+            .expect("cannot spawn a thread");
+        self.threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(h);
+    }
+
+    pub fn peer(&self, name: &[u8]) -> Option<Arc<Peer>> {
+        self.peers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// The peer called `name`, created (with its writer) if it connected without being in
+    /// our static list.
+    pub fn peer_or_insert(self: &Arc<Self>, name: &Name) -> Arc<Peer> {
+        if let Some(p) = self.peer(name.as_bytes()) {
+            return p;
+        }
+        let mut g = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = g.get(name.as_bytes()) {
+            return p.clone();
+        }
+        info!(node = %self.name, peer = %name, "peer not in the static list connected; adding it");
+        let p = Arc::new(Peer::new(name.clone(), &self.config));
+        g.insert(name.clone(), p.clone());
+        drop(g);
+        start_writer(self, &p);
+        p
+    }
+
+    pub fn mailbox(&self, name: &[u8]) -> Option<Arc<MailboxQueue>> {
+        self.mailboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    pub fn unregister(&self, q: &Arc<MailboxQueue>) {
+        let mut g = self.mailboxes.write().unwrap_or_else(|p| p.into_inner());
+        if g.get(&q.name).is_some_and(|m| Arc::ptr_eq(m, q)) {
+            g.remove(&q.name);
+        }
+        drop(g);
+        q.close();
+        let left = q.len();
+        if left > 0 && !self.is_shutting_down() {
+            warn!(node = %self.name, mailbox = %q.name, left, "mailbox dropped with unreceived messages");
+        }
+    }
+
+    /// Count, log (once per mailbox name) and report back undeliverable messages.
+    pub fn undeliverable(&self, from_peer: Option<&Arc<Peer>>, to: &Name, from: &Name, count: u32) {
+        self.undeliverable
+            .fetch_add(count as u64, Ordering::Relaxed);
+        let first = self
+            .undeliverable_logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(to.clone());
+        let sender = from_peer.map(|p| p.name.as_str()).unwrap_or(self.name.as_str());
+        if first {
+            warn!(node = %self.name, mailbox = %to, from_node = sender, "message for a mailbox that does not exist here; reporting it to the sender as undeliverable (logged once per name)");
+        }
+        match from_peer {
+            Some(p) => p
+                .queue
+                .push_control(crate::core::frame::Frame::Undeliverable(
+                    crate::core::frame::Undeliverable {
+                        count,
+                        to: to.clone(),
+                        from: from.clone(),
+                    },
+                )),
+            None => self.emit(Event::Undeliverable {
+                to: Address {
+                    node: self.name.clone(),
+                    mailbox: to.clone(),
+                },
+                from: from.to_string(),
+                count: count as u64,
+            }),
+        }
+    }
+
+    pub fn send(&self, from: &Name, to: &Address, payload: Bytes, block: bool) -> Result<(), Error> {
+        if payload.len() > self.config.max_payload {
+            return Err(Error::PayloadTooLarge {
+                len: payload.len(),
+                max: self.config.max_payload,
+            });
+        }
+        if self.is_shutting_down() {
+            return Err(Error::ShutDown {
+                payload: Some(payload),
+            });
+        }
+        if to.node == self.name {
+            return self.deliver_local(from, &to.mailbox, payload, block);
+        }
+        let Some(peer) = self.peer(to.node.as_bytes()) else {
+            return Err(Error::UnknownNode(to.node.to_string()));
+        };
+        let msg = Outgoing {
+            to: to.mailbox.clone(),
+            from: from.clone(),
+            payload,
+        };
+        peer.queue.push(msg, block).map_err(|e| match e {
+            PushError::Full(payload) => Error::Full {
+                to: to.to_string(),
+                payload,
+            },
+            PushError::Closed(payload) => Error::ShutDown {
+                payload: Some(payload),
+            },
+        })
+    }
+
+    fn deliver_local(&self, from: &Name, to: &Name, payload: Bytes, block: bool) -> Result<(), Error> {
+        let Some(mb) = self.mailbox(to.as_bytes()) else {
+            self.undeliverable(None, to, from, 1);
+            return Ok(());
+        };
+        let mut one = vec![Envelope {
+            from: Address {
+                node: self.name.clone(),
+                mailbox: from.clone(),
+            },
+            payload,
+        }];
+        mb.push_batch(&mut one, block);
+        match one.pop() {
+            None => {
+                self.local_messages.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Some(e) if self.is_shutting_down() => Err(Error::ShutDown {
+                payload: Some(e.payload),
+            }),
+            Some(e) if !block => Err(Error::Full {
+                to: format!("{to}@{}", self.name),
+                payload: e.payload,
+            }),
+            // The mailbox was dropped while we waited for room.
+            Some(_) => {
+                self.undeliverable(None, to, from, 1);
+                Ok(())
+            }
+        }
+    }
+
+    pub fn send_all(&self, from: &Name, mailbox: &str, payload: Bytes, include_self: bool) -> Result<(), Error> {
+        let mb = Name::new(mailbox)
+            .ok_or_else(|| Error::InvalidName(mailbox.into(), "longer than 255 bytes"))?;
+        let peers: Vec<Name> = self
+            .peers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        if include_self {
+            let to = Address {
+                node: self.name.clone(),
+                mailbox: mb.clone(),
+            };
+            self.send(from, &to, payload.clone(), true)?;
+        }
+        for node in peers {
+            let to = Address {
+                node,
+                mailbox: mb.clone(),
+            };
+            self.send(from, &to, payload.clone(), true)?;
+        }
+        Ok(())
+    }
+}
+
+fn start_writer(shared: &Arc<Shared>, peer: &Arc<Peer>) {
+    let p = peer.clone();
+    let me = shared.clone();
+    let h = std::thread::Builder::new()
+        .name(format!("bw-write-{}", peer.name))
+        .spawn(move || connection::run_writer(&me, &p))
+        .expect("cannot spawn a thread");
+    *peer.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+}
+
+/// A running batchwire node. Dropping it shuts it down (see [`Node::shutdown`]).
+pub struct Node {
+    shared: Arc<Shared>,
+    anonymous: Name,
+}
+
+impl Node {
+    /// Start a node: bind the listen address, start connecting to peers, return at once.
+    pub fn start(config: NodeConfig) -> Result<Node, Error> {
+        config.validate()?;
+        let name = node_name(&config.name)?;
+        let mut peers = HashMap::new();
+        for p in &config.peers {
+            let pn = node_name(&p.name)?;
+            if pn == name {
+                return Err(Error::Config(format!("node {name} lists itself as a peer")));
+            }
+            peers.insert(pn.clone(), Arc::new(Peer::new(pn, &config)));
+        }
+        let listener = TcpListener::bind(config.listen).map_err(|source| Error::Listen {
+            addr: config.listen,
+            source,
+        })?;
+        let local_addr = listener.local_addr()?;
+        let mut inc = [0u8; 8];
+        getrandom::fill(&mut inc).map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+        let shared = Arc::new(Shared {
+            name,
+            incarnation: u64::from_le_bytes(inc),
+            secret: config.secret.clone().into(),
+            local_addr,
+            peers: RwLock::new(peers),
+            mailboxes: RwLock::new(HashMap::new()),
+            shutting_down: AtomicBool::new(false),
+            shutdown_at: Mutex::new(None),
+            stop: Mutex::new(false),
+            stop_cv: Condvar::new(),
+            threads: Mutex::new(Vec::new()),
+            events: Mutex::new(None),
+            undeliverable_logged: Mutex::new(HashSet::new()),
+            undeliverable: AtomicU64::new(0),
+            local_messages: AtomicU64::new(0),
+            config,
+        });
+        info!(node = %shared.name, addr = %local_addr, bundler = %shared.config.bundler, "node started");
+        shared.spawn(format!("bw-accept-{}", shared.name), move |s| {
+            connection::run_acceptor(&s, listener)
+        });
+        let specs = shared.config.peers.clone();
+        for spec in specs {
+            let peer = shared.peer(spec.name.as_bytes()).expect("inserted above");
+            start_writer(&shared, &peer);
+            if shared.name.as_str() < spec.name.as_str() {
+                shared.spawn(format!("bw-dial-{}", spec.name), move |s| {
+                    connection::run_dialer(&s, &peer, spec.addr)
+                });
+            } else {
+                debug!(node = %shared.name, peer = %spec.name, "waiting for the peer to dial (the name that sorts first dials)");
+            }
+        }
+        Ok(Node {
+            shared,
+            anonymous: Name::from_static(""),
+        })
+    }
+
+    /// This node's name.
+    pub fn name(&self) -> &str {
+        self.shared.name.as_str()
+    }
+
+    /// The address the node listens on (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.local_addr
+    }
+
+    /// Register a mailbox named `name` on this node.
+    pub fn mailbox(&self, name: &str) -> Result<Mailbox, Error> {
+        let n = node_name(name)?;
+        let mut g = self
+            .shared
+            .mailboxes
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        if g.contains_key(&n) {
+            return Err(Error::MailboxExists(name.into()));
+        }
+        let q = Arc::new(MailboxQueue::new(n.clone(), self.shared.config.mailbox_bytes));
+        g.insert(n, q.clone());
+        Ok(Mailbox {
+            queue: q,
+            node: self.shared.clone(),
+        })
+    }
+
+    /// Send `payload` to `to` (from the anonymous sender ""). Blocks while the queue toward
+    /// that node is full. Messages from one thread to one mailbox arrive in order.
+    pub fn send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.shared.send(&self.anonymous, to, payload.into(), true)
+    }
+
+    /// Like [`Node::send`], but returns [`Error::Full`] (with the payload) instead of blocking.
+    pub fn try_send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.shared.send(&self.anonymous, to, payload.into(), false)
+    }
+
+    /// Send to mailbox `mailbox` on every member, **this node included** (JGroups' null
+    /// destination). See [`Node::send_others`] to leave this node out.
+    pub fn send_all(&self, mailbox: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.shared
+            .send_all(&self.anonymous, mailbox, payload.into(), true)
+    }
+
+    /// Send to mailbox `mailbox` on every member except this node.
+    pub fn send_others(&self, mailbox: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.shared
+            .send_all(&self.anonymous, mailbox, payload.into(), false)
+    }
+
+    /// Send a value serialized with postcard; decode it with [`Envelope::value`].
+    pub fn send_value<T: serde::Serialize>(&self, to: &Address, value: &T) -> Result<(), Error> {
+        let bytes = postcard::to_allocvec(value).map_err(|e| Error::Encode(e.to_string()))?;
+        self.send(to, bytes)
+    }
+
+    /// Subscribe to events (peer up/down, handshake failures, undeliverable reports).
+    /// Only the latest subscriber receives them; before anyone subscribes they are only
+    /// logged and counted.
+    pub fn events(&self) -> mpsc::Receiver<Event> {
+        let (tx, rx) = mpsc::channel();
+        *self
+            .shared
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        rx
+    }
+
+    /// Names of the peers with a live connection.
+    pub fn connected_peers(&self) -> Vec<String> {
+        let g = self.shared.peers.read().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<String> = g
+            .values()
+            .filter(|p| p.current().is_some())
+            .map(|p| p.name.to_string())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Wait until every named peer is connected, up to `timeout`. Returns whether they are.
+    pub fn wait_for_peers(&self, peers: &[&str], timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let up = self.connected_peers();
+            if peers.iter().all(|p| up.iter().any(|u| u == p)) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> NodeStats {
+        let g = self.shared.peers.read().unwrap_or_else(|p| p.into_inner());
+        let mut peers: Vec<_> = g
+            .values()
+            .map(|p| {
+                let mut s = p.stats.snapshot(p.name.to_string(), p.current().is_some());
+                s.queue_high_water = p.queue.high_water.load(Ordering::Relaxed);
+                s.blocked_us = p.queue.blocked_ns.load(Ordering::Relaxed) / 1000;
+                s.queued = p.queue.len() as u64;
+                s
+            })
+            .collect();
+        peers.sort_by(|a, b| a.peer.cmp(&b.peer));
+        NodeStats {
+            node: self.name().to_string(),
+            peers,
+            undeliverable: self.shared.undeliverable.load(Ordering::Relaxed),
+            local_messages: self.shared.local_messages.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Flush what is queued (up to `shutdown_timeout`), say goodbye to every peer, close
+    /// every connection and mailbox, and join every thread the node started. Messages that
+    /// could not be written in time are reported as `SendFailed` and logged.
+    pub fn shutdown(self) {
+        // Drop does the work.
+    }
+
+    fn shutdown_inner(&self) {
+        let s = &self.shared;
+        if s.shutting_down.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        info!(node = %s.name, "shutting down");
+        *s.shutdown_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        // 1. Stop dialling and accepting: wake sleeping dialers and the acceptor.
+        *s.stop.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        s.stop_cv.notify_all();
+        let mut wake = s.local_addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
+        // 2. Let each writer flush its queue and say goodbye; bound blocked writes in time.
+        let peers: Vec<Arc<Peer>> = s
+            .peers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for p in &peers {
+            if let Some(c) = p.current() {
+                let _ = c.stream.set_write_timeout(Some(s.config.shutdown_timeout));
+            }
+            p.queue.close();
+        }
+        for p in &peers {
+            let h = p.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(h) = h {
+                let _ = h.join();
+            }
+        }
+        // 3. Give peers a moment to answer our goodbye by closing; then close the rest.
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < deadline && peers.iter().any(|p| p.current().is_some()) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        for mb in s
+            .mailboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            mb.close();
+        }
+        for p in &peers {
+            if let Some(c) = p.current() {
+                c.close();
+            }
+        }
+        // 4. Join everything (threads may still be registering; loop until none are left).
+        loop {
+            let hs: Vec<_> = std::mem::take(&mut *s.threads.lock().unwrap_or_else(|p| p.into_inner()));
+            if hs.is_empty() {
+                break;
+            }
+            for h in hs {
+                let _ = h.join();
+            }
+        }
+        // Writers of peers that connected late (dynamic) may have been added meanwhile.
+        for p in s
+            .peers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            p.queue.close();
+            if let Some(c) = p.current() {
+                c.close();
+            }
+            let h = p.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(h) = h {
+                let _ = h.join();
+            }
+        }
+        info!(node = %s.name, "shut down");
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.shutdown_inner();
+    }
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Node({} on {})", self.shared.name, self.shared.local_addr)
+    }
+}

@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+//!
+//! # Layers
+//! - [`core`]: the sans-IO protocol core (wire format, handshake, bundlers).
+//! - [`Node`], [`Mailbox`]: the IO layer and the API.
+//! - `batchwire` (the binary): the CLI and the benchmark.
+
+pub mod bench;
+pub mod config;
+pub mod core;
+pub mod error;
+pub mod io;
+pub mod stats;
+
+pub use crate::config::{NodeConfig, PeerSpec};
+pub use crate::core::bundler::BundlerKind;
+pub use crate::error::{Error, RecvError};
+pub use crate::io::mailbox::{Envelope, Mailbox, RecvFuture};
+pub use crate::io::node::{Address, Event, Node};
+pub use crate::stats::{NodeStats, PeerStats};
+pub use bytes::Bytes;

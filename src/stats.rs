@@ -1,0 +1,147 @@
+//! Counters kept per connection and per node. Updated once per batch or frame, never per
+//! message, and readable at any time with `Node::stats`.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::core::bundler::FlushReason;
+
+#[derive(Debug, Default)]
+pub(crate) struct PeerCounters {
+    pub messages_sent: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub frames_sent: AtomicU64,
+    pub writes: AtomicU64,
+    pub send_failed: AtomicU64,
+    pub messages_received: AtomicU64,
+    pub bytes_received: AtomicU64,
+    pub frames_received: AtomicU64,
+    pub undeliverable_reported: AtomicU64,
+    pub connects: AtomicU64,
+    /// Flushes by reason, indexed by `reason_index`.
+    pub flushes: [AtomicU64; 4],
+}
+
+pub(crate) fn reason_index(r: FlushReason) -> usize {
+    match r {
+        FlushReason::Drained => 0,
+        FlushReason::SizeReached => 1,
+        FlushReason::Timer => 2,
+        FlushReason::Single => 3,
+    }
+}
+
+/// A snapshot of one peer's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PeerStats {
+    pub peer: String,
+    pub connected: bool,
+    /// Messages and bytes (encoded, frame headers included) written to the socket.
+    pub messages_sent: u64,
+    pub bytes_sent: u64,
+    pub frames_sent: u64,
+    /// `write` calls that carried messages (one per flushed batch).
+    pub writes: u64,
+    /// Messages whose write failed when the connection broke (see the README's
+    /// reliability notes).
+    pub send_failed: u64,
+    pub messages_received: u64,
+    pub bytes_received: u64,
+    pub frames_received: u64,
+    /// Messages this peer reported it could not deliver (no such mailbox).
+    pub undeliverable_reported: u64,
+    /// Times a connection to this peer was established.
+    pub connects: u64,
+    /// Flushes by reason: drained, size reached, timer, single.
+    pub flushes_drained: u64,
+    pub flushes_size: u64,
+    pub flushes_timer: u64,
+    pub flushes_single: u64,
+    /// Most bytes ever waiting in the outbound queue.
+    pub queue_high_water: u64,
+    /// Total time senders spent blocked on the full outbound queue, in microseconds.
+    pub blocked_us: u64,
+    /// Messages waiting in the outbound queue now.
+    pub queued: u64,
+}
+
+impl PeerStats {
+    /// Mean messages per write.
+    pub fn messages_per_write(&self) -> f64 {
+        if self.writes == 0 {
+            0.0
+        } else {
+            self.messages_sent as f64 / self.writes as f64
+        }
+    }
+}
+
+impl PeerCounters {
+    pub fn snapshot(&self, peer: String, connected: bool) -> PeerStats {
+        let f = |i: usize| self.flushes[i].load(Relaxed);
+        PeerStats {
+            peer,
+            connected,
+            messages_sent: self.messages_sent.load(Relaxed),
+            bytes_sent: self.bytes_sent.load(Relaxed),
+            frames_sent: self.frames_sent.load(Relaxed),
+            writes: self.writes.load(Relaxed),
+            send_failed: self.send_failed.load(Relaxed),
+            messages_received: self.messages_received.load(Relaxed),
+            bytes_received: self.bytes_received.load(Relaxed),
+            frames_received: self.frames_received.load(Relaxed),
+            undeliverable_reported: self.undeliverable_reported.load(Relaxed),
+            connects: self.connects.load(Relaxed),
+            flushes_drained: f(0),
+            flushes_size: f(1),
+            flushes_timer: f(2),
+            flushes_single: f(3),
+            ..Default::default()
+        }
+    }
+}
+
+/// A snapshot of a node's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct NodeStats {
+    pub node: String,
+    pub peers: Vec<PeerStats>,
+    /// Messages that arrived for a mailbox that does not exist here.
+    pub undeliverable: u64,
+    /// Messages delivered without leaving this node.
+    pub local_messages: u64,
+}
+
+impl std::fmt::Display for NodeStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "node {}: {} local messages, {} undeliverable here",
+            self.node, self.local_messages, self.undeliverable
+        )?;
+        for p in &self.peers {
+            writeln!(
+                f,
+                "  {:<12} {:<4} sent {} msgs / {} B in {} frames, {} writes ({:.1} msgs/write; flushes drained {} size {} timer {} single {}), recv {} msgs / {} B in {} frames, queue high-water {} B, senders blocked {} us, failed {}, undeliverable at peer {}",
+                p.peer,
+                if p.connected { "up" } else { "down" },
+                p.messages_sent,
+                p.bytes_sent,
+                p.frames_sent,
+                p.writes,
+                p.messages_per_write(),
+                p.flushes_drained,
+                p.flushes_size,
+                p.flushes_timer,
+                p.flushes_single,
+                p.messages_received,
+                p.bytes_received,
+                p.frames_received,
+                p.queue_high_water,
+                p.blocked_us,
+                p.send_failed,
+                p.undeliverable_reported,
+            )?;
+        }
+        Ok(())
+    }
+}
