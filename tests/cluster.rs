@@ -1,0 +1,234 @@
+//! Three nodes in one process, over loopback TCP.
+
+mod common;
+
+use std::time::Duration;
+
+use batchwire::{Address, Error, Event, Node, NodeConfig, RecvError};
+use common::*;
+
+const T: Duration = Duration::from_secs(20);
+
+fn seq(p: &[u8]) -> u64 {
+    u64::from_le_bytes(p[..8].try_into().unwrap())
+}
+
+fn payload(i: u64, size: usize) -> Vec<u8> {
+    let mut v = vec![0u8; size.max(8)];
+    v[..8].copy_from_slice(&i.to_le_bytes());
+    v
+}
+
+#[test]
+fn messages_arrive_complete_and_in_order_per_sender() {
+    let nodes = start(mesh(&["a", "b", "c"]));
+    let inbox = nodes[1].mailbox("inbox").unwrap();
+    let to = Address::new("b", "inbox").unwrap();
+    const N: u64 = 20_000;
+    std::thread::scope(|s| {
+        for n in [&nodes[0], &nodes[2]] {
+            let to = to.clone();
+            s.spawn(move || {
+                let mb = n.mailbox("sender").unwrap();
+                for i in 0..N {
+                    mb.send(&to, payload(i, 100)).unwrap();
+                }
+            });
+        }
+        let mut next = std::collections::HashMap::new();
+        let mut got = 0;
+        while got < 2 * N {
+            for e in inbox.recv_batch(1024).unwrap() {
+                assert_eq!(e.from.mailbox(), "sender");
+                let expect = next.entry(e.from.node().to_string()).or_insert(0u64);
+                assert_eq!(seq(&e.payload), *expect, "from {}", e.from);
+                *expect += 1;
+                got += 1;
+            }
+        }
+        assert_eq!(next["a"], N);
+        assert_eq!(next["c"], N);
+    });
+    let st = nodes[0].stats();
+    let b = st.peers.iter().find(|p| p.peer == "b").unwrap();
+    assert_eq!(b.messages_sent, N);
+    assert!(b.writes <= b.messages_sent && b.writes > 0);
+    assert!(inbox.try_recv() == Err(RecvError::Empty));
+}
+
+#[test]
+fn send_all_includes_self_and_send_others_does_not() {
+    let nodes = start(mesh(&["a", "b", "c"]));
+    let boxes: Vec<_> = nodes.iter().map(|n| n.mailbox("all").unwrap()).collect();
+    nodes[0].send_all("all", &b"everyone"[..]).unwrap();
+    nodes[0].send_others("all", &b"others"[..]).unwrap();
+    let got = |i: usize| {
+        let mut v = Vec::new();
+        while let Ok(e) = boxes[i].recv_timeout(Duration::from_millis(500)) {
+            v.push(String::from_utf8(e.payload.to_vec()).unwrap());
+        }
+        v
+    };
+    assert_eq!(got(0), ["everyone"]);
+    assert_eq!(got(1), ["everyone", "others"]);
+    assert_eq!(got(2), ["everyone", "others"]);
+}
+
+#[test]
+fn stalled_mailbox_applies_backpressure_and_loses_nothing() {
+    let mut cfgs = mesh(&["a", "b"]);
+    for c in &mut cfgs {
+        c.send_queue_bytes = 64 << 10;
+        c.mailbox_bytes = 64 << 10;
+    }
+    let nodes = start(cfgs);
+    let inbox = nodes[1].mailbox("slow").unwrap();
+    let to = Address::new("b", "slow").unwrap();
+    // Nobody reads "slow": the mailbox fills, the reader stops, TCP fills, the queue fills.
+    let mut accepted = 0u64;
+    let mut full = false;
+    for i in 0..200_000u64 {
+        match nodes[0].try_send(&to, payload(i, 1000)) {
+            Ok(()) => accepted += 1,
+            Err(Error::Full { payload, .. }) => {
+                assert_eq!(seq(&payload), i, "the refused payload is handed back");
+                full = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        if i % 64 == 0 {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    assert!(full, "try_send never reported Full after {accepted} messages");
+    // Bounded: queue + mailbox + socket buffers, far below 200 MB.
+    assert!(accepted < 50_000, "accepted {accepted}");
+    let blocked = nodes[0].stats().peers[0].queue_high_water;
+    assert!(blocked >= 64 << 10);
+    // Now drain: everything accepted arrives, in order.
+    let mut next = 0;
+    while next < accepted {
+        let e = inbox.recv_timeout(T).expect("message lost");
+        assert_eq!(seq(&e.payload), next);
+        next += 1;
+    }
+    assert_eq!(inbox.recv_timeout(Duration::from_millis(200)), Err(RecvError::Timeout));
+}
+
+#[test]
+fn undeliverable_mailbox_is_reported_to_the_sender_and_nothing_crashes() {
+    let nodes = start(mesh(&["a", "b"]));
+    let events = nodes[0].events();
+    let to = Address::new("b", "nobody").unwrap();
+    let mb = nodes[0].mailbox("asker").unwrap();
+    for _ in 0..5 {
+        mb.send(&to, &b"hello?"[..]).unwrap();
+    }
+    let mut count = 0;
+    while count < 5 {
+        let ev = wait_event(&events, T, |e| matches!(e, Event::Undeliverable { .. })).expect("no undeliverable event");
+        let Event::Undeliverable { to, from, count: n } = ev else { unreachable!() };
+        assert_eq!(to.to_string(), "nobody@b");
+        assert_eq!(from, "asker");
+        count += n;
+    }
+    assert_eq!(count, 5);
+    assert_eq!(nodes[1].stats().undeliverable, 5);
+    // b still serves a.
+    let inbox = nodes[1].mailbox("inbox").unwrap();
+    nodes[0].send(&Address::new("b", "inbox").unwrap(), &b"still here"[..]).unwrap();
+    assert_eq!(&inbox.recv_timeout(T).unwrap().payload[..], b"still here");
+}
+
+#[test]
+fn wrong_secret_is_refused_on_both_sides_and_others_keep_working() {
+    let mut cfgs = mesh(&["a", "b"]);
+    let b_addr = cfgs[1].listen;
+    let mut intruder = NodeConfig::new("0-intruder", free_addrs(1)[0], "not-the-secret");
+    intruder = intruder.peer("b", b_addr);
+    let b = Node::start(cfgs.remove(1)).unwrap();
+    let b_events = b.events();
+    let x = Node::start(intruder).unwrap();
+    let x_events = x.events();
+    let ev = wait_event(&x_events, T, |e| matches!(e, Event::HandshakeFailed { .. })).expect("intruder saw no refusal");
+    let Event::HandshakeFailed { peer, reason, .. } = ev else { unreachable!() };
+    assert_eq!(peer.as_deref(), Some("b"));
+    assert!(reason.contains("secret"), "{reason}");
+    let ev = wait_event(&b_events, T, |e| matches!(e, Event::HandshakeFailed { .. })).expect("b saw no refusal");
+    let Event::HandshakeFailed { peer, reason, .. } = ev else { unreachable!() };
+    assert_eq!(peer.as_deref(), Some("0-intruder"));
+    assert!(reason.contains("secret"), "{reason}");
+    assert!(x.connected_peers().is_empty());
+    // The legitimate node still gets in.
+    let a = Node::start(cfgs.remove(0)).unwrap();
+    assert!(a.wait_for_peers(&["b"], T));
+}
+
+#[test]
+fn local_sends_typed_values_and_errors() {
+    let nodes = start(mesh(&["a", "b"]));
+    let me = nodes[0].mailbox("me").unwrap();
+    // Local delivery.
+    nodes[0].send(&me.address(), &b"self"[..]).unwrap();
+    assert_eq!(&me.recv_timeout(T).unwrap().payload[..], b"self");
+    // Typed layer over postcard.
+    #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+    struct Order {
+        id: u32,
+        item: String,
+    }
+    let inbox = nodes[1].mailbox("orders").unwrap();
+    let o = Order { id: 7, item: "tea".into() };
+    me.send_value(&inbox.address(), &o).unwrap();
+    let e = inbox.recv_timeout(T).unwrap();
+    assert_eq!(e.value::<Order>().unwrap(), o);
+    assert_eq!(e.from, me.address());
+    // Errors.
+    assert!(matches!(
+        nodes[0].send(&Address::new("zz", "x").unwrap(), &b""[..]),
+        Err(Error::UnknownNode(n)) if n == "zz"
+    ));
+    let big = vec![0u8; (16 << 20) + 1];
+    assert!(matches!(
+        nodes[0].send(&inbox.address(), big),
+        Err(Error::PayloadTooLarge { max, .. }) if max == 16 << 20
+    ));
+    assert!(matches!(nodes[0].mailbox("me"), Err(Error::MailboxExists(_))));
+    assert!(Address::new("", "x").is_err());
+}
+
+#[test]
+fn recv_async_works_on_a_tokio_runtime() {
+    let nodes = start(mesh(&["a", "b"]));
+    let inbox = nodes[1].mailbox("async").unwrap();
+    let to = inbox.address();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let got = rt.block_on(async {
+        // One runtime thread: if recv_async blocked it, the timer below could not fire.
+        nodes[0].send(&to, &b"ping"[..]).unwrap();
+        let first = tokio::time::timeout(T, inbox.recv_async()).await.unwrap().unwrap();
+        // Nothing else is coming: the future must stay pending without blocking the thread.
+        let none = tokio::time::timeout(Duration::from_millis(50), inbox.recv_async()).await;
+        (first, none.is_err())
+    });
+    assert_eq!(&got.0.payload[..], b"ping");
+    assert!(got.1);
+}
+
+#[test]
+fn shutdown_flushes_queued_messages() {
+    let mut nodes = start(mesh(&["a", "b"]));
+    let inbox = nodes[1].mailbox("inbox").unwrap();
+    let to = inbox.address();
+    const N: u64 = 50_000;
+    for i in 0..N {
+        nodes[0].send(&to, payload(i, 100)).unwrap();
+    }
+    let a = nodes.remove(0);
+    a.shutdown();
+    for i in 0..N {
+        let e = inbox.recv_timeout(T).expect("queued message lost at shutdown");
+        assert_eq!(seq(&e.payload), i);
+    }
+}
