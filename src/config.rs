@@ -124,13 +124,17 @@ impl NodeConfig {
 
     /// Read the cluster secret from a file (trailing newlines are not part of it).
     pub fn read_secret(path: &Path) -> Result<Vec<u8>, Error> {
-        let mut s = std::fs::read(path)
-            .map_err(|e| Error::Config(format!("cannot read secret file {}: {e}", path.display())))?;
+        let mut s = std::fs::read(path).map_err(|e| {
+            Error::Config(format!("cannot read secret file {}: {e}", path.display()))
+        })?;
         while s.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
             s.pop();
         }
         if s.is_empty() {
-            return Err(Error::Config(format!("secret file {} is empty", path.display())));
+            return Err(Error::Config(format!(
+                "secret file {} is empty",
+                path.display()
+            )));
         }
         Ok(s)
     }
@@ -180,7 +184,12 @@ mod tests {
         let mut c = NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "s");
         c.validate().unwrap();
         c.mailbox_bytes = 0;
-        assert!(c.validate().unwrap_err().to_string().contains("mailbox_bytes"));
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("mailbox_bytes")
+        );
         let c = NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "");
         assert!(c.validate().is_err());
     }

@@ -101,7 +101,10 @@ fn stalled_mailbox_applies_backpressure_and_loses_nothing() {
             std::thread::sleep(Duration::from_micros(50));
         }
     }
-    assert!(full, "try_send never reported Full after {accepted} messages");
+    assert!(
+        full,
+        "try_send never reported Full after {accepted} messages"
+    );
     // Bounded: queue + mailbox + socket buffers, far below 200 MB.
     assert!(accepted < 50_000, "accepted {accepted}");
     let blocked = nodes[0].stats().peers[0].queue_high_water;
@@ -113,7 +116,10 @@ fn stalled_mailbox_applies_backpressure_and_loses_nothing() {
         assert_eq!(seq(&e.payload), next);
         next += 1;
     }
-    assert_eq!(inbox.recv_timeout(Duration::from_millis(200)), Err(RecvError::Timeout));
+    assert_eq!(
+        inbox.recv_timeout(Duration::from_millis(200)),
+        Err(RecvError::Timeout)
+    );
 }
 
 #[test]
@@ -127,8 +133,11 @@ fn undeliverable_mailbox_is_reported_to_the_sender_and_nothing_crashes() {
     }
     let mut count = 0;
     while count < 5 {
-        let ev = wait_event(&events, T, |e| matches!(e, Event::Undeliverable { .. })).expect("no undeliverable event");
-        let Event::Undeliverable { to, from, count: n } = ev else { unreachable!() };
+        let ev = wait_event(&events, T, |e| matches!(e, Event::Undeliverable { .. }))
+            .expect("no undeliverable event");
+        let Event::Undeliverable { to, from, count: n } = ev else {
+            unreachable!()
+        };
         assert_eq!(to.to_string(), "nobody@b");
         assert_eq!(from, "asker");
         count += n;
@@ -137,7 +146,9 @@ fn undeliverable_mailbox_is_reported_to_the_sender_and_nothing_crashes() {
     assert_eq!(nodes[1].stats().undeliverable, 5);
     // b still serves a.
     let inbox = nodes[1].mailbox("inbox").unwrap();
-    nodes[0].send(&Address::new("b", "inbox").unwrap(), &b"still here"[..]).unwrap();
+    nodes[0]
+        .send(&Address::new("b", "inbox").unwrap(), &b"still here"[..])
+        .unwrap();
     assert_eq!(&inbox.recv_timeout(T).unwrap().payload[..], b"still here");
 }
 
@@ -151,12 +162,18 @@ fn wrong_secret_is_refused_on_both_sides_and_others_keep_working() {
     let b_events = b.events();
     let x = Node::start(intruder).unwrap();
     let x_events = x.events();
-    let ev = wait_event(&x_events, T, |e| matches!(e, Event::HandshakeFailed { .. })).expect("intruder saw no refusal");
-    let Event::HandshakeFailed { peer, reason, .. } = ev else { unreachable!() };
+    let ev = wait_event(&x_events, T, |e| matches!(e, Event::HandshakeFailed { .. }))
+        .expect("intruder saw no refusal");
+    let Event::HandshakeFailed { peer, reason, .. } = ev else {
+        unreachable!()
+    };
     assert_eq!(peer.as_deref(), Some("b"));
     assert!(reason.contains("secret"), "{reason}");
-    let ev = wait_event(&b_events, T, |e| matches!(e, Event::HandshakeFailed { .. })).expect("b saw no refusal");
-    let Event::HandshakeFailed { peer, reason, .. } = ev else { unreachable!() };
+    let ev = wait_event(&b_events, T, |e| matches!(e, Event::HandshakeFailed { .. }))
+        .expect("b saw no refusal");
+    let Event::HandshakeFailed { peer, reason, .. } = ev else {
+        unreachable!()
+    };
     assert_eq!(peer.as_deref(), Some("0-intruder"));
     assert!(reason.contains("secret"), "{reason}");
     assert!(x.connected_peers().is_empty());
@@ -179,7 +196,10 @@ fn local_sends_typed_values_and_errors() {
         item: String,
     }
     let inbox = nodes[1].mailbox("orders").unwrap();
-    let o = Order { id: 7, item: "tea".into() };
+    let o = Order {
+        id: 7,
+        item: "tea".into(),
+    };
     me.send_value(&inbox.address(), &o).unwrap();
     let e = inbox.recv_timeout(T).unwrap();
     assert_eq!(e.value::<Order>().unwrap(), o);
@@ -194,7 +214,10 @@ fn local_sends_typed_values_and_errors() {
         nodes[0].send(&inbox.address(), big),
         Err(Error::PayloadTooLarge { max, .. }) if max == 16 << 20
     ));
-    assert!(matches!(nodes[0].mailbox("me"), Err(Error::MailboxExists(_))));
+    assert!(matches!(
+        nodes[0].mailbox("me"),
+        Err(Error::MailboxExists(_))
+    ));
     assert!(Address::new("", "x").is_err());
 }
 
@@ -203,11 +226,17 @@ fn recv_async_works_on_a_tokio_runtime() {
     let nodes = start(mesh(&["a", "b"]));
     let inbox = nodes[1].mailbox("async").unwrap();
     let to = inbox.address();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
     let got = rt.block_on(async {
         // One runtime thread: if recv_async blocked it, the timer below could not fire.
         nodes[0].send(&to, &b"ping"[..]).unwrap();
-        let first = tokio::time::timeout(T, inbox.recv_async()).await.unwrap().unwrap();
+        let first = tokio::time::timeout(T, inbox.recv_async())
+            .await
+            .unwrap()
+            .unwrap();
         // Nothing else is coming: the future must stay pending without blocking the thread.
         let none = tokio::time::timeout(Duration::from_millis(50), inbox.recv_async()).await;
         (first, none.is_err())
@@ -228,7 +257,9 @@ fn shutdown_flushes_queued_messages() {
     let a = nodes.remove(0);
     a.shutdown();
     for i in 0..N {
-        let e = inbox.recv_timeout(T).expect("queued message lost at shutdown");
+        let e = inbox
+            .recv_timeout(T)
+            .expect("queued message lost at shutdown");
         assert_eq!(seq(&e.payload), i);
     }
 }

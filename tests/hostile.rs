@@ -66,9 +66,15 @@ fn wrong_protocol_version_gets_a_refusal_naming_both_versions() {
         });
         let r = refuse.expect("no REFUSE frame");
         assert_eq!(r.code, RefuseCode::Version);
-        assert!(r.reason.contains("version 1") && r.reason.contains("version 99"), "{}", r.reason);
+        assert!(
+            r.reason.contains("version 1") && r.reason.contains("version 99"),
+            "{}",
+            r.reason
+        );
         let ev = wait_event(events, T, |e| matches!(e, Event::HandshakeFailed { .. })).unwrap();
-        let Event::HandshakeFailed { peer, reason, .. } = ev else { unreachable!() };
+        let Event::HandshakeFailed { peer, reason, .. } = ev else {
+            unreachable!()
+        };
         assert_eq!(peer.as_deref(), Some("future-node"));
         assert!(reason.contains("version"), "{reason}");
     });
@@ -80,9 +86,16 @@ fn garbage_instead_of_a_hello_is_refused() {
         let mut s = TcpStream::connect(addr).unwrap();
         s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
         let frames = read_all_frames(&mut s);
-        assert!(frames.iter().any(|f| matches!(f, Frame::Refuse(r) if r.code == RefuseCode::Protocol)), "{frames:?}");
+        assert!(
+            frames
+                .iter()
+                .any(|f| matches!(f, Frame::Refuse(r) if r.code == RefuseCode::Protocol)),
+            "{frames:?}"
+        );
         let ev = wait_event(events, T, |e| matches!(e, Event::HandshakeFailed { .. })).unwrap();
-        let Event::HandshakeFailed { reason, .. } = ev else { unreachable!() };
+        let Event::HandshakeFailed { reason, .. } = ev else {
+            unreachable!()
+        };
         assert!(reason.contains("frame"), "{reason}");
     });
 }
@@ -95,7 +108,9 @@ fn huge_length_prefix_is_refused_without_allocating() {
         s.write_all(&[0xff, 0xff, 0xff, 0xff, 1]).unwrap();
         let _ = read_all_frames(&mut s);
         let ev = wait_event(events, T, |e| matches!(e, Event::HandshakeFailed { .. })).unwrap();
-        let Event::HandshakeFailed { reason, .. } = ev else { unreachable!() };
+        let Event::HandshakeFailed { reason, .. } = ev else {
+            unreachable!()
+        };
         assert!(reason.contains("exceeds the maximum"), "{reason}");
     });
 }
@@ -110,6 +125,8 @@ fn silent_client_times_out_in_the_handshake() {
     let events = nodes[1].events();
     let _s = TcpStream::connect(nodes[1].local_addr()).unwrap();
     let ev = wait_event(&events, T, |e| matches!(e, Event::HandshakeFailed { .. })).unwrap();
-    let Event::HandshakeFailed { reason, .. } = ev else { unreachable!() };
+    let Event::HandshakeFailed { reason, .. } = ev else {
+        unreachable!()
+    };
     assert!(reason.contains("timed out"), "{reason}");
 }

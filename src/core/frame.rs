@@ -285,9 +285,8 @@ impl Codec for Refuse {
             });
         }
         let b = r.take(len, "reason")?;
-        let reason = String::from_utf8(b.to_vec()).map_err(|_| DecodeError::NotUtf8 {
-            what: "reason",
-        })?;
+        let reason =
+            String::from_utf8(b.to_vec()).map_err(|_| DecodeError::NotUtf8 { what: "reason" })?;
         Ok(Refuse { code, reason })
     }
 }
@@ -595,7 +594,10 @@ mod tests {
         let mut w = ListWriter::start(&mut v);
         w.push(&mut v, &m.to, &m.from, &m.payload);
         w.push(&mut v, &m.to, &m.from, &m.payload);
-        assert_eq!(w.len(&v), LIST_OVERHEAD + 2 * message_len(&m.to, &m.from, 3));
+        assert_eq!(
+            w.len(&v),
+            LIST_OVERHEAD + 2 * message_len(&m.to, &m.from, 3)
+        );
         w.finish(&mut v);
         let mut expect = Vec::new();
         Frame::Messages(MessageList::from_messages([&m, &m])).encode(&mut expect);
@@ -607,13 +609,16 @@ mod tests {
     }
 
     fn arb_message() -> impl Strategy<Value = Message> {
-        (arb_name(), arb_name(), proptest::collection::vec(any::<u8>(), 0..300)).prop_map(
-            |(to, from, p)| Message {
+        (
+            arb_name(),
+            arb_name(),
+            proptest::collection::vec(any::<u8>(), 0..300),
+        )
+            .prop_map(|(to, from, p)| Message {
                 to,
                 from,
                 payload: p.into(),
-            },
-        )
+            })
     }
 
     proptest! {

@@ -170,7 +170,13 @@ impl Handshake {
                         return Err(self.refuse(RefuseCode::Name, e));
                     }
                 }
-                let proof = self.proof(&self.cfg.name, &h.name, &h.nonce, &self.nonce, self.cfg.incarnation);
+                let proof = self.proof(
+                    &self.cfg.name,
+                    &h.name,
+                    &h.nonce,
+                    &self.nonce,
+                    self.cfg.incarnation,
+                );
                 self.out.push_back(Frame::Auth(Auth { proof }));
                 self.peer = Some(h);
                 self.state = State::AwaitAuth;
@@ -181,7 +187,14 @@ impl Handshake {
                     return Err(HandshakeError::Unexpected { got: "AUTH" });
                 };
                 let mut mac = self.mac();
-                feed(&mut mac, &h.name, &self.cfg.name, &self.nonce, &h.nonce, h.incarnation);
+                feed(
+                    &mut mac,
+                    &h.name,
+                    &self.cfg.name,
+                    &self.nonce,
+                    &h.nonce,
+                    h.incarnation,
+                );
                 if mac.verify_slice(&a.proof).is_err() {
                     let e = HandshakeError::Secret {
                         peer: h.name.clone(),
@@ -226,7 +239,14 @@ impl Handshake {
         <Hmac<Sha256> as Mac>::new_from_slice(&self.cfg.secret).expect("HMAC takes any key length")
     }
 
-    fn proof(&self, me: &Name, peer: &Name, peer_nonce: &[u8; 16], my_nonce: &[u8; 16], inc: u64) -> [u8; 32] {
+    fn proof(
+        &self,
+        me: &Name,
+        peer: &Name,
+        peer_nonce: &[u8; 16],
+        my_nonce: &[u8; 16],
+        inc: u64,
+    ) -> [u8; 32] {
         let mut mac = self.mac();
         feed(&mut mac, me, peer, peer_nonce, my_nonce, inc);
         mac.finalize().into_bytes().into()
@@ -266,8 +286,10 @@ mod tests {
         }
     }
 
+    type Outcomes = Vec<Result<Option<PeerInfo>, HandshakeError>>;
+
     /// Shuttle frames between two machines until both are quiet.
-    fn run(a: &mut Handshake, b: &mut Handshake) -> (Vec<Result<Option<PeerInfo>, HandshakeError>>, Vec<Result<Option<PeerInfo>, HandshakeError>>) {
+    fn run(a: &mut Handshake, b: &mut Handshake) -> (Outcomes, Outcomes) {
         let (mut ra, mut rb) = (Vec::new(), Vec::new());
         for _ in 0..10 {
             let mut moved = false;
@@ -306,8 +328,16 @@ mod tests {
         let mut b = Handshake::new(cfg("b", b"two", None), [2; 16]);
         let (ra, rb) = run(&mut a, &mut b);
         assert!(!a.is_done() && !b.is_done());
-        assert!(ra.iter().any(|r| matches!(r, Err(HandshakeError::Secret { peer }) if peer.as_str() == "b")), "{ra:?}");
-        assert!(rb.iter().any(|r| matches!(r, Err(HandshakeError::Secret { peer }) if peer.as_str() == "a")), "{rb:?}");
+        assert!(
+            ra.iter()
+                .any(|r| matches!(r, Err(HandshakeError::Secret { peer }) if peer.as_str() == "b")),
+            "{ra:?}"
+        );
+        assert!(
+            rb.iter()
+                .any(|r| matches!(r, Err(HandshakeError::Secret { peer }) if peer.as_str() == "a")),
+            "{rb:?}"
+        );
     }
 
     #[test]
@@ -334,7 +364,11 @@ mod tests {
             panic!("no refuse sent")
         };
         assert_eq!(r.code, RefuseCode::Version);
-        assert!(r.reason.contains("version 1") && r.reason.contains("version 2"), "{}", r.reason);
+        assert!(
+            r.reason.contains("version 1") && r.reason.contains("version 2"),
+            "{}",
+            r.reason
+        );
     }
 
     #[test]
@@ -343,7 +377,19 @@ mod tests {
         let mut c = Handshake::new(cfg("c", b"s", None), [2; 16]);
         let (ra, rc) = run(&mut a, &mut c);
         assert!(matches!(&ra[0], Err(HandshakeError::WrongPeer { .. })));
-        assert!(matches!(&rc[..], [.., Err(HandshakeError::Refused { code: RefuseCode::Name, .. })]), "{rc:?}");
+        assert!(
+            matches!(
+                &rc[..],
+                [
+                    ..,
+                    Err(HandshakeError::Refused {
+                        code: RefuseCode::Name,
+                        ..
+                    })
+                ]
+            ),
+            "{rc:?}"
+        );
     }
 
     #[test]
@@ -358,7 +404,10 @@ mod tests {
         let mut b2 = Handshake::new(cfg("b", b"s", None), [3; 16]);
         let _ = b2.poll_transmit();
         b2.handle(hello_a).unwrap();
-        assert!(matches!(b2.handle(auth_a), Err(HandshakeError::Secret { .. })));
+        assert!(matches!(
+            b2.handle(auth_a),
+            Err(HandshakeError::Secret { .. })
+        ));
     }
 
     #[test]

@@ -80,7 +80,11 @@ pub(crate) fn run_dialer(shared: &Arc<Shared>, peer: &Arc<Peer>, addr: SocketAdd
 
 /// Handshake on a fresh socket, then read from it until it closes. `expect` is the peer's
 /// name when we dialled. Returns whether the handshake succeeded.
-pub(crate) fn run_connection(shared: &Arc<Shared>, mut stream: TcpStream, expect: Option<Name>) -> bool {
+pub(crate) fn run_connection(
+    shared: &Arc<Shared>,
+    mut stream: TcpStream,
+    expect: Option<Name>,
+) -> bool {
     let addr = match stream.peer_addr() {
         Ok(a) => a,
         Err(_) => return false, // already gone
@@ -153,7 +157,9 @@ pub(crate) fn run_connection(shared: &Arc<Shared>, mut stream: TcpStream, expect
 
 fn handshake_peer(e: &HandshakeError) -> Option<String> {
     match e {
-        HandshakeError::Version { peer, .. } | HandshakeError::Secret { peer } => Some(peer.to_string()),
+        HandshakeError::Version { peer, .. } | HandshakeError::Secret { peer } => {
+            Some(peer.to_string())
+        }
         HandshakeError::WrongPeer { got, .. } => Some(got.to_string()),
         HandshakeError::SameName(p) => Some(p.to_string()),
         HandshakeError::Refused { peer, .. } => peer.as_ref().map(|p| p.to_string()),
@@ -206,7 +212,10 @@ fn handshake(
                     // Not a batchwire peer, or a broken one: say so, best effort, and close.
                     let refuse = Frame::Refuse(frame::Refuse {
                         code: frame::RefuseCode::Protocol,
-                        reason: format!("node {:?}: bad handshake frame: {e}", shared.name.as_str()),
+                        reason: format!(
+                            "node {:?}: bad handshake frame: {e}",
+                            shared.name.as_str()
+                        ),
                     });
                     refuse.encode(&mut out);
                     let _ = stream.write_all(&out);
@@ -219,7 +228,12 @@ fn handshake(
             match read_more(stream, &mut buf, 512) {
                 Ok(0) => return Err(LinkError::Eof),
                 Ok(_) => {}
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
                     return Err(LinkError::HandshakeTimeout(timeout));
                 }
                 Err(e) => return Err(e.into()),
@@ -346,7 +360,8 @@ impl Deliverer<'_> {
             self.flush(&mb);
         }
         for (to, from, count) in self.undeliverable.drain(..) {
-            self.shared.undeliverable(Some(self.peer), &to, &from, count);
+            self.shared
+                .undeliverable(Some(self.peer), &to, &from, count);
         }
     }
 
@@ -373,7 +388,11 @@ impl Deliverer<'_> {
 
 /// Encode `items` as MESSAGES frames of about `frame_bytes` each, appending to `out`.
 /// Returns the number of frames.
-pub(crate) fn encode_batch(items: &VecDeque<Outgoing>, out: &mut Vec<u8>, frame_bytes: usize) -> u64 {
+pub(crate) fn encode_batch(
+    items: &VecDeque<Outgoing>,
+    out: &mut Vec<u8>,
+    frame_bytes: usize,
+) -> u64 {
     let mut frames = 0;
     let mut w = ListWriter::start(out);
     for m in items {
@@ -422,7 +441,10 @@ pub(crate) fn run_writer(shared: &Arc<Shared>, peer: &Arc<Peer>) {
         };
         // 2. Write batches until the connection changes or the queue is drained for good.
         loop {
-            match peer.queue.next_batch(bundler.as_mut(), epoch, &mut items, &mut control) {
+            match peer
+                .queue
+                .next_batch(bundler.as_mut(), epoch, &mut items, &mut control)
+            {
                 Next::Reconnect => break,
                 Next::Drained => {
                     // Shutting down and everything is written: say goodbye, stop sending.

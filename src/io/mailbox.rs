@@ -341,7 +341,11 @@ mod tests {
         let q2 = q.clone();
         let t = std::thread::spawn(move || {
             let mut out = Vec::new();
-            let n = q2.take(&mut out, 100, Some(Some(Instant::now() + Duration::from_secs(10))));
+            let n = q2.take(
+                &mut out,
+                100,
+                Some(Some(Instant::now() + Duration::from_secs(10))),
+            );
             (n, out.len())
         });
         std::thread::sleep(Duration::from_millis(10));
@@ -368,7 +372,11 @@ mod tests {
     fn timeout_is_reported() {
         let q = MailboxQueue::new(Name::from_static("m"), 1 << 20);
         let mut out = Vec::new();
-        let r = q.take(&mut out, 1, Some(Some(Instant::now() + Duration::from_millis(5))));
+        let r = q.take(
+            &mut out,
+            1,
+            Some(Some(Instant::now() + Duration::from_millis(5))),
+        );
         assert_eq!(r, Err(RecvError::Timeout));
         assert_eq!(q.take(&mut out, 1, None), Err(RecvError::Empty));
     }

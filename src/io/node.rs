@@ -312,7 +312,9 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(to.clone());
-        let sender = from_peer.map(|p| p.name.as_str()).unwrap_or(self.name.as_str());
+        let sender = from_peer
+            .map(|p| p.name.as_str())
+            .unwrap_or(self.name.as_str());
         if first {
             warn!(node = %self.name, mailbox = %to, from_node = sender, "message for a mailbox that does not exist here; reporting it to the sender as undeliverable (logged once per name)");
         }
@@ -337,7 +339,13 @@ impl Shared {
         }
     }
 
-    pub fn send(&self, from: &Name, to: &Address, payload: Bytes, block: bool) -> Result<(), Error> {
+    pub fn send(
+        &self,
+        from: &Name,
+        to: &Address,
+        payload: Bytes,
+        block: bool,
+    ) -> Result<(), Error> {
         if payload.len() > self.config.max_payload {
             return Err(Error::PayloadTooLarge {
                 len: payload.len(),
@@ -371,7 +379,13 @@ impl Shared {
         })
     }
 
-    fn deliver_local(&self, from: &Name, to: &Name, payload: Bytes, block: bool) -> Result<(), Error> {
+    fn deliver_local(
+        &self,
+        from: &Name,
+        to: &Name,
+        payload: Bytes,
+        block: bool,
+    ) -> Result<(), Error> {
         let Some(mb) = self.mailbox(to.as_bytes()) else {
             self.undeliverable(None, to, from, 1);
             return Ok(());
@@ -404,7 +418,13 @@ impl Shared {
         }
     }
 
-    pub fn send_all(&self, from: &Name, mailbox: &str, payload: Bytes, include_self: bool) -> Result<(), Error> {
+    pub fn send_all(
+        &self,
+        from: &Name,
+        mailbox: &str,
+        payload: Bytes,
+        include_self: bool,
+    ) -> Result<(), Error> {
         let mb = Name::new(mailbox)
             .ok_or_else(|| Error::InvalidName(mailbox.into(), "longer than 255 bytes"))?;
         let peers: Vec<Name> = self
@@ -529,7 +549,10 @@ impl Node {
         if g.contains_key(&n) {
             return Err(Error::MailboxExists(name.into()));
         }
-        let q = Arc::new(MailboxQueue::new(n.clone(), self.shared.config.mailbox_bytes));
+        let q = Arc::new(MailboxQueue::new(
+            n.clone(),
+            self.shared.config.mailbox_bytes,
+        ));
         g.insert(n, q.clone());
         Ok(Mailbox {
             queue: q,
@@ -572,11 +595,7 @@ impl Node {
     /// logged and counted.
     pub fn events(&self) -> mpsc::Receiver<Event> {
         let (tx, rx) = mpsc::channel();
-        *self
-            .shared
-            .events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        *self.shared.events.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
         rx
     }
 
@@ -691,7 +710,8 @@ impl Node {
         }
         // 4. Join everything (threads may still be registering; loop until none are left).
         loop {
-            let hs: Vec<_> = std::mem::take(&mut *s.threads.lock().unwrap_or_else(|p| p.into_inner()));
+            let hs: Vec<_> =
+                std::mem::take(&mut *s.threads.lock().unwrap_or_else(|p| p.into_inner()));
             if hs.is_empty() {
                 break;
             }
@@ -700,12 +720,7 @@ impl Node {
             }
         }
         // Writers of peers that connected late (dynamic) may have been added meanwhile.
-        for p in s
-            .peers
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-        {
+        for p in s.peers.read().unwrap_or_else(|p| p.into_inner()).values() {
             p.queue.close();
             if let Some(c) = p.current() {
                 c.close();
@@ -727,6 +742,10 @@ impl Drop for Node {
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Node({} on {})", self.shared.name, self.shared.local_addr)
+        write!(
+            f,
+            "Node({} on {})",
+            self.shared.name, self.shared.local_addr
+        )
     }
 }

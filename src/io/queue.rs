@@ -303,15 +303,27 @@ mod tests {
             q.push(msg(i), false).unwrap();
         }
         let (mut items, mut ctl) = (VecDeque::new(), Vec::new());
-        assert_eq!(q.next_batch(&mut NoBundling, 0, &mut items, &mut ctl), Next::Batch(FlushReason::Single));
+        assert_eq!(
+            q.next_batch(&mut NoBundling, 0, &mut items, &mut ctl),
+            Next::Batch(FlushReason::Single)
+        );
         assert_eq!(items.len(), 1);
         assert_eq!(items[0].payload[0], 0);
         items.clear();
-        assert_eq!(q.next_batch(&mut Natural, 0, &mut items, &mut ctl), Next::Batch(FlushReason::Drained));
-        assert_eq!(items.iter().map(|m| m.payload[0]).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        assert_eq!(
+            q.next_batch(&mut Natural, 0, &mut items, &mut ctl),
+            Next::Batch(FlushReason::Drained)
+        );
+        assert_eq!(
+            items.iter().map(|m| m.payload[0]).collect::<Vec<_>>(),
+            [1, 2, 3, 4]
+        );
         q.close();
         items.clear();
-        assert_eq!(q.next_batch(&mut Natural, 0, &mut items, &mut ctl), Next::Drained);
+        assert_eq!(
+            q.next_batch(&mut Natural, 0, &mut items, &mut ctl),
+            Next::Drained
+        );
     }
 
     #[test]
@@ -339,8 +351,17 @@ mod tests {
         q.next_batch(&mut NoBundling, 0, &mut items, &mut ctl);
         q.unshift(&mut items);
         q.poke();
-        assert_eq!(q.next_batch(&mut Natural, 0, &mut items, &mut ctl), Next::Reconnect);
-        assert_eq!(q.next_batch(&mut Natural, 1, &mut items, &mut ctl), Next::Batch(FlushReason::Drained));
-        assert_eq!(items.iter().map(|m| m.payload[0]).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(
+            q.next_batch(&mut Natural, 0, &mut items, &mut ctl),
+            Next::Reconnect
+        );
+        assert_eq!(
+            q.next_batch(&mut Natural, 1, &mut items, &mut ctl),
+            Next::Batch(FlushReason::Drained)
+        );
+        assert_eq!(
+            items.iter().map(|m| m.payload[0]).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
     }
 }

@@ -57,7 +57,11 @@ pub fn start(cfgs: Vec<NodeConfig>) -> Vec<Node> {
 }
 
 /// Wait (bounded) for an event matching `pred`.
-pub fn wait_event(rx: &Receiver<Event>, timeout: Duration, pred: impl Fn(&Event) -> bool) -> Option<Event> {
+pub fn wait_event(
+    rx: &Receiver<Event>,
+    timeout: Duration,
+    pred: impl Fn(&Event) -> bool,
+) -> Option<Event> {
     let deadline = Instant::now() + timeout;
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         match rx.recv_timeout(left) {

@@ -37,13 +37,24 @@ mod tests {
     fn flushes_everything_at_once_and_never_sets_a_timer() {
         let now = Instant::now();
         let mut b = Natural;
-        let empty = QueueLevel { messages: 0, bytes: 0, oldest: None };
+        let empty = QueueLevel {
+            messages: 0,
+            bytes: 0,
+            oldest: None,
+        };
         assert_eq!(b.poll(empty, now), Decision::Wait { until: None });
         for n in [1, 7, 100_000] {
-            let lvl = QueueLevel { messages: n, bytes: n * 100, oldest: None };
+            let lvl = QueueLevel {
+                messages: n,
+                bytes: n * 100,
+                oldest: None,
+            };
             assert_eq!(
                 b.poll(lvl, now),
-                Decision::Flush { max_messages: usize::MAX, reason: FlushReason::Drained }
+                Decision::Flush {
+                    max_messages: usize::MAX,
+                    reason: FlushReason::Drained
+                }
             );
         }
     }

@@ -17,7 +17,10 @@ impl Bundler for NoBundling {
         if level.messages == 0 {
             Decision::Wait { until: None }
         } else {
-            Decision::Flush { max_messages: 1, reason: FlushReason::Single }
+            Decision::Flush {
+                max_messages: 1,
+                reason: FlushReason::Single,
+            }
         }
     }
 }
@@ -30,9 +33,23 @@ mod tests {
     fn flushes_one_message_at_a_time() {
         let now = Instant::now();
         let mut b = NoBundling;
-        let lvl = QueueLevel { messages: 50, bytes: 5000, oldest: None };
-        assert_eq!(b.poll(lvl, now), Decision::Flush { max_messages: 1, reason: FlushReason::Single });
-        let empty = QueueLevel { messages: 0, bytes: 0, oldest: None };
+        let lvl = QueueLevel {
+            messages: 50,
+            bytes: 5000,
+            oldest: None,
+        };
+        assert_eq!(
+            b.poll(lvl, now),
+            Decision::Flush {
+                max_messages: 1,
+                reason: FlushReason::Single
+            }
+        );
+        let empty = QueueLevel {
+            messages: 0,
+            bytes: 0,
+            oldest: None,
+        };
         assert_eq!(b.poll(empty, now), Decision::Wait { until: None });
     }
 }

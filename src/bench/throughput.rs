@@ -1,0 +1,522 @@
+//! The `throughput` scenario: one application thread on node n0 streams N messages of S
+//! bytes to one mailbox on node n1, in another process; n1 checks every sequence number.
+//!
+//! The rate is N divided by the time from the sender's first `send` to the receiver's last
+//! message (both processes read the same wall clock on one host), so pipeline fill and
+//! drain are included. `raw` is the ceiling: the same messages pre-encoded as MESSAGES
+//! frames, written in 64 KiB writes by the sending thread itself, read 64 KiB at a time
+//! and decoded by the receiving thread itself: no queues, no thread hand-off.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::{BufMut, BytesMut};
+use serde::{Deserialize, Serialize};
+
+use super::{BenchResult, si, spawn_worker, summarize, worker_result};
+use crate::core::bundler::BundlerKind;
+use crate::core::codec::Name;
+use crate::core::frame::{self, Frame, ListWriter};
+use crate::{Address, Node, NodeConfig, RecvError};
+
+/// What to run: a bundler, or the raw-TCP ceiling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    Bundler(BundlerKind),
+    Raw,
+}
+
+impl Entry {
+    pub fn name(self) -> &'static str {
+        match self {
+            Entry::Bundler(b) => b.name(),
+            Entry::Raw => "raw",
+        }
+    }
+
+    /// Parse a comma-separated list of bundler names, `raw`, or `all` (every bundler and raw).
+    pub fn parse_list(s: &str) -> Result<Vec<Entry>, String> {
+        let mut v = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "all" => {
+                    v.extend(BundlerKind::ALL.iter().map(|b| Entry::Bundler(*b)));
+                    v.push(Entry::Raw);
+                }
+                "raw" => v.push(Entry::Raw),
+                b => v.push(Entry::Bundler(b.parse()?)),
+            }
+        }
+        v.dedup();
+        if v.is_empty() {
+            return Err("no bundler named".into());
+        }
+        Ok(v)
+    }
+}
+
+/// Options of the scenario.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub sizes: Vec<usize>,
+    pub entries: Vec<Entry>,
+    /// Messages per run; `None` picks by size (and fewer for `none`, which is slow).
+    pub messages: Option<u64>,
+    pub runs: usize,
+    pub base_port: u16,
+    pub quiet: bool,
+}
+
+/// Default message count for a size: about 300 MB or one million messages, whichever is
+/// fewer; a fifth of that for `none`, whose one write per message is ~20x slower.
+pub fn default_messages(size: usize, entry: Entry) -> u64 {
+    let n = (1_000_000u64)
+        .min(300_000_000 / size.max(1) as u64)
+        .max(1000);
+    match entry {
+        Entry::Bundler(BundlerKind::None) => n / 5,
+        _ => n,
+    }
+}
+
+/// What the receiving worker reports.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RecvReport {
+    pub distinct: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    /// Wall clock (ns since the epoch) when the last message arrived.
+    pub end_ns: u128,
+}
+
+/// What the sending worker reports.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SendReport {
+    /// Wall clock (ns since the epoch) just before the first send.
+    pub start_ns: u128,
+    /// Mean messages per write on the sending side (0 for raw).
+    pub messages_per_write: f64,
+}
+
+/// Arguments of the worker processes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// recv, send, raw-recv or raw-send.
+    #[arg(long)]
+    pub role: String,
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// The other process's address.
+    #[arg(long)]
+    pub peer: SocketAddr,
+    #[arg(long)]
+    pub messages: u64,
+    #[arg(long)]
+    pub size: usize,
+    #[arg(long, default_value = "natural")]
+    pub bundler: BundlerKind,
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// Tracks sequence numbers 0..n: distinct, duplicated, reordered.
+struct Verifier {
+    seen: Vec<u64>,
+    distinct: u64,
+    duplicated: u64,
+    reordered: u64,
+    next: u64,
+}
+
+impl Verifier {
+    fn new(n: u64) -> Self {
+        Verifier {
+            seen: vec![0; n.div_ceil(64) as usize],
+            distinct: 0,
+            duplicated: 0,
+            reordered: 0,
+            next: 0,
+        }
+    }
+
+    #[inline]
+    fn see(&mut self, payload: &[u8]) {
+        let Some(s) = payload.get(..8) else {
+            self.duplicated += 1; // malformed: count it as a fault
+            return;
+        };
+        let seq = u64::from_le_bytes(s.try_into().unwrap_or([0; 8]));
+        let (w, b) = ((seq / 64) as usize, seq % 64);
+        let Some(word) = self.seen.get_mut(w) else {
+            self.duplicated += 1;
+            return;
+        };
+        if *word & (1 << b) != 0 {
+            self.duplicated += 1;
+            return;
+        }
+        *word |= 1 << b;
+        self.distinct += 1;
+        if seq != self.next {
+            self.reordered += 1;
+        }
+        self.next = seq + 1;
+    }
+}
+
+/// Run a worker role; prints its report line on stdout.
+pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
+    match a.role.as_str() {
+        "recv" => {
+            let cfg = NodeConfig::new("n1", a.listen, secret)
+                .peer("n0", a.peer)
+                .bundler(a.bundler);
+            let node = Node::start(cfg).map_err(|e| e.to_string())?;
+            let mb = node.mailbox("sink").map_err(|e| e.to_string())?;
+            let mut v = Verifier::new(a.messages);
+            let mut batch = Vec::with_capacity(8192);
+            // Generous for the first message (the sender may start late), then 10 s idle.
+            let mut wait = Duration::from_secs(60);
+            while v.distinct < a.messages {
+                match mb.recv_batch_into(&mut batch, 8192, wait) {
+                    Ok(_) => {
+                        for e in batch.drain(..) {
+                            v.see(&e.payload);
+                        }
+                        wait = Duration::from_secs(10);
+                    }
+                    Err(RecvError::Timeout | RecvError::Closed) => break,
+                    Err(RecvError::Empty) => {}
+                }
+            }
+            let end_ns = now_ns();
+            report(
+                "RESULT",
+                &RecvReport {
+                    distinct: v.distinct,
+                    duplicated: v.duplicated,
+                    reordered: v.reordered,
+                    end_ns,
+                },
+            );
+            node.shutdown();
+            Ok(())
+        }
+        "send" => {
+            let cfg = NodeConfig::new("n0", a.listen, secret)
+                .peer("n1", a.peer)
+                .bundler(a.bundler);
+            let node = Node::start(cfg).map_err(|e| e.to_string())?;
+            if !node.wait_for_peers(&["n1"], Duration::from_secs(30)) {
+                return Err("receiver did not come up within 30 s".into());
+            }
+            let to = Address::new("n1", "sink").map_err(|e| e.to_string())?;
+            let size = a.size.max(8);
+            let mut chunk = BytesMut::new();
+            let start_ns = now_ns();
+            for i in 0..a.messages {
+                // Payloads are cut from 1 MiB chunks, as a careful application would do:
+                // one allocation per ~10k small messages, none in batchwire.
+                if chunk.capacity() < size {
+                    chunk = BytesMut::with_capacity((1 << 20).max(size));
+                }
+                chunk.put_u64_le(i);
+                chunk.put_bytes(0, size - 8);
+                node.send(&to, chunk.split().freeze())
+                    .map_err(|e| e.to_string())?;
+            }
+            let st = node.stats();
+            let mpw = st
+                .peers
+                .first()
+                .map(|p| p.messages_per_write())
+                .unwrap_or(0.0);
+            node.shutdown();
+            report(
+                "RESULT",
+                &SendReport {
+                    start_ns,
+                    messages_per_write: mpw,
+                },
+            );
+            Ok(())
+        }
+        "raw-recv" => {
+            let l = TcpListener::bind(a.listen).map_err(|e| e.to_string())?;
+            let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+            let mut v = Verifier::new(a.messages);
+            let mut buf = BytesMut::with_capacity(1 << 17);
+            while v.distinct < a.messages {
+                let len = buf.len();
+                buf.resize(len + (64 << 10), 0);
+                let n = s.read(&mut buf[len..]).map_err(|e| e.to_string())?;
+                buf.truncate(len + n);
+                if n == 0 {
+                    break;
+                }
+                while let Some(f) = frame::decode(&mut buf, 1 << 26).map_err(|e| e.to_string())? {
+                    if let Frame::Messages(list) = f {
+                        for m in list.iter() {
+                            v.see(&m.payload);
+                        }
+                    }
+                }
+            }
+            let end_ns = now_ns();
+            report(
+                "RESULT",
+                &RecvReport {
+                    distinct: v.distinct,
+                    duplicated: v.duplicated,
+                    reordered: v.reordered,
+                    end_ns,
+                },
+            );
+            Ok(())
+        }
+        "raw-send" => {
+            let (to, from) = (Name::from_static("sink"), Name::from_static(""));
+            let size = a.size.max(8);
+            let mut payload = vec![0u8; size];
+            let mut out = Vec::with_capacity((a.messages as usize) * (size + 16));
+            let mut w = ListWriter::start(&mut out);
+            for i in 0..a.messages {
+                payload[..8].copy_from_slice(&i.to_le_bytes());
+                if !w.is_empty() && w.len(&out) + size + 16 > 64 << 10 {
+                    w.finish(&mut out);
+                    w = ListWriter::start(&mut out);
+                }
+                w.push(&mut out, &to, &from, &payload);
+            }
+            w.finish(&mut out);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut s = loop {
+                match TcpStream::connect(a.peer) {
+                    Ok(s) => break s,
+                    Err(e) if Instant::now() > deadline => return Err(format!("raw connect: {e}")),
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            };
+            let _ = s.set_nodelay(true);
+            let start_ns = now_ns();
+            for c in out.chunks(64 << 10) {
+                s.write_all(c).map_err(|e| e.to_string())?;
+            }
+            report(
+                "RESULT",
+                &SendReport {
+                    start_ns,
+                    messages_per_write: 0.0,
+                },
+            );
+            Ok(())
+        }
+        other => Err(format!("unknown worker role {other:?}")),
+    }
+}
+
+fn report<T: Serialize>(tag: &str, v: &T) {
+    println!("{tag} {}", serde_json::to_string(v).unwrap_or_default());
+}
+
+/// One measured run.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOutcome {
+    pub rate: f64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    pub messages_per_write: f64,
+}
+
+/// Start the two worker processes for one run and collect the outcome.
+pub fn one_run(
+    entry: Entry,
+    size: usize,
+    messages: u64,
+    base_port: u16,
+) -> Result<RunOutcome, String> {
+    let send_addr = format!("127.0.0.1:{base_port}");
+    let recv_addr = format!("127.0.0.1:{}", base_port + 1);
+    let (rrole, srole, bundler) = match entry {
+        Entry::Raw => ("raw-recv", "raw-send", BundlerKind::Natural),
+        Entry::Bundler(b) => ("recv", "send", b),
+    };
+    let args = |role: &str, listen: &str, peer: &str| -> Vec<String> {
+        [
+            "throughput",
+            "--role",
+            role,
+            "--listen",
+            listen,
+            "--peer",
+            peer,
+            "--messages",
+            &messages.to_string(),
+            "--size",
+            &size.to_string(),
+            "--bundler",
+            bundler.name(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let recv = spawn_worker(&args(rrole, &recv_addr, &send_addr)).map_err(|e| e.to_string())?;
+    let send = spawn_worker(&args(srole, &send_addr, &recv_addr)).map_err(|e| e.to_string())?;
+    let timeout = Duration::from_secs(300);
+    let s = worker_result(send, "RESULT", timeout)?;
+    let r = worker_result(recv, "RESULT", timeout)?;
+    let s: SendReport = serde_json::from_str(&s).map_err(|e| e.to_string())?;
+    let r: RecvReport = serde_json::from_str(&r).map_err(|e| e.to_string())?;
+    let secs = (r.end_ns.saturating_sub(s.start_ns)) as f64 / 1e9;
+    Ok(RunOutcome {
+        rate: if secs > 0.0 {
+            r.distinct as f64 / secs
+        } else {
+            0.0
+        },
+        lost: messages - r.distinct,
+        duplicated: r.duplicated,
+        reordered: r.reordered,
+        messages_per_write: s.messages_per_write,
+    })
+}
+
+/// Run the scenario: for each size, `runs` rounds, each round every entry once (so drift on
+/// a shared machine hits every entry alike). Prints a table per size.
+pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
+    let mut results = Vec::new();
+    for &size in &o.sizes {
+        if size < 8 {
+            return Err(format!(
+                "size {size} is below 8 bytes (the sequence number)"
+            ));
+        }
+        let n = |e: Entry| o.messages.unwrap_or_else(|| default_messages(size, e));
+        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); o.entries.len()];
+        let mut faults = vec![(0u64, 0u64, 0u64); o.entries.len()];
+        let mut mpw = vec![0.0f64; o.entries.len()];
+        for run in 0..o.runs {
+            for (i, &e) in o.entries.iter().enumerate() {
+                let out = one_run(e, size, n(e), o.base_port)?;
+                if !o.quiet {
+                    eprintln!(
+                        "  throughput {size} B {:<8} run {}/{}: {}msg/s",
+                        e.name(),
+                        run + 1,
+                        o.runs,
+                        si(out.rate)
+                    );
+                }
+                rates[i].push(out.rate);
+                faults[i].0 += out.lost;
+                faults[i].1 += out.duplicated;
+                faults[i].2 += out.reordered;
+                mpw[i] = out.messages_per_write;
+            }
+        }
+        for (i, &e) in o.entries.iter().enumerate() {
+            let (median, min, max) = summarize(&rates[i]);
+            results.push(BenchResult {
+                scenario: "throughput".into(),
+                bundler: e.name().into(),
+                size,
+                messages: n(e),
+                runs: rates[i].clone(),
+                median,
+                min,
+                max,
+                unit: "msgs/s".into(),
+                lost: faults[i].0,
+                duplicated: faults[i].1,
+                reordered: faults[i].2,
+            });
+        }
+        print_table(&results[results.len() - o.entries.len()..], &mpw, o.runs);
+    }
+    Ok(results)
+}
+
+fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize) {
+    let Some(first) = rows.first() else { return };
+    let raw = rows.iter().find(|r| r.bundler == "raw").map(|r| r.median);
+    println!(
+        "\nthroughput: {} B messages, one sender thread, 2 processes on loopback; msgs/s, median of {runs} alternating runs",
+        first.size
+    );
+    print!("{:<10} {:>9}", "bundler", "messages");
+    for i in 0..runs {
+        print!(" {:>9}", format!("run {}", i + 1));
+    }
+    println!(
+        " {:>9} {:>9} {:>9} {:>9} {:>7} {:>9}",
+        "median", "min", "max", "MB/s", "% raw", "msgs/wr"
+    );
+    for (r, m) in rows.iter().zip(mpw) {
+        print!("{:<10} {:>9}", r.bundler, r.messages);
+        if r.failed() {
+            println!(
+                "  FAILED: lost {} duplicated {} reordered {}",
+                r.lost, r.duplicated, r.reordered
+            );
+            continue;
+        }
+        for v in &r.runs {
+            print!(" {:>9}", si(*v));
+        }
+        let pct = raw
+            .map(|x| format!("{:.0}%", 100.0 * r.median / x))
+            .unwrap_or_default();
+        let mw = if r.bundler == "raw" {
+            "-".to_string()
+        } else {
+            format!("{m:.1}")
+        };
+        println!(
+            " {:>9} {:>9} {:>9} {:>9.0} {:>7} {:>9}",
+            si(r.median),
+            si(r.min),
+            si(r.max),
+            r.median * r.size as f64 / 1e6,
+            pct,
+            mw
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verifier_counts_faults() {
+        let mut v = Verifier::new(4);
+        for s in [0u64, 2, 2, 1, 3] {
+            v.see(&s.to_le_bytes());
+        }
+        assert_eq!((v.distinct, v.duplicated), (4, 1));
+        assert!(v.reordered >= 2);
+        let mut ok = Verifier::new(3);
+        for s in 0u64..3 {
+            ok.see(&s.to_le_bytes());
+        }
+        assert_eq!((ok.distinct, ok.duplicated, ok.reordered), (3, 0, 0));
+    }
+
+    #[test]
+    fn entry_lists_parse() {
+        assert_eq!(
+            Entry::parse_list("natural,raw").unwrap(),
+            [Entry::Bundler(BundlerKind::Natural), Entry::Raw]
+        );
+        assert!(Entry::parse_list("all").unwrap().contains(&Entry::Raw));
+        assert!(Entry::parse_list("bogus").is_err());
+    }
+}
