@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::core::bundler::BundlerKind;
+use crate::core::bundler::{BundlerConfig, BundlerKind};
 use crate::error::Error;
 
 /// One peer in the static member list.
@@ -47,8 +47,17 @@ pub struct NodeConfig {
     pub peers: Vec<PeerSpec>,
     /// The cluster secret, shared by every node. Never sent over the wire.
     pub secret: Vec<u8>,
-    /// How outbound messages are grouped into writes. Default: `natural`.
-    pub bundler: BundlerKind,
+    /// Mailboxes that exist from the start, before any connection: messages that arrive
+    /// before the application calls `Node::mailbox(name)` wait in them instead of being
+    /// reported undeliverable. Default: none.
+    pub mailboxes: Vec<String>,
+    /// How outbound messages are grouped into writes, and the bundler's knobs
+    /// (`max_size` 64 KiB, `max_delay` 1 ms). Default: `natural`.
+    pub bundler: BundlerConfig,
+    /// How the transport's writer threads and waiting receivers idle, as Akka Artery's
+    /// `idle-cpu-level`: 1 parks at once (the default; no CPU when idle), 10 busy-spins.
+    /// See `core::idle` for the exact mapping.
+    pub idle_cpu_level: u8,
     /// Bound of each peer's outbound queue, in bytes. When full, `send` blocks and
     /// `try_send` returns `Full`. Default 4 MiB.
     pub send_queue_bytes: usize,
@@ -79,6 +88,7 @@ impl std::fmt::Debug for NodeConfig {
             .field("peers", &self.peers)
             .field("secret", &"<redacted>")
             .field("bundler", &self.bundler)
+            .field("idle_cpu_level", &self.idle_cpu_level)
             .field("send_queue_bytes", &self.send_queue_bytes)
             .field("mailbox_bytes", &self.mailbox_bytes)
             .field("max_payload", &self.max_payload)
@@ -94,7 +104,9 @@ impl NodeConfig {
             listen,
             peers: Vec::new(),
             secret: secret.into(),
-            bundler: BundlerKind::default(),
+            mailboxes: Vec::new(),
+            bundler: BundlerConfig::default(),
+            idle_cpu_level: crate::core::idle::DEFAULT_LEVEL,
             send_queue_bytes: 4 << 20,
             mailbox_bytes: 4 << 20,
             max_payload: 16 << 20,
@@ -116,9 +128,21 @@ impl NodeConfig {
         self
     }
 
-    /// Choose the bundler.
+    /// Declare a mailbox that exists from the start (see [`NodeConfig::mailboxes`]).
+    pub fn mailbox(mut self, name: impl Into<String>) -> Self {
+        self.mailboxes.push(name.into());
+        self
+    }
+
+    /// Choose the bundler (its knobs keep their values).
     pub fn bundler(mut self, b: BundlerKind) -> Self {
-        self.bundler = b;
+        self.bundler.kind = b;
+        self
+    }
+
+    /// Choose the idle level (1..=10).
+    pub fn idle_cpu_level(mut self, level: u8) -> Self {
+        self.idle_cpu_level = level;
         self
     }
 
@@ -158,6 +182,10 @@ impl NodeConfig {
             if v == 0 {
                 return Err(Error::Config(format!("{what} must be above 0")));
             }
+        }
+        crate::core::idle::IdleStrategy::from_level(self.idle_cpu_level).map_err(Error::Config)?;
+        if self.bundler.max_size == 0 {
+            return Err(Error::Config("bundler max_size must be above 0".into()));
         }
         if self.max_payload > u32::MAX as usize - 2048 {
             return Err(Error::Config("max_payload must be below 4 GiB".into()));

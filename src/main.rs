@@ -162,7 +162,9 @@ fn run_node(
     run_for: u64,
 ) -> Result<(), String> {
     let secret = NodeConfig::read_secret(&secret_file).map_err(|e| e.to_string())?;
-    let mut cfg = NodeConfig::new(name, listen, secret).bundler(bundler);
+    let mut cfg = NodeConfig::new(name, listen, secret)
+        .bundler(bundler)
+        .mailbox("echo");
     cfg.peers = peers;
     let node = Node::start(cfg).map_err(|e| e.to_string())?;
     let echo = node.mailbox("echo").map_err(|e| e.to_string())?;

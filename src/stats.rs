@@ -19,7 +19,12 @@ pub(crate) struct PeerCounters {
     pub connects: AtomicU64,
     /// Flushes by reason, indexed by `reason_index`.
     pub flushes: [AtomicU64; 4],
+    /// Writes by messages per write: bucket i counts writes of 2^i ..= 2^(i+1)-1 messages.
+    pub per_write: [AtomicU64; HIST_BUCKETS],
 }
+
+/// Buckets of the messages-per-write histogram (up to 2^24 messages per write).
+pub const HIST_BUCKETS: usize = 25;
 
 pub(crate) fn reason_index(r: FlushReason) -> usize {
     match r {
@@ -62,6 +67,9 @@ pub struct PeerStats {
     pub blocked_us: u64,
     /// Messages waiting in the outbound queue now.
     pub queued: u64,
+    /// (lower bound, writes): writes that carried lower bound ..= 2 x lower bound - 1
+    /// messages. Empty buckets are left out.
+    pub messages_per_write_histogram: Vec<(u64, u64)>,
 }
 
 impl PeerStats {
@@ -76,6 +84,13 @@ impl PeerStats {
 }
 
 impl PeerCounters {
+    /// Count one write of `messages` messages (once per write, not per message).
+    pub fn record_write(&self, messages: u64) {
+        self.writes.fetch_add(1, Relaxed);
+        let b = (63 - messages.max(1).leading_zeros() as usize).min(HIST_BUCKETS - 1);
+        self.per_write[b].fetch_add(1, Relaxed);
+    }
+
     pub fn snapshot(&self, peer: String, connected: bool) -> PeerStats {
         let f = |i: usize| self.flushes[i].load(Relaxed);
         PeerStats {
@@ -95,6 +110,13 @@ impl PeerCounters {
             flushes_size: f(1),
             flushes_timer: f(2),
             flushes_single: f(3),
+            messages_per_write_histogram: self
+                .per_write
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (1u64 << i, c.load(Relaxed)))
+                .filter(|(_, c)| *c > 0)
+                .collect(),
             ..Default::default()
         }
     }
@@ -141,6 +163,14 @@ impl std::fmt::Display for NodeStats {
                 p.send_failed,
                 p.undeliverable_reported,
             )?;
+            if !p.messages_per_write_histogram.is_empty() {
+                let h: Vec<String> = p
+                    .messages_per_write_histogram
+                    .iter()
+                    .map(|(lo, n)| format!("{lo}+:{n}"))
+                    .collect();
+                writeln!(f, "  {:<12}      messages per write: {}", "", h.join(" "))?;
+            }
         }
         Ok(())
     }

@@ -263,3 +263,23 @@ fn shutdown_flushes_queued_messages() {
         assert_eq!(seq(&e.payload), i);
     }
 }
+
+#[test]
+fn declared_mailboxes_keep_what_arrives_before_they_are_claimed() {
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.mailbox("early"))
+        .collect();
+    let nodes = start(cfgs);
+    nodes[0]
+        .send(&Address::new("b", "early").unwrap(), &b"first"[..])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let mb = nodes[1].mailbox("early").unwrap();
+    assert_eq!(&mb.recv_timeout(T).unwrap().payload[..], b"first");
+    assert_eq!(nodes[1].stats().undeliverable, 0);
+    assert!(matches!(
+        nodes[1].mailbox("early"),
+        Err(Error::MailboxExists(_))
+    ));
+}

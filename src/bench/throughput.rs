@@ -176,6 +176,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         "recv" => {
             let cfg = NodeConfig::new("n1", a.listen, secret)
                 .peer("n0", a.peer)
+                .mailbox("sink")
                 .bundler(a.bundler);
             let node = Node::start(cfg).map_err(|e| e.to_string())?;
             let mb = node.mailbox("sink").map_err(|e| e.to_string())?;
@@ -451,7 +452,7 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize) {
         "\nthroughput: {} B messages, one sender thread, 2 processes on loopback; msgs/s, median of {runs} alternating runs",
         first.size
     );
-    print!("{:<10} {:>9}", "bundler", "messages");
+    print!("{:<15} {:>9}", "bundler", "messages");
     for i in 0..runs {
         print!(" {:>9}", format!("run {}", i + 1));
     }
@@ -460,7 +461,7 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize) {
         "median", "min", "max", "MB/s", "% raw", "msgs/wr"
     );
     for (r, m) in rows.iter().zip(mpw) {
-        print!("{:<10} {:>9}", r.bundler, r.messages);
+        print!("{:<15} {:>9}", r.bundler, r.messages);
         if r.failed() {
             println!(
                 "  FAILED: lost {} duplicated {} reordered {}",

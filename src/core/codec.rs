@@ -123,6 +123,12 @@ impl Name {
         (b.len() <= Self::MAX_LEN && std::str::from_utf8(&b).is_ok()).then_some(Name(b))
     }
 
+    /// Wrap bytes already checked to be UTF-8 and at most 255 bytes long (by
+    /// `frame::check_message`). Were they not, `as_str` would give "" rather than misbehave.
+    pub(crate) fn from_validated(b: Bytes) -> Name {
+        Name(b)
+    }
+
     /// A name from a string; `None` if longer than 255 bytes.
     pub fn new(s: &str) -> Option<Name> {
         (s.len() <= Self::MAX_LEN).then(|| Name(Bytes::copy_from_slice(s.as_bytes())))

@@ -425,16 +425,117 @@ impl Codec for MessageList {
         out.extend_from_slice(&self.body);
     }
     /// Checks every message (lengths and UTF-8 of names) so that iteration cannot fail.
+    /// The check borrows the bytes: no reference counts are touched per message.
     fn read(r: &mut Reader) -> Result<Self, DecodeError> {
         let count = r.u32("count")?;
         let body = r.take(r.remaining(), "messages")?;
-        let mut check = Reader::new(body.clone());
+        let mut pos = 0;
         for _ in 0..count {
-            read_message(&mut check)?;
+            pos = check_message(&body, pos)?.end;
         }
-        check.expect_empty()?;
+        if pos != body.len() {
+            return Err(DecodeError::TrailingBytes(body.len() - pos));
+        }
         Ok(MessageList { count, body })
     }
+}
+
+/// Where one message's parts lie in a message-list body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageSpan {
+    pub to: (usize, usize),
+    pub from: (usize, usize),
+    pub payload: (usize, usize),
+    pub end: usize,
+}
+
+fn check_name(b: &[u8], pos: usize, what: &'static str) -> Result<(usize, usize), DecodeError> {
+    let len = *b.get(pos).ok_or(DecodeError::Truncated { what })? as usize;
+    let name = b
+        .get(pos + 1..pos + 1 + len)
+        .ok_or(DecodeError::Truncated { what })?;
+    if std::str::from_utf8(name).is_err() {
+        return Err(DecodeError::NotUtf8 { what });
+    }
+    Ok((pos + 1, pos + 1 + len))
+}
+
+/// Check the message at `pos` of a message-list body and say where its parts are.
+pub fn check_message(b: &[u8], pos: usize) -> Result<MessageSpan, DecodeError> {
+    let to = check_name(b, pos, "destination mailbox")?;
+    let from = check_name(b, to.1, "sending mailbox")?;
+    let l = b.get(from.1..from.1 + 4).ok_or(DecodeError::Truncated {
+        what: "payload length",
+    })?;
+    let len = u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize;
+    let start = from.1 + 4;
+    let end = start
+        .checked_add(len)
+        .filter(|e| *e <= b.len())
+        .ok_or(DecodeError::Truncated { what: "payload" })?;
+    Ok(MessageSpan {
+        to,
+        from,
+        payload: (start, end),
+        end,
+    })
+}
+
+impl MessageList {
+    /// The encoded messages (after the count).
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// Runs of consecutive messages to the same mailbox: (mailbox name bytes, byte range in
+    /// [`MessageList::body`], message count). Borrows; touches no reference counts.
+    pub fn runs(&self) -> impl Iterator<Item = (&[u8], std::ops::Range<usize>, u32)> + '_ {
+        let b = &self.body[..];
+        let mut pos = 0;
+        let mut left = self.count;
+        let mut pending: Option<MessageSpan> = None;
+        std::iter::from_fn(move || {
+            let first = match pending.take() {
+                Some(s) => s,
+                None => {
+                    if left == 0 {
+                        return None;
+                    }
+                    left -= 1;
+                    // Validated when the list was read.
+                    let s = check_message(b, pos).ok()?;
+                    pos = s.end;
+                    s
+                }
+            };
+            let to = &b[first.to.0..first.to.1];
+            let start = first.to.0 - 1;
+            let (mut end, mut n) = (first.end, 1u32);
+            while left > 0 {
+                let s = check_message(b, pos).ok()?;
+                left -= 1;
+                pos = s.end;
+                if b[s.to.0..s.to.1] != *to {
+                    pending = Some(s);
+                    break;
+                }
+                end = s.end;
+                n += 1;
+            }
+            Some((to, start..end, n))
+        })
+    }
+}
+
+/// Take the next message off the front of validated message bytes (a run handed out by
+/// [`MessageList::runs`]): its sending mailbox and payload, as slices of `data`. `None` if
+/// `data` is empty or (never, for validated bytes) malformed.
+pub fn next_message(data: &mut Bytes) -> Option<(Name, Bytes, usize)> {
+    let s = check_message(data, 0).ok()?;
+    let from = Name::from_validated(data.slice(s.from.0..s.from.1));
+    let payload = data.slice(s.payload.0..s.payload.1);
+    bytes::Buf::advance(data, s.end);
+    Some((from, payload, s.end))
 }
 
 fn read_message(r: &mut Reader) -> Result<Message, DecodeError> {
@@ -655,5 +756,46 @@ mod tests {
             v.extend_from_slice(&body);
             let _ = decode(&mut BytesMut::from(&v[..]), 4096);
         }
+    }
+}
+
+#[cfg(test)]
+mod run_tests {
+    use super::*;
+
+    fn msg(to: &str, from: &str, p: &[u8]) -> Message {
+        Message {
+            to: Name::new(to).unwrap(),
+            from: Name::new(from).unwrap(),
+            payload: Bytes::copy_from_slice(p),
+        }
+    }
+
+    #[test]
+    fn runs_group_consecutive_messages_by_mailbox_and_next_message_walks_a_run() {
+        let msgs = [
+            msg("a", "x", b"1"),
+            msg("a", "y", b"2"),
+            msg("b", "x", b"3"),
+            msg("a", "x", b"4"),
+        ];
+        let list = MessageList::from_messages(&msgs);
+        let runs: Vec<_> = list.runs().map(|(to, r, n)| (to.to_vec(), r, n)).collect();
+        assert_eq!(runs.len(), 3);
+        assert_eq!((runs[0].0.as_slice(), runs[0].2), (&b"a"[..], 2));
+        assert_eq!((runs[1].0.as_slice(), runs[1].2), (&b"b"[..], 1));
+        assert_eq!((runs[2].0.as_slice(), runs[2].2), (&b"a"[..], 1));
+        assert_eq!(runs[2].1.end, list.body().len());
+        let mut data = list.body().slice(runs[0].1.clone());
+        let (from, payload, _) = next_message(&mut data).unwrap();
+        assert_eq!((from.as_str(), &payload[..]), ("x", &b"1"[..]));
+        let (from, payload, _) = next_message(&mut data).unwrap();
+        assert_eq!((from.as_str(), &payload[..]), ("y", &b"2"[..]));
+        assert!(next_message(&mut data).is_none());
+    }
+
+    #[test]
+    fn an_empty_list_has_no_runs() {
+        assert_eq!(MessageList::from_messages(&[]).runs().count(), 0);
     }
 }

@@ -5,3 +5,5 @@ pub mod bundler;
 pub mod codec;
 pub mod frame;
 pub mod handshake;
+pub mod idle;
+pub mod outbox;

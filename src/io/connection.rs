@@ -1,7 +1,6 @@
 //! The connection layer: the threads that move bytes between sockets and the sans-IO core.
 //! Every step is commented, in the manner of mini-redis' `connection.rs`.
 
-use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -11,13 +10,15 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use tracing::{debug, info, warn};
 
+use crate::core::bundler::FlushReason;
 use crate::core::codec::Name;
-use crate::core::frame::{self, Frame, ListWriter, MessageList};
+use crate::core::frame::{self, Frame, MessageList};
 use crate::core::handshake::{Handshake, HandshakeConfig, HandshakeError, PeerInfo};
+use crate::core::outbox::{ALL, Batch, Run};
 use crate::error::LinkError;
-use crate::io::mailbox::{Envelope, MailboxQueue};
-use crate::io::node::{Address, Conn, Event, Peer, Shared};
-use crate::io::queue::{Next, Outgoing};
+use crate::io::mailbox::MailboxQueue;
+use crate::io::node::{Address, Conn, Event, LaneMembers, Peer, Shared};
+use crate::io::queue::{Lane, Next};
 use crate::stats::reason_index;
 
 /// Handshake frames are small; anything bigger than this before authentication is refused.
@@ -273,7 +274,7 @@ fn read_loop(
         shared,
         peer,
         from: info.name.clone(),
-        batch: Vec::new(),
+        cache: None,
         undeliverable: Vec::new(),
     };
     loop {
@@ -319,13 +320,15 @@ fn read_loop(
     }
 }
 
-/// Hands the messages of one frame to their mailboxes, one batch per run of messages for
-/// the same mailbox, and reports the ones for mailboxes that do not exist.
+/// Hands the messages of one frame to their mailboxes, one run of consecutive messages
+/// for the same mailbox at a time (one lock and at most one wake-up per run), and reports
+/// the ones for mailboxes that do not exist.
 struct Deliverer<'a> {
     shared: &'a Arc<Shared>,
     peer: &'a Arc<Peer>,
     from: Name,
-    batch: Vec<Envelope>,
+    /// The last mailbox looked up, so a stream to one mailbox costs one lookup.
+    cache: Option<Arc<MailboxQueue>>,
     undeliverable: Vec<(Name, Name, u32)>,
 }
 
@@ -335,29 +338,25 @@ impl Deliverer<'_> {
             .stats
             .messages_received
             .fetch_add(list.len() as u64, Relaxed);
-        let mut current: Option<(Name, Option<Arc<MailboxQueue>>)> = None;
-        for m in list.iter() {
-            // Look the mailbox up once per run of messages to the same mailbox.
-            if current.as_ref().is_none_or(|(n, _)| *n != m.to) {
-                if let Some((_, Some(mb))) = current.take() {
-                    self.flush(&mb);
-                }
-                let mb = self.shared.mailbox(m.to.as_bytes());
-                current = Some((m.to.clone(), mb));
+        for (to, range, count) in list.runs() {
+            if self
+                .cache
+                .as_ref()
+                .is_none_or(|mb| mb.name.as_bytes() != to)
+            {
+                self.cache = self.shared.mailbox(to);
             }
-            match &current {
-                Some((_, Some(_))) => self.batch.push(Envelope {
-                    from: Address {
-                        node: self.from.clone(),
-                        mailbox: m.from,
-                    },
-                    payload: m.payload,
-                }),
-                _ => self.count_undeliverable(m.to, m.from, 1),
+            let data = list.body().slice(range);
+            let delivered = match &self.cache {
+                // Waits while the mailbox is full: backpressure through TCP.
+                Some(mb) => mb.push_run(&self.from, data.clone(), count),
+                None => false,
+            };
+            if !delivered {
+                // No such mailbox (or it was dropped meanwhile).
+                self.cache = None;
+                self.count_undeliverable(to, data);
             }
-        }
-        if let Some((_, Some(mb))) = current {
-            self.flush(&mb);
         }
         for (to, from, count) in self.undeliverable.drain(..) {
             self.shared
@@ -365,153 +364,218 @@ impl Deliverer<'_> {
         }
     }
 
-    /// Push the batch to its mailbox; waits while the mailbox is full (backpressure).
-    fn flush(&mut self, mb: &Arc<MailboxQueue>) {
-        mb.push_batch(&mut self.batch, true);
-        // Left over only if the mailbox was closed (dropped) meanwhile.
-        for e in std::mem::take(&mut self.batch) {
-            self.count_undeliverable(mb.name.clone(), e.from.mailbox, 1);
-        }
-    }
-
-    fn count_undeliverable(&mut self, to: Name, from: Name, n: u32) {
-        match self
-            .undeliverable
-            .iter_mut()
-            .find(|(t, f, _)| *t == to && *f == from)
-        {
-            Some(e) => e.2 += n,
-            None => self.undeliverable.push((to, from, n)),
-        }
-    }
-}
-
-/// Encode `items` as MESSAGES frames of about `frame_bytes` each, appending to `out`.
-/// Returns the number of frames.
-pub(crate) fn encode_batch(
-    items: &VecDeque<Outgoing>,
-    out: &mut Vec<u8>,
-    frame_bytes: usize,
-) -> u64 {
-    let mut frames = 0;
-    let mut w = ListWriter::start(out);
-    for m in items {
-        if !w.is_empty() && w.len(out) + m.cost() > frame_bytes {
-            w.finish(out);
-            frames += 1;
-            w = ListWriter::start(out);
-        }
-        w.push(out, &m.to, &m.from, &m.payload);
-    }
-    if w.is_empty() {
-        // Remove the header of the empty frame again.
-        let keep = out.len() - frame::LIST_OVERHEAD;
-        out.truncate(keep);
-    } else {
-        w.finish(out);
-        frames += 1;
-    }
-    frames
-}
-
-/// The writer of one peer: for the node's lifetime, drain the peer's queue into its
-/// current connection as the bundler decides.
-pub(crate) fn run_writer(shared: &Arc<Shared>, peer: &Arc<Peer>) {
-    let mut bundler = shared.config.bundler.build();
-    let frame_bytes = shared.config.frame_bytes;
-    let mut items = VecDeque::new();
-    let mut control = Vec::new();
-    let mut out: Vec<u8> = Vec::with_capacity(frame_bytes * 2);
-    loop {
-        // 1. Wait for a connection. Read the epoch first: a connection installed after
-        //    this point moves the epoch, and the batch loop below then starts over.
-        let epoch = peer.queue.link_epoch();
-        let conn = match peer.current() {
-            Some(c) => c,
-            None => {
-                if let Some(deadline) = shared.shutdown_deadline() {
-                    if peer.queue.len() == 0 || Instant::now() >= deadline {
-                        fail_all(shared, peer, "node shut down before the peer was reachable");
-                        return;
-                    }
-                }
-                peer.wait_link(Duration::from_millis(50));
-                continue;
-            }
-        };
-        // 2. Write batches until the connection changes or the queue is drained for good.
-        loop {
-            match peer
-                .queue
-                .next_batch(bundler.as_mut(), epoch, &mut items, &mut control)
+    fn count_undeliverable(&mut self, to: &[u8], mut data: bytes::Bytes) {
+        while let Some((from, _, _)) = frame::next_message(&mut data) {
+            match self
+                .undeliverable
+                .iter_mut()
+                .find(|(t, f, _)| t.as_bytes() == to && *f == from)
             {
-                Next::Reconnect => break,
-                Next::Drained => {
-                    // Shutting down and everything is written: say goodbye, stop sending.
-                    Frame::Goodbye.encode(&mut out);
-                    let _ = (&conn.stream).write_all(&out);
-                    let _ = conn.stream.shutdown(std::net::Shutdown::Write);
+                Some(e) => e.2 += 1,
+                None => {
+                    let to = Name::new(std::str::from_utf8(to).unwrap_or(""))
+                        .unwrap_or(Name::from_static(""));
+                    self.undeliverable.push((to, from, 1));
+                }
+            }
+        }
+    }
+}
+
+/// Bytes encoded for a peer that had no connection when they were taken from the lane.
+struct Held {
+    peer: Arc<Peer>,
+    bytes: Vec<u8>,
+    messages: u64,
+    frames: u64,
+}
+
+/// The writer of one lane: for the node's lifetime, take batches as the bundler decides
+/// and write each run of frames to its destination's current connection.
+pub(crate) fn run_writer(shared: &Arc<Shared>, lane: &Arc<Lane>, members: LaneMembers) {
+    let mut bundler = shared.config.bundler.build();
+    let mut batch = Batch::default();
+    let mut held: Vec<Held> = Vec::new();
+    loop {
+        // Read the epoch first: a connection installed after this moves it, and the wait
+        // below then returns at once.
+        let epoch = lane.epoch();
+        // 1. Write what was held for peers that are connected now, oldest first.
+        held.retain_mut(|h| !write_held(shared, h));
+        // 2. At shutdown, give up on absent peers once the timeout has passed.
+        if shared
+            .shutdown_deadline()
+            .is_some_and(|d| Instant::now() >= d)
+        {
+            for h in held.drain(..) {
+                report_failed(
+                    shared,
+                    &h.peer.name.to_string(),
+                    &h.peer,
+                    h.messages,
+                    "node shut down before the peer was reachable",
+                );
+            }
+            fail_queued(shared, lane, &mut batch);
+            goodbye(shared, members);
+            return;
+        }
+        // 3. Too much held for absent peers: take nothing more until a connection changes
+        //    (the lane fills up and its senders block: backpressure, not loss).
+        if held.iter().map(|h| h.bytes.len()).sum::<usize>() >= lane.capacity {
+            lane.wait_epoch(epoch, Duration::from_millis(50));
+            continue;
+        }
+        // 4. Wait for the bundler's go, then write the batch.
+        match lane.next_batch(bundler.as_mut(), epoch, &mut batch) {
+            Next::Reconnect => {}
+            Next::Drained => {
+                if held.is_empty() {
+                    goodbye(shared, members);
                     return;
                 }
-                Next::Batch(reason) => {
-                    if conn.is_closed() {
-                        // Nothing of this batch was written: put it back for the next
-                        // connection. (Control notices are for this connection only.)
-                        peer.queue.unshift(&mut items);
-                        control.clear();
-                        break;
-                    }
-                    for f in control.drain(..) {
-                        f.encode(&mut out);
-                    }
-                    let frames = encode_batch(&items, &mut out, frame_bytes);
-                    // One write call for the whole batch.
-                    if let Err(e) = (&conn.stream).write_all(&out) {
-                        let n = items.len() as u64;
-                        peer.stats.send_failed.fetch_add(n, Relaxed);
-                        if !conn.is_closed() {
-                            warn!(node = %shared.name, peer = %peer.name, error = %e, messages = n, "write failed; connection closed");
+                lane.wait_epoch(epoch, Duration::from_millis(20));
+            }
+            Next::Batch(reason) => {
+                for run in batch.runs() {
+                    let bytes = &batch.buf[run.range.clone()];
+                    if run.dest == ALL {
+                        for p in shared.all_peers() {
+                            write_run(shared, &p, bytes, &run, reason, &mut held);
                         }
-                        if n > 0 {
-                            shared.emit(Event::SendFailed {
-                                peer: peer.name.to_string(),
-                                count: n,
-                                reason: e.to_string(),
-                            });
-                        }
-                        conn.close();
-                        items.clear();
-                        out.clear();
-                        break;
+                    } else if let Some(p) = shared.peer_by_id(run.dest) {
+                        write_run(shared, &p, bytes, &run, reason, &mut held);
                     }
-                    let s = &peer.stats;
-                    s.messages_sent.fetch_add(items.len() as u64, Relaxed);
-                    s.bytes_sent.fetch_add(out.len() as u64, Relaxed);
-                    s.frames_sent.fetch_add(frames, Relaxed);
-                    if !items.is_empty() {
-                        s.writes.fetch_add(1, Relaxed);
-                        s.flushes[reason_index(reason)].fetch_add(1, Relaxed);
-                    }
-                    items.clear();
-                    out.clear();
                 }
             }
         }
     }
 }
 
-/// Report everything still queued for `peer` as failed (shutdown with the peer away).
-fn fail_all(shared: &Shared, peer: &Peer, reason: &str) {
-    let left = peer.queue.take_all();
-    if left.is_empty() {
+/// Write one run to `peer` with one call, or hold it if the peer is not connected (or
+/// already has held data, which must go first).
+fn write_run(
+    shared: &Shared,
+    peer: &Arc<Peer>,
+    bytes: &[u8],
+    run: &Run,
+    reason: FlushReason,
+    held: &mut Vec<Held>,
+) {
+    if let Some(h) = held.iter_mut().find(|h| Arc::ptr_eq(&h.peer, peer)) {
+        h.bytes.extend_from_slice(bytes);
+        h.messages += run.messages;
+        h.frames += run.frames;
         return;
     }
-    let n = left.len() as u64;
-    peer.stats.send_failed.fetch_add(n, Relaxed);
-    warn!(node = %shared.name, peer = %peer.name, messages = n, reason, "messages not sent");
+    let conn = peer.current().filter(|c| !c.is_closed());
+    let Some(conn) = conn else {
+        held.push(Held {
+            peer: peer.clone(),
+            bytes: bytes.to_vec(),
+            messages: run.messages,
+            frames: run.frames,
+        });
+        return;
+    };
+    if write_counted(shared, peer, &conn, bytes, run.messages, run.frames) {
+        let s = &peer.stats;
+        s.flushes[reason_index(reason)].fetch_add(1, Relaxed);
+    }
+}
+
+/// Try to write held bytes; true if they are gone (written, or reported failed).
+fn write_held(shared: &Shared, h: &mut Held) -> bool {
+    let Some(conn) = h.peer.current().filter(|c| !c.is_closed()) else {
+        return false;
+    };
+    write_counted(shared, &h.peer, &conn, &h.bytes, h.messages, h.frames);
+    true
+}
+
+/// One write call; counts it, or reports its messages failed and closes the connection.
+fn write_counted(
+    shared: &Shared,
+    peer: &Peer,
+    conn: &Conn,
+    bytes: &[u8],
+    messages: u64,
+    frames: u64,
+) -> bool {
+    match (&conn.stream).write_all(bytes) {
+        Ok(()) => {
+            let s = &peer.stats;
+            s.messages_sent.fetch_add(messages, Relaxed);
+            s.bytes_sent.fetch_add(bytes.len() as u64, Relaxed);
+            s.frames_sent.fetch_add(frames, Relaxed);
+            if messages > 0 {
+                s.record_write(messages);
+            }
+            true
+        }
+        Err(e) => {
+            if !conn.is_closed() {
+                warn!(node = %shared.name, peer = %peer.name, error = %e, messages, "write failed; connection closed");
+            }
+            conn.close();
+            report_failed(
+                shared,
+                &peer.name.to_string(),
+                peer,
+                messages,
+                &e.to_string(),
+            );
+            false
+        }
+    }
+}
+
+fn report_failed(shared: &Shared, name: &str, peer: &Peer, count: u64, reason: &str) {
+    if count == 0 {
+        return;
+    }
+    peer.stats.send_failed.fetch_add(count, Relaxed);
+    warn!(node = %shared.name, peer = name, messages = count, reason, "messages not sent");
     shared.emit(Event::SendFailed {
-        peer: peer.name.to_string(),
-        count: n,
+        peer: name.to_string(),
+        count,
         reason: reason.to_string(),
     });
+}
+
+/// At shutdown: report everything still queued in the lane as failed.
+fn fail_queued(shared: &Shared, lane: &Lane, batch: &mut Batch) {
+    lane.take_all(batch);
+    for run in batch.runs() {
+        let targets = if run.dest == ALL {
+            shared.all_peers()
+        } else {
+            shared.peer_by_id(run.dest).into_iter().collect()
+        };
+        for p in targets {
+            report_failed(
+                shared,
+                &p.name.to_string(),
+                &p,
+                run.messages,
+                "node shut down before the peer was reachable",
+            );
+        }
+    }
+}
+
+/// Tell the lane's connected peers that nothing more comes, and stop sending.
+fn goodbye(shared: &Shared, members: LaneMembers) {
+    let targets = match members {
+        LaneMembers::One(id) => shared.peer_by_id(id).into_iter().collect(),
+        LaneMembers::All => shared.all_peers(),
+    };
+    let mut out = Vec::new();
+    Frame::Goodbye.encode(&mut out);
+    for p in targets {
+        if let Some(c) = p.current() {
+            let _ = (&c.stream).write_all(&out);
+            let _ = c.stream.shutdown(std::net::Shutdown::Write);
+        }
+    }
 }

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::core::codec::Name;
+use crate::core::frame;
+use crate::core::idle::{IdleStep, IdleStrategy, SPIN_HINTS};
 use crate::error::{Error, RecvError};
 use crate::io::node::{Address, Shared};
 
@@ -28,23 +30,33 @@ pub struct Envelope {
 }
 
 impl Envelope {
-    /// Bytes this message counts against its mailbox's bound.
-    fn cost(&self) -> usize {
-        self.payload.len() + 32
-    }
-
     /// Decode a payload sent with `send_value` (postcard).
     pub fn value<T: serde::de::DeserializeOwned>(&self) -> Result<T, Error> {
         postcard::from_bytes(&self.payload).map_err(|e| Error::Decode(e.to_string()))
     }
 }
 
+/// Bytes a message counts against its mailbox's bound beyond its encoded size.
+const PER_MESSAGE: usize = 16;
+
+/// What a mailbox queue holds.
+enum Item {
+    /// A run of encoded messages from one frame, all for this mailbox, still in the receive
+    /// buffer. They are decoded by the receiving thread, so the reference counts of the
+    /// shared receive buffer are touched by that thread alone, not bounced between the
+    /// connection reader and the application.
+    Run { from: Name, data: Bytes, left: u32 },
+    /// One message delivered locally.
+    One(Envelope),
+}
+
 struct Inner {
-    q: VecDeque<Envelope>,
+    q: VecDeque<Item>,
     bytes: usize,
     closed: bool,
     wakers: Vec<Waker>,
     pushers_waiting: usize,
+    receivers_waiting: usize,
 }
 
 /// The state behind a mailbox, shared between the node (which pushes) and the handle.
@@ -54,10 +66,13 @@ pub(crate) struct MailboxQueue {
     not_empty: Condvar,
     not_full: Condvar,
     capacity: usize,
+    idle: IdleStrategy,
+    /// Whether a `Mailbox` handle owns this queue (declared mailboxes start unclaimed).
+    pub claimed: std::sync::atomic::AtomicBool,
 }
 
 impl MailboxQueue {
-    pub fn new(name: Name, capacity: usize) -> Self {
+    pub fn new(name: Name, capacity: usize, idle: IdleStrategy) -> Self {
         MailboxQueue {
             name,
             inner: Mutex::new(Inner {
@@ -66,10 +81,13 @@ impl MailboxQueue {
                 closed: false,
                 wakers: Vec::new(),
                 pushers_waiting: 0,
+                receivers_waiting: 0,
             }),
             not_empty: Condvar::new(),
             not_full: Condvar::new(),
             capacity,
+            idle,
+            claimed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -77,37 +95,53 @@ impl MailboxQueue {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Push a batch, waiting for room as needed (if `block`). On return `batch` holds what
-    /// was not pushed: empty unless the mailbox closed, or it was full and `!block`.
-    pub fn push_batch(&self, batch: &mut Vec<Envelope>, block: bool) {
+    /// Queue an item, waiting for room if `block` (an item is admitted while the mailbox
+    /// holds fewer than `capacity` bytes, so one larger than the capacity still fits).
+    /// Gives the item back if the mailbox is closed, or full and `!block`.
+    fn push(&self, item: Item, cost: usize, block: bool) -> Result<(), Item> {
         let mut g = self.lock();
-        while !batch.is_empty() && !g.closed {
-            // Admit while below capacity (so a message larger than the capacity still fits).
-            let (mut n, mut bytes) = (0, g.bytes);
-            while n < batch.len() && bytes < self.capacity {
-                bytes += batch[n].cost();
-                n += 1;
+        while g.bytes >= self.capacity && !g.closed {
+            if !block {
+                return Err(item);
             }
-            if n > 0 {
-                let was_empty = g.q.is_empty();
-                g.bytes = bytes;
-                g.q.extend(batch.drain(..n));
-                if was_empty {
-                    self.not_empty.notify_all();
-                    for w in g.wakers.drain(..) {
-                        w.wake();
-                    }
-                }
-            }
-            if !batch.is_empty() {
-                if !block {
-                    break;
-                }
-                g.pushers_waiting += 1;
-                g = self.not_full.wait(g).unwrap_or_else(|p| p.into_inner());
-                g.pushers_waiting -= 1;
-            }
+            g.pushers_waiting += 1;
+            g = self.not_full.wait(g).unwrap_or_else(|p| p.into_inner());
+            g.pushers_waiting -= 1;
         }
+        if g.closed {
+            return Err(item);
+        }
+        g.bytes += cost;
+        g.q.push_back(item);
+        // Wake only what is asleep: a notify is a syscall even with nobody waiting.
+        if g.receivers_waiting > 0 {
+            self.not_empty.notify_all();
+        }
+        for w in g.wakers.drain(..) {
+            w.wake();
+        }
+        Ok(())
+    }
+
+    /// Queue a run of `count` validated, encoded messages from node `from` (the reader's
+    /// path). Blocks while the mailbox is full. Returns false if the mailbox is closed.
+    pub fn push_run(&self, from: &Name, data: Bytes, count: u32) -> bool {
+        let cost = data.len() + PER_MESSAGE * count as usize;
+        let item = Item::Run {
+            from: from.clone(),
+            data,
+            left: count,
+        };
+        self.push(item, cost, true).is_ok()
+    }
+
+    /// Queue one message (the local path). Gives it back if closed, or full and `!block`.
+    pub fn push_one(&self, e: Envelope, block: bool) -> Result<(), Envelope> {
+        let cost = e.payload.len() + e.from.mailbox.len() + PER_MESSAGE;
+        self.push(Item::One(e), cost, block).map_err(|i| match i {
+            Item::One(e) => e,
+            Item::Run { .. } => unreachable!("pushed a One"),
+        })
     }
 
     /// Close: wakes every waiter; receivers get what is queued, then `Closed`.
@@ -121,6 +155,53 @@ impl MailboxQueue {
         }
     }
 
+    /// Move up to `max` messages from the queue to `out`; returns how many.
+    fn drain(g: &mut Inner, out: &mut Vec<Envelope>, max: usize) -> usize {
+        let mut n = 0;
+        let mut freed = 0;
+        while n < max {
+            let Some(front) = g.q.front_mut() else { break };
+            match front {
+                Item::One(_) => {
+                    if let Some(Item::One(e)) = g.q.pop_front() {
+                        freed += e.payload.len() + e.from.mailbox.len() + PER_MESSAGE;
+                        out.push(e);
+                        n += 1;
+                    }
+                }
+                Item::Run { from, data, left } => {
+                    while n < max && *left > 0 {
+                        let Some((mailbox, payload, used)) = frame::next_message(data) else {
+                            *left = 0;
+                            break;
+                        };
+                        out.push(Envelope {
+                            from: Address {
+                                node: from.clone(),
+                                mailbox,
+                            },
+                            payload,
+                        });
+                        freed += used + PER_MESSAGE;
+                        *left -= 1;
+                        n += 1;
+                    }
+                    if *left == 0 {
+                        // Whatever the run's cost was beyond what was counted (nothing, for
+                        // a well-formed run) is released with it.
+                        freed += data.len();
+                        g.q.pop_front();
+                    }
+                }
+            }
+        }
+        g.bytes = g.bytes.saturating_sub(freed);
+        if g.q.is_empty() {
+            g.bytes = 0;
+        }
+        n
+    }
+
     /// Take up to `max` messages into `out`, waiting until `deadline` (None: forever) for
     /// the first one. Returns how many were taken.
     fn take(
@@ -129,16 +210,11 @@ impl MailboxQueue {
         max: usize,
         deadline: Option<Option<Instant>>,
     ) -> Result<usize, RecvError> {
+        let mut idler = self.idle.idler();
         let mut g = self.lock();
         loop {
             if !g.q.is_empty() {
-                let n = max.min(g.q.len());
-                let mut freed = 0;
-                for e in g.q.drain(..n) {
-                    freed += e.cost();
-                    out.push(e);
-                }
-                g.bytes -= freed;
+                let n = Self::drain(&mut g, out, max);
                 if g.pushers_waiting > 0 {
                     self.not_full.notify_all();
                 }
@@ -147,31 +223,53 @@ impl MailboxQueue {
             if g.closed {
                 return Err(RecvError::Closed);
             }
-            g = match deadline {
+            let now = Instant::now();
+            let left = match deadline {
                 None => return Err(RecvError::Empty),
-                Some(None) => self.not_empty.wait(g).unwrap_or_else(|p| p.into_inner()),
-                Some(Some(t)) => {
-                    let now = Instant::now();
-                    if now >= t {
-                        return Err(RecvError::Timeout);
-                    }
-                    self.not_empty
-                        .wait_timeout(g, t - now)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0
-                }
+                Some(None) => None,
+                Some(Some(t)) if now >= t => return Err(RecvError::Timeout),
+                Some(Some(t)) => Some(t - now),
             };
+            match idler.step() {
+                IdleStep::Spin => {
+                    drop(g);
+                    for _ in 0..SPIN_HINTS {
+                        std::hint::spin_loop();
+                    }
+                    g = self.lock();
+                }
+                IdleStep::Yield => {
+                    drop(g);
+                    std::thread::yield_now();
+                    g = self.lock();
+                }
+                IdleStep::Park => {
+                    g.receivers_waiting += 1;
+                    g = match left {
+                        None => self.not_empty.wait(g).unwrap_or_else(|p| p.into_inner()),
+                        Some(d) => {
+                            self.not_empty
+                                .wait_timeout(g, d)
+                                .unwrap_or_else(|p| p.into_inner())
+                                .0
+                        }
+                    };
+                    g.receivers_waiting -= 1;
+                }
+            }
         }
     }
 
     fn poll_one(&self, cx: &mut Context<'_>) -> Poll<Result<Envelope, RecvError>> {
         let mut g = self.lock();
-        if let Some(e) = g.q.pop_front() {
-            g.bytes -= e.cost();
+        let mut out = Vec::with_capacity(1);
+        if Self::drain(&mut g, &mut out, 1) == 1 {
             if g.pushers_waiting > 0 {
                 self.not_full.notify_all();
             }
-            return Poll::Ready(Ok(e));
+            if let Some(e) = out.pop() {
+                return Poll::Ready(Ok(e));
+            }
         }
         if g.closed {
             return Poll::Ready(Err(RecvError::Closed));
@@ -182,8 +280,16 @@ impl MailboxQueue {
         Poll::Pending
     }
 
+    /// Messages waiting.
     pub fn len(&self) -> usize {
-        self.lock().q.len()
+        self.lock()
+            .q
+            .iter()
+            .map(|i| match i {
+                Item::One(_) => 1,
+                Item::Run { left, .. } => *left as usize,
+            })
+            .sum()
     }
 }
 
@@ -316,6 +422,7 @@ impl Future for RecvFuture<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::frame::{Message, MessageList};
 
     fn env(i: u8) -> Envelope {
         Envelope {
@@ -324,20 +431,52 @@ mod tests {
         }
     }
 
+    fn q(cap: usize) -> MailboxQueue {
+        MailboxQueue::new(Name::from_static("m"), cap, IdleStrategy::default())
+    }
+
     #[test]
-    fn push_batch_respects_capacity_without_blocking() {
-        let q = MailboxQueue::new(Name::from_static("m"), 80);
-        let mut batch: Vec<_> = (0..5).map(env).collect();
-        q.push_batch(&mut batch, false);
-        // Each costs 40: admitted at 0 and 40, refused at 80.
+    fn push_respects_capacity_without_blocking() {
+        let q = q(40);
+        // Each costs 8 + 1 + 16 = 25: admitted at 0 and 25, refused at 50.
+        assert!(q.push_one(env(0), false).is_ok());
+        assert!(q.push_one(env(1), false).is_ok());
+        let back = q.push_one(env(2), false).unwrap_err();
+        assert_eq!(back.payload[0], 2);
         assert_eq!(q.len(), 2);
-        assert_eq!(batch.len(), 3);
-        assert_eq!(batch[0].payload[0], 2);
+    }
+
+    #[test]
+    fn runs_are_decoded_by_the_receiver_in_order_across_partial_takes() {
+        let q = q(1 << 20);
+        let msgs: Vec<_> = (0..5u8)
+            .map(|i| Message {
+                to: Name::from_static("m"),
+                from: Name::new(&format!("s{i}")).unwrap(),
+                payload: Bytes::from(vec![i; 3]),
+            })
+            .collect();
+        let list = MessageList::from_messages(&msgs);
+        let (_, range, n) = list.runs().next().unwrap();
+        assert!(q.push_run(&Name::from_static("peer"), list.body().slice(range), n));
+        q.push_one(env(9), true).unwrap();
+        assert_eq!(q.len(), 6);
+        let mut out = Vec::new();
+        assert_eq!(q.take(&mut out, 2, None), Ok(2));
+        assert_eq!(q.take(&mut out, 10, None), Ok(4));
+        let got: Vec<_> = out
+            .iter()
+            .map(|e| (e.from.to_string(), e.payload[0]))
+            .collect();
+        assert_eq!(got[0], ("s0@peer".to_string(), 0));
+        assert_eq!(got[4], ("s4@peer".to_string(), 4));
+        assert_eq!(got[5], ("m@n".to_string(), 9));
+        assert_eq!(q.lock().bytes, 0);
     }
 
     #[test]
     fn take_waits_until_a_push_and_returns_the_batch() {
-        let q = Arc::new(MailboxQueue::new(Name::from_static("m"), 1 << 20));
+        let q = Arc::new(q(1 << 20));
         let q2 = q.clone();
         let t = std::thread::spawn(move || {
             let mut out = Vec::new();
@@ -349,28 +488,28 @@ mod tests {
             (n, out.len())
         });
         std::thread::sleep(Duration::from_millis(10));
-        let mut batch: Vec<_> = (0..3).map(env).collect();
-        q.push_batch(&mut batch, true);
+        q.push_one(env(1), true).unwrap();
         let (n, got) = t.join().unwrap();
         assert!(n.unwrap() >= 1 && got >= 1);
     }
 
     #[test]
     fn closed_mailbox_drains_then_reports_closed() {
-        let q = MailboxQueue::new(Name::from_static("m"), 1 << 20);
-        q.push_batch(&mut vec![env(1)], true);
+        let q = q(1 << 20);
+        q.push_one(env(1), true).unwrap();
         q.close();
         let mut out = Vec::new();
         assert_eq!(q.take(&mut out, 10, Some(None)), Ok(1));
         assert_eq!(q.take(&mut out, 10, Some(None)), Err(RecvError::Closed));
-        let mut rest = vec![env(2)];
-        q.push_batch(&mut rest, true);
-        assert_eq!(rest.len(), 1, "a closed mailbox takes nothing");
+        assert!(
+            q.push_one(env(2), true).is_err(),
+            "a closed mailbox takes nothing"
+        );
     }
 
     #[test]
     fn timeout_is_reported() {
-        let q = MailboxQueue::new(Name::from_static("m"), 1 << 20);
+        let q = q(1 << 20);
         let mut out = Vec::new();
         let r = q.take(
             &mut out,

@@ -23,10 +23,12 @@ use tracing::{debug, info, warn};
 
 use crate::config::NodeConfig;
 use crate::core::codec::Name;
+use crate::core::idle::IdleStrategy;
+use crate::core::outbox::{ALL, Dest};
 use crate::error::Error;
 use crate::io::connection;
 use crate::io::mailbox::{Envelope, Mailbox, MailboxQueue};
-use crate::io::queue::{Outgoing, PushError, SendQueue};
+use crate::io::queue::{Lane, PushError};
 use crate::stats::{NodeStats, PeerCounters};
 
 /// A mailbox on a node: where a message goes.
@@ -131,27 +133,16 @@ impl Conn {
 
 /// Everything the node knows about one peer.
 pub(crate) struct Peer {
+    /// Index in `Shared::by_id`; the destination tag of this peer's frames.
+    pub id: Dest,
     pub name: Name,
-    pub queue: SendQueue,
+    /// The lane this peer's messages queue in (its own, or the node's only one).
+    pub lane: Arc<Lane>,
     link: Mutex<Option<Arc<Conn>>>,
-    link_cv: Condvar,
     pub stats: PeerCounters,
-    writer: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Peer {
-    fn new(name: Name, cfg: &NodeConfig) -> Self {
-        let track_time = cfg.bundler.build().needs_enqueue_time();
-        Peer {
-            name,
-            queue: SendQueue::new(cfg.send_queue_bytes, track_time),
-            link: Mutex::new(None),
-            link_cv: Condvar::new(),
-            stats: PeerCounters::default(),
-            writer: Mutex::new(None),
-        }
-    }
-
     /// Make `conn` the current connection, closing any previous one.
     pub fn install(&self, conn: Arc<Conn>) {
         let old = self
@@ -162,8 +153,7 @@ impl Peer {
         if let Some(old) = old {
             old.close();
         }
-        self.link_cv.notify_all();
-        self.queue.poke();
+        self.lane.poke();
     }
 
     /// Forget `conn` if it is still the current connection.
@@ -173,21 +163,11 @@ impl Peer {
             *g = None;
         }
         drop(g);
-        self.queue.poke();
+        self.lane.poke();
     }
 
     pub fn current(&self) -> Option<Arc<Conn>> {
         self.link.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Wait up to `d` for a connection.
-    pub fn wait_link(&self, d: Duration) -> Option<Arc<Conn>> {
-        let g = self.link.lock().unwrap_or_else(|p| p.into_inner());
-        let (g, _) = self
-            .link_cv
-            .wait_timeout_while(g, d, |l| l.is_none())
-            .unwrap_or_else(|p| p.into_inner());
-        g.clone()
     }
 }
 
@@ -198,8 +178,14 @@ pub(crate) struct Shared {
     pub config: NodeConfig,
     pub secret: Arc<[u8]>,
     pub local_addr: SocketAddr,
-    peers: RwLock<HashMap<Name, Arc<Peer>>>,
-    mailboxes: RwLock<HashMap<Name, Arc<MailboxQueue>>>,
+    pub idle: IdleStrategy,
+    peers: RwLock<HashMap<Name, Arc<Peer>, NameHash>>,
+    by_id: RwLock<Vec<Arc<Peer>>>,
+    /// Every lane and its writer thread.
+    lanes: Mutex<Vec<LaneThread>>,
+    /// With `transfer-queue`: the one lane every peer shares.
+    shared_lane: Option<Arc<Lane>>,
+    mailboxes: RwLock<HashMap<Name, Arc<MailboxQueue>, NameHash>>,
     shutting_down: AtomicBool,
     /// When shutdown started (writers give up waiting for a connection after the timeout).
     shutdown_at: Mutex<Option<Instant>>,
@@ -275,11 +261,94 @@ impl Shared {
             return p.clone();
         }
         info!(node = %self.name, peer = %name, "peer not in the static list connected; adding it");
-        let p = Arc::new(Peer::new(name.clone(), &self.config));
-        g.insert(name.clone(), p.clone());
+        let p = self.add_peer(&mut g, name.clone());
         drop(g);
-        start_writer(self, &p);
         p
+    }
+
+    /// Create a peer (and, with a per-peer bundler, its lane and writer thread).
+    fn add_peer(
+        self: &Arc<Self>,
+        map: &mut HashMap<Name, Arc<Peer>, NameHash>,
+        name: Name,
+    ) -> Arc<Peer> {
+        let mut by_id = self.by_id.write().unwrap_or_else(|p| p.into_inner());
+        let lane = match &self.shared_lane {
+            Some(l) => l.clone(),
+            None => {
+                let b = self.config.bundler.build();
+                let lane = Arc::new(Lane::new(
+                    self.config.send_queue_bytes,
+                    b.as_ref(),
+                    self.config.frame_bytes,
+                    self.idle,
+                ));
+                self.spawn_writer(lane.clone(), LaneMembers::One(by_id.len() as Dest));
+                lane
+            }
+        };
+        let p = Arc::new(Peer {
+            id: by_id.len() as Dest,
+            name: name.clone(),
+            lane,
+            link: Mutex::new(None),
+            stats: PeerCounters::default(),
+        });
+        by_id.push(p.clone());
+        map.insert(name, p.clone());
+        p
+    }
+
+    /// Start the writer thread of a lane.
+    fn spawn_writer(self: &Arc<Self>, lane: Arc<Lane>, members: LaneMembers) {
+        let (me, l) = (self.clone(), lane.clone());
+        let name = match members {
+            LaneMembers::One(id) => format!("bw-write-{}-{id}", self.name),
+            LaneMembers::All => format!("bw-write-{}", self.name),
+        };
+        let h = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || connection::run_writer(&me, &l, members))
+            .expect("cannot spawn a thread");
+        self.lanes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((lane, Some(h)));
+    }
+
+    /// Close every lane (no new messages) and join its writer, which flushes it first.
+    fn join_writers(&self) {
+        loop {
+            let lanes: Vec<_> = self
+                .lanes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter_mut()
+                .filter_map(|(l, h)| h.take().map(|h| (l.clone(), h)))
+                .collect();
+            if lanes.is_empty() {
+                return;
+            }
+            for (l, _) in &lanes {
+                l.close();
+            }
+            for (_, h) in lanes {
+                let _ = h.join();
+            }
+        }
+    }
+
+    pub fn peer_by_id(&self, id: Dest) -> Option<Arc<Peer>> {
+        self.by_id
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id as usize)
+            .cloned()
+    }
+
+    /// Every peer, in id order.
+    pub fn all_peers(&self) -> Vec<Arc<Peer>> {
+        self.by_id.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub fn mailbox(&self, name: &[u8]) -> Option<Arc<MailboxQueue>> {
@@ -319,15 +388,14 @@ impl Shared {
             warn!(node = %self.name, mailbox = %to, from_node = sender, "message for a mailbox that does not exist here; reporting it to the sender as undeliverable (logged once per name)");
         }
         match from_peer {
-            Some(p) => p
-                .queue
-                .push_control(crate::core::frame::Frame::Undeliverable(
-                    crate::core::frame::Undeliverable {
-                        count,
-                        to: to.clone(),
-                        from: from.clone(),
-                    },
-                )),
+            Some(p) => p.lane.push_frame(
+                p.id,
+                &crate::core::frame::Frame::Undeliverable(crate::core::frame::Undeliverable {
+                    count,
+                    to: to.clone(),
+                    from: from.clone(),
+                }),
+            ),
             None => self.emit(Event::Undeliverable {
                 to: Address {
                     node: self.name.clone(),
@@ -360,23 +428,34 @@ impl Shared {
         if to.node == self.name {
             return self.deliver_local(from, &to.mailbox, payload, block);
         }
-        let Some(peer) = self.peer(to.node.as_bytes()) else {
-            return Err(Error::UnknownNode(to.node.to_string()));
+        // Try without blocking under the read lock (no reference count touched); only a
+        // sender that must wait for room takes a reference to the peer and waits outside it.
+        let peer = {
+            let g = self.peers.read().unwrap_or_else(|p| p.into_inner());
+            let Some(peer) = g.get(to.node.as_bytes()) else {
+                return Err(Error::UnknownNode(to.node.to_string()));
+            };
+            match peer.lane.push(peer.id, &to.mailbox, from, &payload, false) {
+                Ok(()) => return Ok(()),
+                Err(PushError::Full) if block => peer.clone(),
+                Err(e) => return Err(self.push_error(e, to, payload)),
+            }
         };
-        let msg = Outgoing {
-            to: to.mailbox.clone(),
-            from: from.clone(),
-            payload,
-        };
-        peer.queue.push(msg, block).map_err(|e| match e {
-            PushError::Full(payload) => Error::Full {
+        peer.lane
+            .push(peer.id, &to.mailbox, from, &payload, true)
+            .map_err(|e| self.push_error(e, to, payload))
+    }
+
+    fn push_error(&self, e: PushError, to: &Address, payload: Bytes) -> Error {
+        match e {
+            PushError::Full => Error::Full {
                 to: to.to_string(),
                 payload,
             },
-            PushError::Closed(payload) => Error::ShutDown {
+            PushError::Closed => Error::ShutDown {
                 payload: Some(payload),
             },
-        })
+        }
     }
 
     fn deliver_local(
@@ -390,28 +469,27 @@ impl Shared {
             self.undeliverable(None, to, from, 1);
             return Ok(());
         };
-        let mut one = vec![Envelope {
+        let e = Envelope {
             from: Address {
                 node: self.name.clone(),
                 mailbox: from.clone(),
             },
             payload,
-        }];
-        mb.push_batch(&mut one, block);
-        match one.pop() {
-            None => {
+        };
+        match mb.push_one(e, block) {
+            Ok(()) => {
                 self.local_messages.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Some(e) if self.is_shutting_down() => Err(Error::ShutDown {
+            Err(e) if self.is_shutting_down() => Err(Error::ShutDown {
                 payload: Some(e.payload),
             }),
-            Some(e) if !block => Err(Error::Full {
+            Err(e) if !block => Err(Error::Full {
                 to: format!("{to}@{}", self.name),
                 payload: e.payload,
             }),
             // The mailbox was dropped while we waited for room.
-            Some(_) => {
+            Err(_) => {
                 self.undeliverable(None, to, from, 1);
                 Ok(())
             }
@@ -427,39 +505,69 @@ impl Shared {
     ) -> Result<(), Error> {
         let mb = Name::new(mailbox)
             .ok_or_else(|| Error::InvalidName(mailbox.into(), "longer than 255 bytes"))?;
-        let peers: Vec<Name> = self
-            .peers
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .cloned()
-            .collect();
-        if include_self {
-            let to = Address {
-                node: self.name.clone(),
-                mailbox: mb.clone(),
-            };
-            self.send(from, &to, payload.clone(), true)?;
+        if payload.len() > self.config.max_payload {
+            return Err(Error::PayloadTooLarge {
+                len: payload.len(),
+                max: self.config.max_payload,
+            });
         }
-        for node in peers {
-            let to = Address {
-                node,
-                mailbox: mb.clone(),
-            };
-            self.send(from, &to, payload.clone(), true)?;
+        if include_self {
+            self.deliver_local(from, &mb, payload.clone(), true)?;
+        }
+        let to = |node: &Name| Address {
+            node: node.clone(),
+            mailbox: mb.clone(),
+        };
+        if let Some(lane) = &self.shared_lane {
+            // One queue for everyone: one message to the null destination, written to
+            // every member (JGroups' dest == null).
+            return lane
+                .push(ALL, &mb, from, &payload, true)
+                .map_err(|e| self.push_error(e, &to(&self.name), payload));
+        }
+        for peer in self.all_peers() {
+            peer.lane
+                .push(peer.id, &mb, from, &payload, true)
+                .map_err(|e| self.push_error(e, &to(&peer.name), payload.clone()))?;
         }
         Ok(())
     }
 }
 
-fn start_writer(shared: &Arc<Shared>, peer: &Arc<Peer>) {
-    let p = peer.clone();
-    let me = shared.clone();
-    let h = std::thread::Builder::new()
-        .name(format!("bw-write-{}", peer.name))
-        .spawn(move || connection::run_writer(&me, &p))
-        .expect("cannot spawn a thread");
-    *peer.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+/// A lane and its writer thread (taken when joined).
+type LaneThread = (Arc<Lane>, Option<JoinHandle<()>>);
+
+/// Which peers a lane's writer serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LaneMembers {
+    One(Dest),
+    All,
+}
+
+/// FNV-1a: node and mailbox names are short, and SipHash showed up in profiles of the send
+/// path. The maps are keyed by names we chose or authenticated peers sent, not by
+/// attacker-controlled keys in bulk.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct NameHash;
+
+impl std::hash::BuildHasher for NameHash {
+    type Hasher = Fnv;
+    fn build_hasher(&self) -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+pub(crate) struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
 }
 
 /// A running batchwire node. Dropping it shuts it down (see [`Node::shutdown`]).
@@ -473,14 +581,23 @@ impl Node {
     pub fn start(config: NodeConfig) -> Result<Node, Error> {
         config.validate()?;
         let name = node_name(&config.name)?;
-        let mut peers = HashMap::new();
+        let mut peer_names = Vec::new();
         for p in &config.peers {
             let pn = node_name(&p.name)?;
             if pn == name {
                 return Err(Error::Config(format!("node {name} lists itself as a peer")));
             }
-            peers.insert(pn.clone(), Arc::new(Peer::new(pn, &config)));
+            if peer_names.contains(&pn) {
+                return Err(Error::Config(format!("peer {pn} is listed twice")));
+            }
+            peer_names.push(pn);
         }
+        let declared = config
+            .mailboxes
+            .iter()
+            .map(|m| node_name(m))
+            .collect::<Result<Vec<_>, _>>()?;
+        let idle = IdleStrategy::from_level(config.idle_cpu_level).map_err(Error::Config)?;
         let listener = TcpListener::bind(config.listen).map_err(|source| Error::Listen {
             addr: config.listen,
             source,
@@ -488,13 +605,26 @@ impl Node {
         let local_addr = listener.local_addr()?;
         let mut inc = [0u8; 8];
         getrandom::fill(&mut inc).map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+        let shared_lane = config.bundler.kind.shared_queue().then(|| {
+            let b = config.bundler.build();
+            Arc::new(Lane::new(
+                config.send_queue_bytes,
+                b.as_ref(),
+                config.frame_bytes,
+                idle,
+            ))
+        });
         let shared = Arc::new(Shared {
             name,
             incarnation: u64::from_le_bytes(inc),
             secret: config.secret.clone().into(),
             local_addr,
-            peers: RwLock::new(peers),
-            mailboxes: RwLock::new(HashMap::new()),
+            idle,
+            peers: RwLock::new(HashMap::default()),
+            by_id: RwLock::new(Vec::new()),
+            lanes: Mutex::new(Vec::new()),
+            shared_lane,
+            mailboxes: RwLock::new(HashMap::default()),
             shutting_down: AtomicBool::new(false),
             shutdown_at: Mutex::new(None),
             stop: Mutex::new(false),
@@ -506,14 +636,29 @@ impl Node {
             local_messages: AtomicU64::new(0),
             config,
         });
-        info!(node = %shared.name, addr = %local_addr, bundler = %shared.config.bundler, "node started");
+        if let Some(l) = &shared.shared_lane {
+            shared.spawn_writer(l.clone(), LaneMembers::All);
+        }
+        {
+            let mut g = shared.mailboxes.write().unwrap_or_else(|p| p.into_inner());
+            for n in declared {
+                let q = MailboxQueue::new(n.clone(), shared.config.mailbox_bytes, idle);
+                g.insert(n, Arc::new(q));
+            }
+        }
+        {
+            let mut g = shared.peers.write().unwrap_or_else(|p| p.into_inner());
+            for pn in peer_names {
+                shared.add_peer(&mut g, pn);
+            }
+        }
+        info!(node = %shared.name, addr = %local_addr, bundler = %shared.config.bundler.kind, "node started");
         shared.spawn(format!("bw-accept-{}", shared.name), move |s| {
             connection::run_acceptor(&s, listener)
         });
         let specs = shared.config.peers.clone();
         for spec in specs {
             let peer = shared.peer(spec.name.as_bytes()).expect("inserted above");
-            start_writer(&shared, &peer);
             if shared.name.as_str() < spec.name.as_str() {
                 shared.spawn(format!("bw-dial-{}", spec.name), move |s| {
                     connection::run_dialer(&s, &peer, spec.addr)
@@ -538,7 +683,8 @@ impl Node {
         self.shared.local_addr
     }
 
-    /// Register a mailbox named `name` on this node.
+    /// Register a mailbox named `name` on this node, or take the handle of one declared in
+    /// the config ([`NodeConfig::mailbox`]), with whatever arrived in it meanwhile.
     pub fn mailbox(&self, name: &str) -> Result<Mailbox, Error> {
         let n = node_name(name)?;
         let mut g = self
@@ -546,14 +692,19 @@ impl Node {
             .mailboxes
             .write()
             .unwrap_or_else(|p| p.into_inner());
-        if g.contains_key(&n) {
+        let q = g
+            .entry(n.clone())
+            .or_insert_with(|| {
+                Arc::new(MailboxQueue::new(
+                    n,
+                    self.shared.config.mailbox_bytes,
+                    self.shared.idle,
+                ))
+            })
+            .clone();
+        if q.claimed.swap(true, Ordering::AcqRel) {
             return Err(Error::MailboxExists(name.into()));
         }
-        let q = Arc::new(MailboxQueue::new(
-            n.clone(),
-            self.shared.config.mailbox_bytes,
-        ));
-        g.insert(n, q.clone());
         Ok(Mailbox {
             queue: q,
             node: self.shared.clone(),
@@ -633,9 +784,9 @@ impl Node {
             .values()
             .map(|p| {
                 let mut s = p.stats.snapshot(p.name.to_string(), p.current().is_some());
-                s.queue_high_water = p.queue.high_water.load(Ordering::Relaxed);
-                s.blocked_us = p.queue.blocked_ns.load(Ordering::Relaxed) / 1000;
-                s.queued = p.queue.len() as u64;
+                s.queue_high_water = p.lane.high_water.load(Ordering::Relaxed);
+                s.blocked_us = p.lane.blocked_ns.load(Ordering::Relaxed) / 1000;
+                s.queued = p.lane.messages() as u64;
                 s
             })
             .collect();
@@ -670,26 +821,14 @@ impl Node {
             wake.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
         }
         let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
-        // 2. Let each writer flush its queue and say goodbye; bound blocked writes in time.
-        let peers: Vec<Arc<Peer>> = s
-            .peers
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        // 2. Let each writer flush its lane and say goodbye; bound blocked writes in time.
+        let peers = s.all_peers();
         for p in &peers {
             if let Some(c) = p.current() {
                 let _ = c.stream.set_write_timeout(Some(s.config.shutdown_timeout));
             }
-            p.queue.close();
         }
-        for p in &peers {
-            let h = p.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(h) = h {
-                let _ = h.join();
-            }
-        }
+        s.join_writers();
         // 3. Give peers a moment to answer our goodbye by closing; then close the rest.
         let deadline = Instant::now() + Duration::from_millis(500);
         while Instant::now() < deadline && peers.iter().any(|p| p.current().is_some()) {
@@ -719,17 +858,13 @@ impl Node {
                 let _ = h.join();
             }
         }
-        // Writers of peers that connected late (dynamic) may have been added meanwhile.
-        for p in s.peers.read().unwrap_or_else(|p| p.into_inner()).values() {
-            p.queue.close();
+        // Lanes of peers that connected during shutdown (not in the static list).
+        for p in s.all_peers() {
             if let Some(c) = p.current() {
                 c.close();
             }
-            let h = p.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(h) = h {
-                let _ = h.join();
-            }
         }
+        s.join_writers();
         info!(node = %s.name, "shut down");
     }
 }

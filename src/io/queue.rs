@@ -1,125 +1,118 @@
-//! A peer's outbound queue: bounded in bytes, shared by every sending thread and drained by
-//! that peer's writer thread.
+//! A lane: an outbound queue (an [`Outbox`] of encoded frames, bounded in bytes) and the
+//! condvars its senders and its writer wait on. With a per-peer bundler every peer has a
+//! lane of its own; with `transfer-queue` one lane serves every peer.
 //!
-//! The hot path (`push`) takes one uncontended mutex and, only when the writer is asleep and
-//! the queue was empty, one condvar notify: no syscall, allocation or clock read per message
-//! (the clock is read only when the bundler needs enqueue times and the queue was empty).
+//! The hot path (`push`) takes one mutex, encodes the message into the outbox and, only
+//! when the writer is parked and has a reason to wake, notifies it: no syscall, allocation
+//! (the buffer is reused) or clock read per message (the clock is read only when the
+//! bundler needs enqueue times and the outbox was empty).
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
-use crate::core::bundler::{Bundler, Decision, FlushReason, QueueLevel};
+use crate::core::bundler::{Bundler, Decision, FlushReason};
 use crate::core::codec::Name;
-use crate::core::frame::{Frame, message_len};
-
-/// One message waiting to be written.
-#[derive(Debug, Clone)]
-pub(crate) struct Outgoing {
-    pub to: Name,
-    pub from: Name,
-    pub payload: Bytes,
-}
-
-impl Outgoing {
-    /// What the message counts against the queue's byte bound: its encoded size.
-    #[inline]
-    pub fn cost(&self) -> usize {
-        message_len(&self.to, &self.from, self.payload.len())
-    }
-}
+use crate::core::frame::Frame;
+use crate::core::idle::{IdleStep, IdleStrategy, SPIN_HINTS};
+use crate::core::outbox::{Batch, Dest, Outbox};
 
 /// Why `push` did not queue a message.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) enum PushError {
-    /// The queue is at capacity and the caller asked not to block.
-    Full(Bytes),
+    /// The lane is at capacity and the caller asked not to block.
+    Full,
     /// The node is shutting down.
-    Closed(Bytes),
+    Closed,
 }
 
 /// What the writer should do after `next_batch`.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Next {
-    /// `items` holds a batch to write.
+    /// The batch holds frames to write.
     Batch(FlushReason),
-    /// The node is shutting down and the queue is empty.
+    /// The node is shutting down and the lane is empty.
     Drained,
-    /// The writer's connection was closed; `items` is empty.
+    /// A connection of this lane changed; the batch is empty.
     Reconnect,
 }
 
 struct Inner {
-    items: VecDeque<Outgoing>,
-    bytes: usize,
-    /// Control frames (undeliverable notices) to send before the next batch.
-    control: Vec<Frame>,
-    oldest: Option<Instant>,
+    outbox: Outbox,
     closed: bool,
     writer_waiting: bool,
     senders_waiting: usize,
-    /// Bumped whenever the writer must re-check its connection.
-    link_epoch: u64,
+    /// Bumped whenever the writer must re-check its connections.
+    epoch: u64,
 }
 
-pub(crate) struct SendQueue {
+pub(crate) struct Lane {
     inner: Mutex<Inner>,
     /// The writer waits here for messages.
     not_empty: Condvar,
     /// Senders wait here for room.
     not_full: Condvar,
-    capacity: usize,
+    pub capacity: usize,
     track_time: bool,
-    /// Largest number of bytes ever queued.
+    wake_bytes: usize,
+    idle: IdleStrategy,
+    /// Most bytes ever queued.
     pub high_water: AtomicU64,
-    /// Nanoseconds senders spent blocked on a full queue.
+    /// Nanoseconds senders spent blocked on a full lane.
     pub blocked_ns: AtomicU64,
 }
 
-impl SendQueue {
-    pub fn new(capacity: usize, track_time: bool) -> Self {
-        SendQueue {
+impl Lane {
+    pub fn new(
+        capacity: usize,
+        bundler: &dyn Bundler,
+        frame_bytes: usize,
+        idle: IdleStrategy,
+    ) -> Self {
+        Lane {
             inner: Mutex::new(Inner {
-                items: VecDeque::new(),
-                bytes: 0,
-                control: Vec::new(),
-                oldest: None,
+                outbox: Outbox::new(bundler.frame_bytes(frame_bytes)),
                 closed: false,
                 writer_waiting: false,
                 senders_waiting: 0,
-                link_epoch: 0,
+                epoch: 0,
             }),
             not_empty: Condvar::new(),
             not_full: Condvar::new(),
             capacity,
-            track_time,
+            track_time: bundler.needs_enqueue_time(),
+            wake_bytes: bundler.wake_bytes(),
+            idle,
             high_water: AtomicU64::new(0),
             blocked_ns: AtomicU64::new(0),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding this lock cannot leave `Inner` inconsistent in a way that
-        // matters more than losing the node, so poisoning is ignored.
+        // A panic while holding this lock cannot leave `Inner` in a state that is worse
+        // than losing the node, so poisoning is ignored.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queue a message. A message is admitted while the queue holds fewer than `capacity`
-    /// bytes, so one message larger than the capacity still goes through. With `block`,
-    /// waits for room; otherwise returns `Full`.
-    pub fn push(&self, msg: Outgoing, block: bool) -> Result<(), PushError> {
-        let cost = msg.cost();
+    /// Encode a message into the lane. It is admitted while the lane holds fewer than
+    /// `capacity` bytes, so one message larger than the capacity still goes through. With
+    /// `block`, waits for room; otherwise returns `Full`.
+    pub fn push(
+        &self,
+        dest: Dest,
+        to: &Name,
+        from: &Name,
+        payload: &[u8],
+        block: bool,
+    ) -> Result<(), PushError> {
         let mut g = self.lock();
-        if g.bytes >= self.capacity && !g.closed {
+        if g.outbox.bytes() >= self.capacity && !g.closed {
             if !block {
-                return Err(PushError::Full(msg.payload));
+                return Err(PushError::Full);
             }
             let start = Instant::now();
             g.senders_waiting += 1;
-            while g.bytes >= self.capacity && !g.closed {
+            while g.outbox.bytes() >= self.capacity && !g.closed {
                 g = self.not_full.wait(g).unwrap_or_else(|p| p.into_inner());
             }
             g.senders_waiting -= 1;
@@ -127,51 +120,46 @@ impl SendQueue {
                 .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
         if g.closed {
-            return Err(PushError::Closed(msg.payload));
+            return Err(PushError::Closed);
         }
-        let was_empty = g.items.is_empty();
-        if was_empty && self.track_time {
-            g.oldest = Some(Instant::now());
+        let was_empty = g.outbox.is_empty();
+        let now = (was_empty && self.track_time).then(Instant::now);
+        g.outbox.push_message(dest, to, from, payload, now);
+        let bytes = g.outbox.bytes();
+        if bytes as u64 > self.high_water.load(Ordering::Relaxed) {
+            self.high_water.store(bytes as u64, Ordering::Relaxed);
         }
-        g.items.push_back(msg);
-        g.bytes += cost;
-        if g.bytes as u64 > self.high_water.load(Ordering::Relaxed) {
-            self.high_water.store(g.bytes as u64, Ordering::Relaxed);
-        }
-        if was_empty && g.writer_waiting {
+        if g.writer_waiting && (was_empty || bytes >= self.wake_bytes) {
             self.not_empty.notify_one();
         }
         Ok(())
     }
 
-    /// Queue a control frame; it is written before the next batch of messages.
-    pub fn push_control(&self, frame: Frame) {
+    /// Queue a control frame for `dest`, after everything queued.
+    pub fn push_frame(&self, dest: Dest, frame: &Frame) {
         let mut g = self.lock();
-        g.control.push(frame);
+        g.outbox.push_frame(dest, frame);
         self.not_empty.notify_one();
     }
 
-    /// Put messages that were taken but never written back at the front, in order.
-    pub fn unshift(&self, items: &mut VecDeque<Outgoing>) {
-        let mut g = self.lock();
-        for m in items.drain(..).rev() {
-            g.bytes += m.cost();
-            g.items.push_front(m);
-        }
-        if g.oldest.is_none() && self.track_time && !g.items.is_empty() {
-            g.oldest = Some(Instant::now());
-        }
-    }
-
-    /// Make the writer re-check its connection (a new one was installed or the old one died).
+    /// Make the writer re-check its connections.
     pub fn poke(&self) {
         let mut g = self.lock();
-        g.link_epoch += 1;
+        g.epoch += 1;
         self.not_empty.notify_all();
     }
 
-    pub fn link_epoch(&self) -> u64 {
-        self.lock().link_epoch
+    pub fn epoch(&self) -> u64 {
+        self.lock().epoch
+    }
+
+    /// Wait until the epoch moves past `epoch` or `d` passes.
+    pub fn wait_epoch(&self, epoch: u64, d: Duration) {
+        let g = self.lock();
+        let _ = self
+            .not_empty
+            .wait_timeout_while(g, d, |g| g.epoch == epoch)
+            .unwrap_or_else(|p| p.into_inner());
     }
 
     /// Refuse new messages; the writer drains what is queued, then sees `Drained`.
@@ -182,89 +170,79 @@ impl SendQueue {
         self.not_full.notify_all();
     }
 
-    /// Take every queued message out (used to report them failed when they cannot be sent).
-    pub fn take_all(&self) -> VecDeque<Outgoing> {
+    /// Take everything queued (to report it failed when it cannot be sent).
+    pub fn take_all(&self, batch: &mut Batch) {
         let mut g = self.lock();
-        g.bytes = 0;
-        g.oldest = None;
+        g.outbox.take(usize::MAX, usize::MAX, batch, None);
         self.not_full.notify_all();
-        std::mem::take(&mut g.items)
     }
 
-    pub fn len(&self) -> usize {
-        self.lock().items.len()
+    pub fn messages(&self) -> usize {
+        self.lock().outbox.messages()
     }
 
-    /// Wait until the bundler says to flush; move the batch into `items` (which must be
-    /// empty) and control frames into `control`. Returns `Reconnect` as soon as the link
-    /// epoch moves past `epoch`.
-    pub fn next_batch(
-        &self,
-        bundler: &mut dyn Bundler,
-        epoch: u64,
-        items: &mut VecDeque<Outgoing>,
-        control: &mut Vec<Frame>,
-    ) -> Next {
-        debug_assert!(items.is_empty());
+    /// Wait (per the idle strategy) until the bundler says to flush, then move the frames
+    /// to write into `batch`. Returns `Reconnect` as soon as the epoch moves past `epoch`.
+    pub fn next_batch(&self, bundler: &mut dyn Bundler, epoch: u64, batch: &mut Batch) -> Next {
+        let mut idler = self.idle.idler();
         let mut g = self.lock();
         loop {
-            if g.link_epoch != epoch {
+            if g.epoch != epoch {
                 return Next::Reconnect;
             }
-            if !g.control.is_empty() {
-                std::mem::swap(&mut g.control, control);
-            }
-            let level = QueueLevel {
-                messages: g.items.len(),
-                bytes: g.bytes,
-                oldest: g.oldest,
-            };
-            match bundler.poll(level, Instant::now()) {
+            let now = Instant::now();
+            match bundler.poll(g.outbox.level(), now) {
                 Decision::Flush {
                     max_messages,
+                    max_bytes,
                     reason,
                 } => {
-                    if max_messages >= g.items.len() {
-                        // Swap the whole queue out: O(1), and the two deques' buffers are
-                        // reused back and forth, so nothing is allocated in steady state.
-                        std::mem::swap(&mut g.items, items);
-                        g.bytes = 0;
-                        g.oldest = None;
-                    } else {
-                        let g = &mut *g;
-                        for m in g.items.drain(..max_messages) {
-                            g.bytes -= m.cost();
-                            items.push_back(m);
-                        }
-                        if self.track_time {
-                            g.oldest = Some(Instant::now());
-                        }
-                    }
+                    let keep_time = self.track_time.then_some(now);
+                    g.outbox.take(max_messages, max_bytes, batch, keep_time);
                     if g.senders_waiting > 0 {
                         self.not_full.notify_all();
                     }
                     return Next::Batch(reason);
                 }
                 Decision::Wait { until } => {
-                    if !control.is_empty() {
-                        // Nothing to batch, but control frames to send.
-                        return Next::Batch(FlushReason::Drained);
-                    }
-                    if g.closed && g.items.is_empty() {
+                    if g.closed && g.outbox.is_empty() {
                         return Next::Drained;
                     }
-                    g.writer_waiting = true;
-                    g = match until {
-                        None => self.not_empty.wait(g).unwrap_or_else(|p| p.into_inner()),
-                        Some(t) => {
-                            let d = t.saturating_duration_since(Instant::now());
-                            self.not_empty
-                                .wait_timeout(g, d.max(Duration::from_micros(1)))
-                                .unwrap_or_else(|p| p.into_inner())
-                                .0
-                        }
+                    let step = if until.is_some() {
+                        IdleStep::Park
+                    } else {
+                        idler.step()
                     };
-                    g.writer_waiting = false;
+                    match step {
+                        IdleStep::Spin => {
+                            drop(g);
+                            for _ in 0..SPIN_HINTS {
+                                std::hint::spin_loop();
+                            }
+                            g = self.lock();
+                        }
+                        IdleStep::Yield => {
+                            drop(g);
+                            std::thread::yield_now();
+                            g = self.lock();
+                        }
+                        IdleStep::Park => {
+                            g.writer_waiting = true;
+                            g = match until {
+                                None => self.not_empty.wait(g).unwrap_or_else(|p| p.into_inner()),
+                                Some(t) => {
+                                    let d = t
+                                        .saturating_duration_since(now)
+                                        .max(Duration::from_micros(1));
+                                    self.not_empty
+                                        .wait_timeout(g, d)
+                                        .unwrap_or_else(|p| p.into_inner())
+                                        .0
+                                }
+                            };
+                            g.writer_waiting = false;
+                        }
+                    }
                 }
             }
         }
@@ -274,94 +252,137 @@ impl SendQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::bundler::{Natural, NoBundling};
+    use crate::core::bundler::{BundlerConfig, BundlerKind};
     use std::sync::Arc;
 
-    fn msg(n: u8) -> Outgoing {
-        Outgoing {
-            to: Name::from_static("to"),
-            from: Name::from_static("f"),
-            payload: Bytes::from(vec![n; 10]),
+    fn lane(kind: BundlerKind, cap: usize) -> (Lane, Box<dyn Bundler>) {
+        let b = BundlerConfig {
+            kind,
+            ..Default::default()
         }
+        .build();
+        (
+            Lane::new(cap, b.as_ref(), 64 << 10, IdleStrategy::default()),
+            b,
+        )
+    }
+
+    fn push(l: &Lane, n: u8, block: bool) -> Result<(), PushError> {
+        l.push(
+            0,
+            &Name::from_static("to"),
+            &Name::from_static("f"),
+            &[n; 10],
+            block,
+        )
     }
 
     #[test]
     fn bounded_in_bytes_with_try_push_full() {
-        let q = SendQueue::new(40, false);
-        // Each message costs 6 + 2 + 1 + 10 = 19 bytes: admitted while below 40.
-        q.push(msg(1), false).unwrap();
-        q.push(msg(2), false).unwrap();
-        q.push(msg(3), false).unwrap();
-        assert!(matches!(q.push(msg(4), false), Err(PushError::Full(_))));
-        assert_eq!(q.high_water.load(Ordering::Relaxed), 57);
+        let (l, _) = lane(BundlerKind::Natural, 40);
+        // 9 bytes of frame header, then 19 per message: admitted while below 40.
+        push(&l, 1, false).unwrap();
+        push(&l, 2, false).unwrap();
+        assert_eq!(push(&l, 3, false), Err(PushError::Full));
+        assert_eq!(l.high_water.load(Ordering::Relaxed), 47);
     }
 
     #[test]
     fn natural_takes_everything_none_takes_one() {
-        let q = SendQueue::new(1 << 20, false);
+        let (l, mut none) = lane(BundlerKind::None, 1 << 20);
         for i in 0..5 {
-            q.push(msg(i), false).unwrap();
+            push(&l, i, false).unwrap();
         }
-        let (mut items, mut ctl) = (VecDeque::new(), Vec::new());
+        let mut b = Batch::default();
         assert_eq!(
-            q.next_batch(&mut NoBundling, 0, &mut items, &mut ctl),
+            l.next_batch(none.as_mut(), 0, &mut b),
             Next::Batch(FlushReason::Single)
         );
-        assert_eq!(items.len(), 1);
-        assert_eq!(items[0].payload[0], 0);
-        items.clear();
+        assert_eq!(b.messages(), 1);
+        let mut nat = BundlerConfig::default().build();
         assert_eq!(
-            q.next_batch(&mut Natural, 0, &mut items, &mut ctl),
+            l.next_batch(nat.as_mut(), 0, &mut b),
             Next::Batch(FlushReason::Drained)
         );
-        assert_eq!(
-            items.iter().map(|m| m.payload[0]).collect::<Vec<_>>(),
-            [1, 2, 3, 4]
-        );
-        q.close();
-        items.clear();
-        assert_eq!(
-            q.next_batch(&mut Natural, 0, &mut items, &mut ctl),
-            Next::Drained
-        );
+        assert_eq!(b.messages(), 4);
+        l.close();
+        assert_eq!(l.next_batch(nat.as_mut(), 0, &mut b), Next::Drained);
+        assert_eq!(push(&l, 9, true), Err(PushError::Closed));
     }
 
     #[test]
     fn blocked_sender_resumes_when_writer_drains() {
-        let q = Arc::new(SendQueue::new(20, false));
-        q.push(msg(1), false).unwrap();
-        q.push(msg(2), false).unwrap();
-        let q2 = q.clone();
-        let t = std::thread::spawn(move || q2.push(msg(3), true).is_ok());
+        let (l, mut b) = lane(BundlerKind::Natural, 20);
+        let l = Arc::new(l);
+        push(&l, 1, false).unwrap();
+        let l2 = l.clone();
+        let t = std::thread::spawn(move || push(&l2, 3, true).is_ok());
         std::thread::sleep(Duration::from_millis(20));
-        let (mut items, mut ctl) = (VecDeque::new(), Vec::new());
-        q.next_batch(&mut Natural, 0, &mut items, &mut ctl);
+        let mut batch = Batch::default();
+        l.next_batch(b.as_mut(), 0, &mut batch);
         assert!(t.join().unwrap());
-        assert_eq!(q.len(), 1);
-        assert!(q.blocked_ns.load(Ordering::Relaxed) > 0);
+        assert_eq!(l.messages(), 1);
+        assert!(l.blocked_ns.load(Ordering::Relaxed) > 0);
     }
 
     #[test]
-    fn unshift_restores_order_and_poke_interrupts_the_writer() {
-        let q = SendQueue::new(1 << 20, false);
-        for i in 0..3 {
-            q.push(msg(i), false).unwrap();
+    fn a_parked_writer_wakes_for_a_message_and_for_a_poke() {
+        for level in [1, 5] {
+            let b = BundlerConfig::default().build();
+            let l = Arc::new(Lane::new(
+                1 << 20,
+                b.as_ref(),
+                64 << 10,
+                IdleStrategy::from_level(level).unwrap(),
+            ));
+            let l2 = l.clone();
+            let t = std::thread::spawn(move || {
+                let mut b = BundlerConfig::default().build();
+                let mut batch = Batch::default();
+                let first = l2.next_batch(b.as_mut(), 0, &mut batch);
+                let second = l2.next_batch(b.as_mut(), 0, &mut batch);
+                (first, second)
+            });
+            std::thread::sleep(Duration::from_millis(20));
+            push(&l, 1, false).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            l.poke();
+            assert_eq!(
+                t.join().unwrap(),
+                (Next::Batch(FlushReason::Drained), Next::Reconnect),
+                "level {level}"
+            );
         }
-        let (mut items, mut ctl) = (VecDeque::new(), Vec::new());
-        q.next_batch(&mut NoBundling, 0, &mut items, &mut ctl);
-        q.unshift(&mut items);
-        q.poke();
-        assert_eq!(
-            q.next_batch(&mut Natural, 0, &mut items, &mut ctl),
-            Next::Reconnect
+    }
+
+    #[test]
+    fn linger_writer_sleeps_until_the_deadline_or_max_size() {
+        let cfg = BundlerConfig {
+            kind: BundlerKind::Linger,
+            max_size: 1000,
+            max_delay: Duration::from_millis(30),
+        };
+        let l = Lane::new(
+            1 << 20,
+            cfg.build().as_ref(),
+            64 << 10,
+            IdleStrategy::default(),
         );
+        push(&l, 1, false).unwrap();
+        let t0 = Instant::now();
+        let mut batch = Batch::default();
         assert_eq!(
-            q.next_batch(&mut Natural, 1, &mut items, &mut ctl),
-            Next::Batch(FlushReason::Drained)
+            l.next_batch(cfg.build().as_mut(), 0, &mut batch),
+            Next::Batch(FlushReason::Timer)
         );
+        assert!(t0.elapsed() >= Duration::from_millis(25));
+        for i in 0..60 {
+            push(&l, i, false).unwrap();
+        }
         assert_eq!(
-            items.iter().map(|m| m.payload[0]).collect::<Vec<_>>(),
-            [0, 1, 2]
+            l.next_batch(cfg.build().as_mut(), 0, &mut batch),
+            Next::Batch(FlushReason::SizeReached)
         );
+        assert_eq!(batch.messages(), 60);
     }
 }

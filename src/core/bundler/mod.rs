@@ -2,18 +2,30 @@
 //! between "messages were queued" and "bytes were written".
 //!
 //! A bundler is a pure state machine. The writer shows it the queue's level and the current
-//! time (passed in, never read here) and gets back a [`Decision`]: flush now, or wait until
-//! more is queued or a deadline passes. Tests drive bundlers with a fake clock.
+//! time (passed in, never read here) and gets back a [`Decision`]: flush now (all, or up to
+//! a number of messages or bytes), or wait until more is queued or a deadline passes. Tests
+//! drive bundlers with a fake clock.
+//!
+//! What is grouped is decided by the [`Outbox`](super::outbox::Outbox): a frame (a message
+//! list) is a run of consecutive messages to one destination. Where the queue lives is
+//! decided by [`BundlerKind::shared_queue`]: one queue per peer, or one for all peers
+//! (`transfer-queue`).
 //!
 //! Each strategy lives in a file named after it and is chosen by name ([`BundlerKind`]).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+mod linger;
 mod natural;
 mod none;
+mod per_destination;
+mod transfer_queue;
 
+pub use linger::Linger;
 pub use natural::Natural;
 pub use none::NoBundling;
+pub use per_destination::PerDestination;
+pub use transfer_queue::TransferQueue;
 
 /// What the writer's queue holds when it asks its bundler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +40,7 @@ pub struct QueueLevel {
 /// Why a flush happened (counted in the stats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FlushReason {
-    /// The writer took everything that was queued.
+    /// The writer took everything that was queued (the queue is empty after it).
     Drained,
     /// The queued bytes reached the bundler's size limit.
     SizeReached,
@@ -41,13 +53,28 @@ pub enum FlushReason {
 /// What the writer should do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
-    /// Take at most `max_messages` from the queue and write them now.
+    /// Take at most `max_messages` and at most `max_bytes` (whole frames, at least one) and
+    /// write them now.
     Flush {
         max_messages: usize,
+        max_bytes: usize,
         reason: FlushReason,
     },
     /// Nothing to write: sleep until a message is queued, or until `until` if set.
     Wait { until: Option<Instant> },
+}
+
+impl Decision {
+    /// Flush everything queued.
+    pub const fn all(reason: FlushReason) -> Decision {
+        Decision::Flush {
+            max_messages: usize::MAX,
+            max_bytes: usize::MAX,
+            reason,
+        }
+    }
+    /// Wait for the next message, with no timer.
+    pub const IDLE: Decision = Decision::Wait { until: None };
 }
 
 /// A bundling strategy.
@@ -59,6 +86,15 @@ pub trait Bundler: Send {
     fn needs_enqueue_time(&self) -> bool {
         false
     }
+    /// While the writer sleeps with messages queued, wake it when this many bytes are
+    /// queued (only a bundler with a timer sleeps with messages queued).
+    fn wake_bytes(&self) -> usize {
+        usize::MAX
+    }
+    /// Largest frame the outbox should build (0: one message per frame).
+    fn frame_bytes(&self, default: usize) -> usize {
+        default
+    }
     /// Decide what to do given the queue's level at `now`.
     fn poll(&mut self, level: QueueLevel, now: Instant) -> Decision;
 }
@@ -69,26 +105,80 @@ pub trait Bundler: Send {
 pub enum BundlerKind {
     /// One frame and one write per message: the unbundled baseline.
     None,
-    /// Write everything queued as one batch, repeat (no timer). The default.
+    /// Write everything queued for a peer as one batch, repeat (no timer). The default.
     #[default]
     Natural,
+    /// One queue per peer, drained up to `max_size` bytes per write (JGroups 5.5's default).
+    PerDestination,
+    /// One queue for all peers and one writer thread (JGRP-1540).
+    TransferQueue,
+    /// Wait for `max_size` bytes or `max_delay`, whichever comes first (Nagle, Kafka's
+    /// linger.ms, the Erlang relay's "K messages or T ms").
+    Linger,
 }
 
 impl BundlerKind {
-    pub const ALL: &'static [BundlerKind] = &[BundlerKind::None, BundlerKind::Natural];
+    pub const ALL: &'static [BundlerKind] = &[
+        BundlerKind::None,
+        BundlerKind::Natural,
+        BundlerKind::PerDestination,
+        BundlerKind::TransferQueue,
+        BundlerKind::Linger,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             BundlerKind::None => "none",
             BundlerKind::Natural => "natural",
+            BundlerKind::PerDestination => "per-destination",
+            BundlerKind::TransferQueue => "transfer-queue",
+            BundlerKind::Linger => "linger",
         }
     }
 
-    /// A fresh bundler of this kind.
-    pub fn build(self) -> Box<dyn Bundler> {
-        match self {
+    /// One queue and writer for all peers (true) or one per peer (false).
+    pub fn shared_queue(self) -> bool {
+        self == BundlerKind::TransferQueue
+    }
+}
+
+/// A bundler and its knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BundlerConfig {
+    pub kind: BundlerKind,
+    /// `per-destination`, `transfer-queue`: most bytes per flush; `linger`: bytes that
+    /// trigger a flush before the timer. Default 64 KiB.
+    pub max_size: usize,
+    /// `linger`: longest time a message waits for company. Default 1 ms.
+    pub max_delay: Duration,
+}
+
+impl Default for BundlerConfig {
+    fn default() -> Self {
+        BundlerConfig {
+            kind: BundlerKind::default(),
+            max_size: 64 << 10,
+            max_delay: Duration::from_millis(1),
+        }
+    }
+}
+
+impl BundlerConfig {
+    /// A fresh bundler.
+    pub fn build(&self) -> Box<dyn Bundler> {
+        match self.kind {
             BundlerKind::None => Box::new(NoBundling),
             BundlerKind::Natural => Box::new(Natural),
+            BundlerKind::PerDestination => Box::new(PerDestination {
+                max_size: self.max_size,
+            }),
+            BundlerKind::TransferQueue => Box::new(TransferQueue {
+                max_size: self.max_size,
+            }),
+            BundlerKind::Linger => Box::new(Linger {
+                max_size: self.max_size,
+                max_delay: self.max_delay,
+            }),
         }
     }
 }
@@ -114,16 +204,41 @@ impl std::str::FromStr for BundlerKind {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    pub fn level(messages: usize, bytes: usize, oldest: Option<Instant>) -> QueueLevel {
+        QueueLevel {
+            messages,
+            bytes,
+            oldest,
+        }
+    }
 
     #[test]
     fn kinds_parse_by_name() {
         for k in BundlerKind::ALL {
             assert_eq!(k.name().parse::<BundlerKind>().unwrap(), *k);
-            assert_eq!(k.build().name(), k.name());
+            let cfg = BundlerConfig {
+                kind: *k,
+                ..Default::default()
+            };
+            assert_eq!(cfg.build().name(), k.name());
         }
         let err = "nagle".parse::<BundlerKind>().unwrap_err();
-        assert!(err.contains("natural"), "{err}");
+        assert!(err.contains("transfer-queue"), "{err}");
+    }
+
+    #[test]
+    fn every_bundler_waits_without_a_timer_when_empty() {
+        let now = Instant::now();
+        for k in BundlerKind::ALL {
+            let mut b = BundlerConfig {
+                kind: *k,
+                ..Default::default()
+            }
+            .build();
+            assert_eq!(b.poll(level(0, 0, None), now), Decision::IDLE, "{k}");
+        }
     }
 }

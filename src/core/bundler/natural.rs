@@ -19,42 +19,26 @@ impl Bundler for Natural {
 
     fn poll(&mut self, level: QueueLevel, _now: Instant) -> Decision {
         if level.messages == 0 {
-            Decision::Wait { until: None }
+            Decision::IDLE
         } else {
-            Decision::Flush {
-                max_messages: usize::MAX,
-                reason: FlushReason::Drained,
-            }
+            Decision::all(FlushReason::Drained)
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::level;
     use super::*;
 
     #[test]
     fn flushes_everything_at_once_and_never_sets_a_timer() {
         let now = Instant::now();
         let mut b = Natural;
-        let empty = QueueLevel {
-            messages: 0,
-            bytes: 0,
-            oldest: None,
-        };
-        assert_eq!(b.poll(empty, now), Decision::Wait { until: None });
         for n in [1, 7, 100_000] {
-            let lvl = QueueLevel {
-                messages: n,
-                bytes: n * 100,
-                oldest: None,
-            };
             assert_eq!(
-                b.poll(lvl, now),
-                Decision::Flush {
-                    max_messages: usize::MAX,
-                    reason: FlushReason::Drained
-                }
+                b.poll(level(n, n * 100, None), now),
+                Decision::all(FlushReason::Drained)
             );
         }
     }

@@ -13,12 +13,18 @@ impl Bundler for NoBundling {
         "none"
     }
 
+    /// Every message is a frame of its own.
+    fn frame_bytes(&self, _default: usize) -> usize {
+        0
+    }
+
     fn poll(&mut self, level: QueueLevel, _now: Instant) -> Decision {
         if level.messages == 0 {
-            Decision::Wait { until: None }
+            Decision::IDLE
         } else {
             Decision::Flush {
                 max_messages: 1,
+                max_bytes: usize::MAX,
                 reason: FlushReason::Single,
             }
         }
@@ -27,29 +33,21 @@ impl Bundler for NoBundling {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::level;
     use super::*;
 
     #[test]
-    fn flushes_one_message_at_a_time() {
+    fn flushes_one_message_at_a_time_in_frames_of_one() {
         let now = Instant::now();
         let mut b = NoBundling;
-        let lvl = QueueLevel {
-            messages: 50,
-            bytes: 5000,
-            oldest: None,
-        };
+        assert_eq!(b.frame_bytes(65536), 0);
         assert_eq!(
-            b.poll(lvl, now),
+            b.poll(level(50, 5000, None), now),
             Decision::Flush {
                 max_messages: 1,
+                max_bytes: usize::MAX,
                 reason: FlushReason::Single
             }
         );
-        let empty = QueueLevel {
-            messages: 0,
-            bytes: 0,
-            oldest: None,
-        };
-        assert_eq!(b.poll(empty, now), Decision::Wait { until: None });
     }
 }
