@@ -38,9 +38,12 @@ enum Cmd {
         /// File holding the cluster secret.
         #[arg(long)]
         secret_file: PathBuf,
-        /// Bundler: none or natural.
+        /// Bundler: none, natural, per-destination, transfer-queue or linger.
         #[arg(long, default_value = "natural")]
         bundler: BundlerKind,
+        /// How transport threads idle, 1 (park at once) ..= 10 (busy-spin).
+        #[arg(long, default_value_t = 1)]
+        idle_cpu_level: u8,
         /// Print counters every this many seconds (0: never).
         #[arg(long, default_value_t = 10)]
         stats_every: u64,
@@ -69,8 +72,11 @@ struct BenchArgs {
     #[arg(value_enum)]
     scenario: Option<Scenario>,
     /// Bundlers to compare: comma-separated names, `raw` (the TCP ceiling), or `all`.
-    #[arg(long, default_value = "none,natural,raw")]
+    #[arg(long, default_value = "all")]
     bundler: String,
+    /// Idle levels (1..=10) to run each bundler with, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    idle_cpu_level: Vec<u8>,
     /// Message sizes in bytes, comma-separated (at least 8).
     #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
     size: Vec<usize>,
@@ -116,19 +122,20 @@ fn main() -> ExitCode {
             peers,
             secret_file,
             bundler,
+            idle_cpu_level,
             stats_every,
             run_for,
         } => {
             init_logs(LevelFilter::INFO);
-            run_node(
-                name,
-                listen,
-                peers,
-                secret_file,
-                bundler,
-                stats_every,
-                run_for,
-            )
+            let secret = NodeConfig::read_secret(&secret_file).map_err(|e| e.to_string());
+            secret.and_then(|secret| {
+                let mut cfg = NodeConfig::new(name, listen, secret)
+                    .bundler(bundler)
+                    .idle_cpu_level(idle_cpu_level)
+                    .mailbox("echo");
+                cfg.peers = peers;
+                run_node(cfg, stats_every, run_for)
+            })
         }
         Cmd::Bench(a) => {
             init_logs(LevelFilter::WARN);
@@ -152,20 +159,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_node(
-    name: String,
-    listen: SocketAddr,
-    peers: Vec<PeerSpec>,
-    secret_file: PathBuf,
-    bundler: BundlerKind,
-    stats_every: u64,
-    run_for: u64,
-) -> Result<(), String> {
-    let secret = NodeConfig::read_secret(&secret_file).map_err(|e| e.to_string())?;
-    let mut cfg = NodeConfig::new(name, listen, secret)
-        .bundler(bundler)
-        .mailbox("echo");
-    cfg.peers = peers;
+fn run_node(cfg: NodeConfig, stats_every: u64, run_for: u64) -> Result<(), String> {
     let node = Node::start(cfg).map_err(|e| e.to_string())?;
     let echo = node.mailbox("echo").map_err(|e| e.to_string())?;
     println!("node {} listening on {}", node.name(), node.local_addr());
@@ -200,6 +194,9 @@ fn run_node(
 
 fn run_bench(a: BenchArgs) -> Result<(), String> {
     let entries = throughput::Entry::parse_list(&a.bundler)?;
+    for l in &a.idle_cpu_level {
+        batchwire::core::idle::IdleStrategy::from_level(*l)?;
+    }
     if a.runs == 0 {
         return Err("--runs must be at least 1".into());
     }
@@ -214,6 +211,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                 let o = throughput::Options {
                     sizes: a.size.clone(),
                     entries: entries.clone(),
+                    idle_levels: a.idle_cpu_level.clone(),
                     messages: a.messages,
                     runs: a.runs,
                     base_port: a.base_port,

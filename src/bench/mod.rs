@@ -19,6 +19,8 @@ pub const SECRET_ENV: &str = "BATCHWIRE_BENCH_SECRET";
 pub struct BenchResult {
     pub scenario: String,
     pub bundler: String,
+    /// The idle level the nodes ran with (`None` for `raw`, which has no transport threads).
+    pub idle_cpu_level: Option<u8>,
     pub size: usize,
     pub messages: u64,
     /// The figure of each run, in `unit`.

@@ -61,6 +61,8 @@ impl Entry {
 pub struct Options {
     pub sizes: Vec<usize>,
     pub entries: Vec<Entry>,
+    /// Idle levels to run each bundler with (raw runs once).
+    pub idle_levels: Vec<u8>,
     /// Messages per run; `None` picks by size (and fewer for `none`, which is slow).
     pub messages: Option<u64>,
     pub runs: usize,
@@ -116,6 +118,8 @@ pub struct WorkerArgs {
     pub size: usize,
     #[arg(long, default_value = "natural")]
     pub bundler: BundlerKind,
+    #[arg(long, default_value_t = 1)]
+    pub idle_cpu_level: u8,
 }
 
 fn now_ns() -> u128 {
@@ -177,7 +181,8 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             let cfg = NodeConfig::new("n1", a.listen, secret)
                 .peer("n0", a.peer)
                 .mailbox("sink")
-                .bundler(a.bundler);
+                .bundler(a.bundler)
+                .idle_cpu_level(a.idle_cpu_level);
             let node = Node::start(cfg).map_err(|e| e.to_string())?;
             let mb = node.mailbox("sink").map_err(|e| e.to_string())?;
             let mut v = Verifier::new(a.messages);
@@ -212,7 +217,8 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         "send" => {
             let cfg = NodeConfig::new("n0", a.listen, secret)
                 .peer("n1", a.peer)
-                .bundler(a.bundler);
+                .bundler(a.bundler)
+                .idle_cpu_level(a.idle_cpu_level);
             let node = Node::start(cfg).map_err(|e| e.to_string())?;
             if !node.wait_for_peers(&["n1"], Duration::from_secs(30)) {
                 return Err("receiver did not come up within 30 s".into());
@@ -339,6 +345,7 @@ pub struct RunOutcome {
 /// Start the two worker processes for one run and collect the outcome.
 pub fn one_run(
     entry: Entry,
+    idle: u8,
     size: usize,
     messages: u64,
     base_port: u16,
@@ -364,6 +371,8 @@ pub fn one_run(
             &size.to_string(),
             "--bundler",
             bundler.name(),
+            "--idle-cpu-level",
+            &idle.to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
@@ -393,6 +402,14 @@ pub fn one_run(
 /// Run the scenario: for each size, `runs` rounds, each round every entry once (so drift on
 /// a shared machine hits every entry alike). Prints a table per size.
 pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
+    // Every (entry, idle level) pair; raw has no transport threads, so it runs once.
+    let mut combos: Vec<(Entry, Option<u8>)> = Vec::new();
+    for &e in &o.entries {
+        match e {
+            Entry::Raw => combos.push((e, None)),
+            Entry::Bundler(_) => combos.extend(o.idle_levels.iter().map(|l| (e, Some(*l)))),
+        }
+    }
     let mut results = Vec::new();
     for &size in &o.sizes {
         if size < 8 {
@@ -401,16 +418,16 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
             ));
         }
         let n = |e: Entry| o.messages.unwrap_or_else(|| default_messages(size, e));
-        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); o.entries.len()];
-        let mut faults = vec![(0u64, 0u64, 0u64); o.entries.len()];
-        let mut mpw = vec![0.0f64; o.entries.len()];
+        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); combos.len()];
+        let mut faults = vec![(0u64, 0u64, 0u64); combos.len()];
+        let mut mpw = vec![0.0f64; combos.len()];
         for run in 0..o.runs {
-            for (i, &e) in o.entries.iter().enumerate() {
-                let out = one_run(e, size, n(e), o.base_port)?;
+            for (i, &(e, idle)) in combos.iter().enumerate() {
+                let out = one_run(e, idle.unwrap_or(1), size, n(e), o.base_port)?;
                 if !o.quiet {
                     eprintln!(
-                        "  throughput {size} B {:<8} run {}/{}: {}msg/s",
-                        e.name(),
+                        "  throughput {size} B {:<20} run {}/{}: {}msg/s",
+                        label(e, idle, o.idle_levels.len() > 1),
                         run + 1,
                         o.runs,
                         si(out.rate)
@@ -423,11 +440,13 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
                 mpw[i] = out.messages_per_write;
             }
         }
-        for (i, &e) in o.entries.iter().enumerate() {
+        let first = results.len();
+        for (i, &(e, idle)) in combos.iter().enumerate() {
             let (median, min, max) = summarize(&rates[i]);
             results.push(BenchResult {
                 scenario: "throughput".into(),
                 bundler: e.name().into(),
+                idle_cpu_level: idle,
                 size,
                 messages: n(e),
                 runs: rates[i].clone(),
@@ -440,19 +459,27 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
                 reordered: faults[i].2,
             });
         }
-        print_table(&results[results.len() - o.entries.len()..], &mpw, o.runs);
+        print_table(&results[first..], &mpw, o.runs, o.idle_levels.len() > 1);
     }
     Ok(results)
 }
 
-fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize) {
+/// A row's name: the bundler, with its idle level when several are compared.
+fn label(e: Entry, idle: Option<u8>, show_idle: bool) -> String {
+    match idle {
+        Some(l) if show_idle => format!("{} (idle {l})", e.name()),
+        _ => e.name().to_string(),
+    }
+}
+
+fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool) {
     let Some(first) = rows.first() else { return };
     let raw = rows.iter().find(|r| r.bundler == "raw").map(|r| r.median);
     println!(
         "\nthroughput: {} B messages, one sender thread, 2 processes on loopback; msgs/s, median of {runs} alternating runs",
         first.size
     );
-    print!("{:<15} {:>9}", "bundler", "messages");
+    print!("{:<25} {:>9}", "bundler", "messages");
     for i in 0..runs {
         print!(" {:>9}", format!("run {}", i + 1));
     }
@@ -461,7 +488,11 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize) {
         "median", "min", "max", "MB/s", "% raw", "msgs/wr"
     );
     for (r, m) in rows.iter().zip(mpw) {
-        print!("{:<15} {:>9}", r.bundler, r.messages);
+        let name = match r.idle_cpu_level {
+            Some(l) if show_idle => format!("{} (idle {l})", r.bundler),
+            _ => r.bundler.clone(),
+        };
+        print!("{:<25} {:>9}", name, r.messages);
         if r.failed() {
             println!(
                 "  FAILED: lost {} duplicated {} reordered {}",

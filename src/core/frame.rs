@@ -430,8 +430,11 @@ impl Codec for MessageList {
         let count = r.u32("count")?;
         let body = r.take(r.remaining(), "messages")?;
         let mut pos = 0;
+        let mut prev = None;
         for _ in 0..count {
-            pos = check_message(&body, pos)?.end;
+            let s = check_message(&body, pos, prev.as_ref())?;
+            pos = s.end;
+            prev = Some(s);
         }
         if pos != body.len() {
             return Err(DecodeError::TrailingBytes(body.len() - pos));
@@ -449,21 +452,18 @@ pub struct MessageSpan {
     pub end: usize,
 }
 
-fn check_name(b: &[u8], pos: usize, what: &'static str) -> Result<(usize, usize), DecodeError> {
+fn name_span(b: &[u8], pos: usize, what: &'static str) -> Result<(usize, usize), DecodeError> {
     let len = *b.get(pos).ok_or(DecodeError::Truncated { what })? as usize;
-    let name = b
-        .get(pos + 1..pos + 1 + len)
-        .ok_or(DecodeError::Truncated { what })?;
-    if std::str::from_utf8(name).is_err() {
-        return Err(DecodeError::NotUtf8 { what });
+    if b.len() < pos + 1 + len {
+        return Err(DecodeError::Truncated { what });
     }
     Ok((pos + 1, pos + 1 + len))
 }
 
-/// Check the message at `pos` of a message-list body and say where its parts are.
-pub fn check_message(b: &[u8], pos: usize) -> Result<MessageSpan, DecodeError> {
-    let to = check_name(b, pos, "destination mailbox")?;
-    let from = check_name(b, to.1, "sending mailbox")?;
+/// Where the message at `pos` of a message-list body lies, checking lengths only.
+pub fn message_span(b: &[u8], pos: usize) -> Result<MessageSpan, DecodeError> {
+    let to = name_span(b, pos, "destination mailbox")?;
+    let from = name_span(b, to.1, "sending mailbox")?;
     let l = b.get(from.1..from.1 + 4).ok_or(DecodeError::Truncated {
         what: "payload length",
     })?;
@@ -479,6 +479,32 @@ pub fn check_message(b: &[u8], pos: usize) -> Result<MessageSpan, DecodeError> {
         payload: (start, end),
         end,
     })
+}
+
+/// Check the message at `pos` of a message-list body (lengths, and that both names are
+/// UTF-8) and say where its parts are. `prev` is the previous message's span: a name with
+/// the same bytes as the previous message's was already checked (the common case, one
+/// sender streaming to one mailbox) and is not checked again.
+pub fn check_message(
+    b: &[u8],
+    pos: usize,
+    prev: Option<&MessageSpan>,
+) -> Result<MessageSpan, DecodeError> {
+    let s = message_span(b, pos)?;
+    let same = |x: (usize, usize), y: Option<(usize, usize)>| {
+        y.is_some_and(|y| b[x.0..x.1] == b[y.0..y.1])
+    };
+    if !same(s.to, prev.map(|p| p.to)) && std::str::from_utf8(&b[s.to.0..s.to.1]).is_err() {
+        return Err(DecodeError::NotUtf8 {
+            what: "destination mailbox",
+        });
+    }
+    if !same(s.from, prev.map(|p| p.from)) && std::str::from_utf8(&b[s.from.0..s.from.1]).is_err() {
+        return Err(DecodeError::NotUtf8 {
+            what: "sending mailbox",
+        });
+    }
+    Ok(s)
 }
 
 impl MessageList {
@@ -503,7 +529,7 @@ impl MessageList {
                     }
                     left -= 1;
                     // Validated when the list was read.
-                    let s = check_message(b, pos).ok()?;
+                    let s = message_span(b, pos).ok()?;
                     pos = s.end;
                     s
                 }
@@ -512,7 +538,7 @@ impl MessageList {
             let start = first.to.0 - 1;
             let (mut end, mut n) = (first.end, 1u32);
             while left > 0 {
-                let s = check_message(b, pos).ok()?;
+                let s = message_span(b, pos).ok()?;
                 left -= 1;
                 pos = s.end;
                 if b[s.to.0..s.to.1] != *to {
@@ -531,7 +557,7 @@ impl MessageList {
 /// [`MessageList::runs`]): its sending mailbox and payload, as slices of `data`. `None` if
 /// `data` is empty or (never, for validated bytes) malformed.
 pub fn next_message(data: &mut Bytes) -> Option<(Name, Bytes, usize)> {
-    let s = check_message(data, 0).ok()?;
+    let s = message_span(data, 0).ok()?;
     let from = Name::from_validated(data.slice(s.from.0..s.from.1));
     let payload = data.slice(s.payload.0..s.payload.1);
     bytes::Buf::advance(data, s.end);
