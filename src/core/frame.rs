@@ -788,6 +788,7 @@ mod tests {
 #[cfg(test)]
 mod run_tests {
     use super::*;
+    use bytes::BytesMut;
 
     fn msg(to: &str, from: &str, p: &[u8]) -> Message {
         Message {
@@ -818,6 +819,18 @@ mod run_tests {
         let (from, payload, _) = next_message(&mut data).unwrap();
         assert_eq!((from.as_str(), &payload[..]), ("y", &b"2"[..]));
         assert!(next_message(&mut data).is_none());
+    }
+
+    #[test]
+    fn a_bad_name_after_a_good_one_is_still_caught() {
+        let list = MessageList::from_messages(&[msg("a", "x", b"1"), msg("bb", "x", b"2")]);
+        let mut v = Vec::new();
+        Frame::Messages(list).encode(&mut v);
+        // The second message's destination "bb" becomes invalid UTF-8.
+        let at = v.iter().rposition(|b| *b == b'b').unwrap();
+        v[at] = 0xff;
+        let err = decode(&mut BytesMut::from(&v[..]), 1 << 20).unwrap_err();
+        assert!(err.to_string().contains("UTF-8"), "{err}");
     }
 
     #[test]
