@@ -76,8 +76,25 @@ pub struct NodeConfig {
     pub reconnect_max: Duration,
     /// How long a handshake may take. Default 5 s.
     pub handshake_timeout: Duration,
-    /// How long `shutdown` waits for queued messages to be written. Default 5 s.
+    /// How long `shutdown` waits for queued messages to be written and acknowledged.
+    /// Default 5 s.
     pub shutdown_timeout: Duration,
+    /// Keep every message until the peer acknowledges it, and resend after a connection
+    /// break (exactly once, in order). `false` is the unsequenced baseline, kept to measure
+    /// what reliability costs: messages in flight when a connection breaks are lost.
+    /// Use the same value on every node. Default true.
+    pub reliable: bool,
+    /// Most unacknowledged bytes held per peer; past it the writer stops taking from its
+    /// queue, which fills, so `send` blocks. Default 16 MiB.
+    pub unacked_bytes: usize,
+    /// A receiver acknowledges after this many messages, or after `ack_delay`, whichever
+    /// comes first. Defaults 4096 and 5 ms.
+    pub ack_every: u64,
+    pub ack_delay: Duration,
+    /// An idle connection carries a heartbeat this often. Default 500 ms.
+    pub heartbeat_interval: Duration,
+    /// A peer silent (or unreachable) for longer than this is declared down. Default 3 s.
+    pub peer_timeout: Duration,
 }
 
 impl std::fmt::Debug for NodeConfig {
@@ -116,6 +133,12 @@ impl NodeConfig {
             reconnect_max: Duration::from_secs(2),
             handshake_timeout: Duration::from_secs(5),
             shutdown_timeout: Duration::from_secs(5),
+            reliable: true,
+            unacked_bytes: 16 << 20,
+            ack_every: 4096,
+            ack_delay: Duration::from_millis(5),
+            heartbeat_interval: Duration::from_millis(500),
+            peer_timeout: Duration::from_secs(3),
         }
     }
 
@@ -184,6 +207,17 @@ impl NodeConfig {
             }
         }
         crate::core::idle::IdleStrategy::from_level(self.idle_cpu_level).map_err(Error::Config)?;
+        if self.peer_timeout <= self.heartbeat_interval {
+            return Err(Error::Config(format!(
+                "peer_timeout ({:?}) must be longer than heartbeat_interval ({:?})",
+                self.peer_timeout, self.heartbeat_interval
+            )));
+        }
+        if self.unacked_bytes == 0 || self.ack_every == 0 {
+            return Err(Error::Config(
+                "unacked_bytes and ack_every must be above 0".into(),
+            ));
+        }
         if self.bundler.max_size == 0 {
             return Err(Error::Config("bundler max_size must be above 0".into()));
         }

@@ -13,9 +13,9 @@ pub enum Error {
     /// No such node in this node's peer list, and none has connected under that name.
     #[error("unknown node {0:?}")]
     UnknownNode(String),
-    /// The node is known but cannot be reached (reserved for failure detection).
-    #[error("node {0:?} is unreachable")]
-    Unreachable(String),
+    /// The failure detector declared the node down; sends fail fast until it is back.
+    #[error("node {0:?} is down")]
+    PeerDown(String),
     /// The payload is above the configured `max_payload`.
     #[error("payload of {len} bytes exceeds the limit of {max} bytes")]
     PayloadTooLarge { len: usize, max: usize },
@@ -80,4 +80,6 @@ pub enum LinkError {
     Eof,
     #[error("unexpected {0} frame after the handshake")]
     Unexpected(&'static str),
+    #[error("{0}")]
+    Sequence(#[from] crate::core::reliable::SeqError),
 }

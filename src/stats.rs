@@ -17,6 +17,8 @@ pub(crate) struct PeerCounters {
     pub frames_received: AtomicU64,
     pub undeliverable_reported: AtomicU64,
     pub connects: AtomicU64,
+    pub acked: AtomicU64,
+    pub resent: AtomicU64,
     /// Flushes by reason, indexed by `reason_index`.
     pub flushes: [AtomicU64; 4],
     /// Writes by messages per write: bucket i counts writes of 2^i ..= 2^(i+1)-1 messages.
@@ -56,6 +58,12 @@ pub struct PeerStats {
     pub undeliverable_reported: u64,
     /// Times a connection to this peer was established.
     pub connects: u64,
+    /// Messages the peer acknowledged.
+    pub acked: u64,
+    /// Messages written again on a new connection after a break.
+    pub resent: u64,
+    /// Bytes held for the peer until it acknowledges them.
+    pub unacked_bytes: u64,
     /// Flushes by reason: drained, size reached, timer, single.
     pub flushes_drained: u64,
     pub flushes_size: u64,
@@ -106,6 +114,8 @@ impl PeerCounters {
             frames_received: self.frames_received.load(Relaxed),
             undeliverable_reported: self.undeliverable_reported.load(Relaxed),
             connects: self.connects.load(Relaxed),
+            acked: self.acked.load(Relaxed),
+            resent: self.resent.load(Relaxed),
             flushes_drained: f(0),
             flushes_size: f(1),
             flushes_timer: f(2),

@@ -250,18 +250,61 @@ fn shutdown_flushes_queued_messages() {
     let mut nodes = start(mesh(&["a", "b"]));
     let inbox = nodes[1].mailbox("inbox").unwrap();
     let to = inbox.address();
+    let events = nodes[0].events();
     const N: u64 = 50_000;
+    std::thread::scope(|s| {
+        // b consumes while a shuts down: shutdown waits until b acknowledged everything.
+        let reader = s.spawn(|| {
+            for i in 0..N {
+                let e = inbox
+                    .recv_timeout(T)
+                    .expect("queued message lost at shutdown");
+                assert_eq!(seq(&e.payload), i);
+            }
+        });
+        for i in 0..N {
+            nodes[0].send(&to, payload(i, 100)).unwrap();
+        }
+        let a = nodes.remove(0);
+        a.shutdown();
+        reader.join().unwrap();
+    });
+    let failed = events
+        .try_iter()
+        .find(|e| matches!(e, Event::SendFailed { .. }));
+    assert!(failed.is_none(), "{failed:?}");
+}
+
+#[test]
+fn shutdown_hands_back_what_a_stalled_receiver_never_acknowledged() {
+    let mut cfgs = mesh(&["a", "b"]);
+    cfgs[0].shutdown_timeout = Duration::from_millis(500);
+    let mut nodes = start(cfgs);
+    let _inbox = nodes[1].mailbox("inbox").unwrap(); // never read: fills up at 4 MiB
+    let to = Address::new("b", "inbox").unwrap();
+    let events = nodes[0].events();
+    const N: u64 = 100_000;
     for i in 0..N {
         nodes[0].send(&to, payload(i, 100)).unwrap();
     }
-    let a = nodes.remove(0);
-    a.shutdown();
-    for i in 0..N {
-        let e = inbox
-            .recv_timeout(T)
-            .expect("queued message lost at shutdown");
-        assert_eq!(seq(&e.payload), i);
-    }
+    nodes.remove(0).shutdown();
+    let failed: u64 = events
+        .try_iter()
+        .filter_map(|e| match e {
+            Event::SendFailed {
+                count, messages, ..
+            } => {
+                assert_eq!(
+                    count as usize,
+                    messages.len(),
+                    "every failed message is handed back"
+                );
+                Some(count)
+            }
+            _ => None,
+        })
+        .sum();
+    assert!(failed > 0 && failed < N, "failed {failed}");
 }
 
 #[test]

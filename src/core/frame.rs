@@ -5,9 +5,12 @@
 //! HELLO   (1) = "BWIR" version:u16 incarnation:u64 nonce:[16] name
 //! AUTH    (2) = proof:[32]                HMAC-SHA256, see `handshake`
 //! REFUSE  (3) = code:u8 reason_len:u16 reason:utf8
-//! MESSAGES(4) = count:u32 { to:name from:name payload_len:u32 payload }*count
+//! MESSAGES(4) = count:u32 first_seq:u64 { to:name from:name payload_len:u32 payload }*count
 //! UNDELIV (5) = count:u32 to:name from:name
 //! GOODBYE (6) = (empty)                   orderly close: no more frames follow
+//! ACK     (7) = next:u64                  every message below `next` was received
+//! RESUME  (8) = next:u64 base:u64         first frame after the handshake: received below
+//!                                         `next`; the sender keeps nothing below `base`
 //! name    = len:u8 utf8
 //! ```
 //!
@@ -29,8 +32,10 @@ pub const MAGIC: [u8; 4] = *b"BWIR";
 pub const PROTOCOL_VERSION: u16 = 1;
 /// Bytes before the body: the length and the kind.
 pub const HEADER_LEN: usize = 5;
-/// Bytes a MESSAGES frame adds around its messages (header and count).
-pub const LIST_OVERHEAD: usize = HEADER_LEN + 4;
+/// Bytes a MESSAGES frame adds around its messages (header, count, first sequence number).
+pub const LIST_OVERHEAD: usize = HEADER_LEN + 4 + 8;
+/// Where a MESSAGES frame's first sequence number sits, from the frame's start.
+const SEQ_OFFSET: usize = HEADER_LEN + 4;
 /// Bytes each message adds around its names and payload (two name lengths, payload length).
 pub const MESSAGE_OVERHEAD: usize = 1 + 1 + 4;
 /// Longest reason text carried in a REFUSE frame.
@@ -42,6 +47,8 @@ const KIND_REFUSE: u8 = 3;
 const KIND_MESSAGES: u8 = 4;
 const KIND_UNDELIVERABLE: u8 = 5;
 const KIND_GOODBYE: u8 = 6;
+const KIND_ACK: u8 = 7;
+const KIND_RESUME: u8 = 8;
 
 /// Why a buffer does not hold a valid frame. Any of these closes the connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,6 +76,19 @@ pub enum Frame {
     Messages(MessageList),
     Undeliverable(Undeliverable),
     Goodbye,
+    /// Every message below this sequence number was received.
+    Ack(u64),
+    Resume(Resume),
+}
+
+/// The first frame after a handshake, each way: where the two sides' streams stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume {
+    /// The next sequence number the sender of this frame expects from its peer.
+    pub next: u64,
+    /// The oldest sequence number the sender of this frame still holds for its peer;
+    /// anything below it that the peer has not received was given up (reported failed).
+    pub base: u64,
 }
 
 impl Frame {
@@ -81,6 +101,8 @@ impl Frame {
             Frame::Messages(_) => "MESSAGES",
             Frame::Undeliverable(_) => "UNDELIVERABLE",
             Frame::Goodbye => "GOODBYE",
+            Frame::Ack(_) => "ACK",
+            Frame::Resume(_) => "RESUME",
         }
     }
 
@@ -91,12 +113,14 @@ impl Frame {
             Frame::Hello(h) => h.encode(out),
             Frame::Auth(a) => a.encode(out),
             Frame::Refuse(r) => r.encode(out),
-            Frame::Messages(m) => {
-                out.extend_from_slice(&m.count.to_le_bytes());
-                out.extend_from_slice(&m.body);
-            }
+            Frame::Messages(m) => m.encode(out),
             Frame::Undeliverable(u) => u.encode(out),
             Frame::Goodbye => {}
+            Frame::Ack(n) => out.extend_from_slice(&n.to_le_bytes()),
+            Frame::Resume(r) => {
+                out.extend_from_slice(&r.next.to_le_bytes());
+                out.extend_from_slice(&r.base.to_le_bytes());
+            }
         }
         finish(out, start);
     }
@@ -109,6 +133,8 @@ impl Frame {
             Frame::Messages(_) => KIND_MESSAGES,
             Frame::Undeliverable(_) => KIND_UNDELIVERABLE,
             Frame::Goodbye => KIND_GOODBYE,
+            Frame::Ack(_) => KIND_ACK,
+            Frame::Resume(_) => KIND_RESUME,
         }
     }
 
@@ -124,6 +150,16 @@ impl Frame {
                 Undeliverable::read(&mut r).map(Frame::Undeliverable),
             ),
             KIND_GOODBYE => ("GOODBYE", Ok(Frame::Goodbye)),
+            KIND_ACK => ("ACK", r.u64("next").map(Frame::Ack)),
+            KIND_RESUME => (
+                "RESUME",
+                r.u64("next").and_then(|next| {
+                    Ok(Frame::Resume(Resume {
+                        next,
+                        base: r.u64("base")?,
+                    }))
+                }),
+            ),
             other => return Err(FrameError::UnknownKind(other)),
         };
         let frame = res.and_then(|f| r.expect_empty().map(|_| f));
@@ -347,9 +383,10 @@ pub struct ListWriter {
 }
 
 impl ListWriter {
+    /// Start a frame; its first sequence number is 0 until [`set_first_seq`] patches it.
     pub fn start(out: &mut Vec<u8>) -> Self {
         let start = begin(out, KIND_MESSAGES);
-        out.extend_from_slice(&[0, 0, 0, 0]);
+        out.extend_from_slice(&[0; 12]);
         ListWriter { start, count: 0 }
     }
 
@@ -379,12 +416,19 @@ impl ListWriter {
     }
 }
 
+/// Set the first sequence number of the encoded MESSAGES frame that starts `frame`.
+pub fn set_first_seq(frame: &mut [u8], seq: u64) {
+    frame[SEQ_OFFSET..SEQ_OFFSET + 8].copy_from_slice(&seq.to_le_bytes());
+}
+
 /// A validated MESSAGES frame: the messages are still in the receive buffer and are handed
 /// out as slices of it by [`MessageList::iter`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MessageList {
     count: u32,
-    /// The messages, after the count.
+    /// Sequence number of the first message (per sending node and connection direction).
+    pub first_seq: u64,
+    /// The messages, after the count and sequence number.
     body: Bytes,
 }
 
@@ -399,7 +443,25 @@ impl MessageList {
         }
         MessageList {
             count,
+            first_seq: 0,
             body: body.into(),
+        }
+    }
+
+    /// The same list without its first `n` messages (already received before a resend).
+    pub fn skip(&self, n: u32) -> MessageList {
+        let n = n.min(self.count);
+        let mut pos = 0;
+        for _ in 0..n {
+            // Validated when the list was read.
+            pos = message_span(&self.body, pos)
+                .map(|s| s.end)
+                .unwrap_or(self.body.len());
+        }
+        MessageList {
+            count: self.count - n,
+            first_seq: self.first_seq + n as u64,
+            body: self.body.slice(pos..),
         }
     }
 
@@ -422,12 +484,14 @@ impl MessageList {
 impl Codec for MessageList {
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.count.to_le_bytes());
+        out.extend_from_slice(&self.first_seq.to_le_bytes());
         out.extend_from_slice(&self.body);
     }
     /// Checks every message (lengths and UTF-8 of names) so that iteration cannot fail.
     /// The check borrows the bytes: no reference counts are touched per message.
     fn read(r: &mut Reader) -> Result<Self, DecodeError> {
         let count = r.u32("count")?;
+        let first_seq = r.u64("first sequence number")?;
         let body = r.take(r.remaining(), "messages")?;
         let mut pos = 0;
         let mut prev = None;
@@ -439,7 +503,11 @@ impl Codec for MessageList {
         if pos != body.len() {
             return Err(DecodeError::TrailingBytes(body.len() - pos));
         }
-        Ok(MessageList { count, body })
+        Ok(MessageList {
+            count,
+            first_seq,
+            body,
+        })
     }
 }
 
@@ -636,6 +704,8 @@ mod tests {
                 from: n("me"),
             }),
             Frame::Goodbye,
+            Frame::Ack(77),
+            Frame::Resume(Resume { next: 5, base: 3 }),
         ]
     }
 
@@ -819,6 +889,35 @@ mod run_tests {
         let (from, payload, _) = next_message(&mut data).unwrap();
         assert_eq!((from.as_str(), &payload[..]), ("y", &b"2"[..]));
         assert!(next_message(&mut data).is_none());
+    }
+
+    #[test]
+    fn skip_drops_leading_messages_and_advances_the_sequence() {
+        let mut list = MessageList::from_messages(&[
+            msg("a", "x", b"1"),
+            msg("a", "x", b"2"),
+            msg("b", "y", b"3"),
+        ]);
+        list.first_seq = 10;
+        let rest = list.skip(2);
+        assert_eq!(rest.first_seq, 12);
+        let got: Vec<_> = rest.iter().map(|m| m.payload.to_vec()).collect();
+        assert_eq!(got, [b"3".to_vec()]);
+        assert!(list.skip(3).is_empty() && list.skip(9).is_empty());
+        let mut v = vec![0u8; 0];
+        let mut w = ListWriter::start(&mut v);
+        w.push(
+            &mut v,
+            &Name::from_static("a"),
+            &Name::from_static(""),
+            b"z",
+        );
+        w.finish(&mut v);
+        set_first_seq(&mut v, 99);
+        let Ok(Some(Frame::Messages(l))) = decode(&mut BytesMut::from(&v[..]), 1 << 20) else {
+            panic!()
+        };
+        assert_eq!(l.first_seq, 99);
     }
 
     #[test]

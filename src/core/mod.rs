@@ -7,3 +7,4 @@ pub mod frame;
 pub mod handshake;
 pub mod idle;
 pub mod outbox;
+pub mod reliable;

@@ -10,16 +10,13 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use tracing::{debug, info, warn};
 
-use crate::core::bundler::FlushReason;
 use crate::core::codec::Name;
-use crate::core::frame::{self, Frame, MessageList};
+use crate::core::frame::{self, Frame, MessageList, Resume};
 use crate::core::handshake::{Handshake, HandshakeConfig, HandshakeError, PeerInfo};
-use crate::core::outbox::{ALL, Batch, Run};
 use crate::error::LinkError;
+use crate::io::detector::{declare_down, fail_window};
 use crate::io::mailbox::MailboxQueue;
-use crate::io::node::{Address, Conn, Event, LaneMembers, Peer, Shared};
-use crate::io::queue::{Lane, Next};
-use crate::stats::reason_index;
+use crate::io::node::{Address, Conn, Event, Peer, PeerState, Shared};
 
 /// Handshake frames are small; anything bigger than this before authentication is refused.
 const HANDSHAKE_MAX_FRAME: usize = 4096;
@@ -113,8 +110,37 @@ pub(crate) fn run_connection(
         }
     };
 
-    // 2. Find the peer's state and make this its current connection; its writer picks it up.
+    // 2. Find the peer's state. A peer that restarted (a new incarnation) starts both
+    //    streams from 0; what we held for its old incarnation can never be delivered.
     let peer = shared.peer_or_insert(&info.name);
+    let restarted = {
+        let mut inc = peer.incarnation.lock().unwrap_or_else(|e| e.into_inner());
+        let r = inc.is_some_and(|i| i != info.incarnation);
+        *inc = Some(info.incarnation);
+        r
+    };
+    if restarted {
+        info!(node = %shared.name, peer = %info.name, "peer restarted (new incarnation)");
+        fail_window(
+            shared,
+            &peer,
+            true,
+            "the peer restarted (new incarnation) before acknowledging",
+        );
+        peer.recv.lock().unwrap_or_else(|e| e.into_inner()).reset();
+    }
+
+    // 3. RESUME each way: what each side received, and the oldest it still holds.
+    let leftover = match resume(shared, &peer, &mut stream, leftover) {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(node = %shared.name, peer = %info.name, %addr, error = %e, "connection lost while resuming");
+            return true;
+        }
+    };
+
+    // 4. Make this the peer's current connection; its writer picks it up and first writes
+    //    everything the peer has not acknowledged.
     let write_half = match stream.try_clone() {
         Ok(w) => w,
         Err(e) => {
@@ -123,21 +149,29 @@ pub(crate) fn run_connection(
         }
     };
     let conn = Arc::new(Conn::new(write_half));
+    peer.last_read.store(shared.now_ms(), Relaxed);
     peer.install(conn.clone());
     peer.stats.connects.fetch_add(1, Relaxed);
     info!(node = %shared.name, peer = %info.name, %addr, "connected");
-    shared.emit(Event::PeerUp {
+    if peer.set_state(PeerState::Up) != PeerState::Up {
+        shared.emit(Event::PeerUp {
+            peer: info.name.to_string(),
+            incarnation: info.incarnation,
+        });
+    }
+    shared.emit(Event::Connected {
         peer: info.name.to_string(),
         incarnation: info.incarnation,
         addr,
     });
 
-    // 3. Read frames until the connection ends one way or another.
-    let result = read_loop(shared, &peer, &info, &mut stream, leftover);
+    // 5. Read frames until the connection ends one way or another.
+    let result = read_loop(shared, &peer, &info, &conn, &mut stream, leftover);
 
-    // 4. Tear down: close both halves (the writer notices) and forget the connection.
+    // 6. Tear down: close both halves (the writer notices) and forget the connection.
     conn.close();
     peer.uninstall(&conn);
+    peer.disconnected_at.store(shared.now_ms(), Relaxed);
     let reason = match &result {
         Ok(()) => "peer shut down".to_string(),
         Err(e) => e.to_string(),
@@ -146,14 +180,70 @@ pub(crate) fn run_connection(
         debug!(node = %shared.name, peer = %info.name, reason, "connection closed during shutdown");
     } else if result.is_ok() {
         info!(node = %shared.name, peer = %info.name, "peer said goodbye");
+        // It will not acknowledge anything more: hand back what it did not.
+        declare_down(shared, &peer, "the peer shut down");
     } else {
-        warn!(node = %shared.name, peer = %info.name, %addr, reason, "connection lost");
+        warn!(node = %shared.name, peer = %info.name, %addr, reason, "connection lost; will resume");
     }
-    shared.emit(Event::PeerDown {
+    shared.emit(Event::Disconnected {
         peer: info.name.to_string(),
         reason,
     });
     true
+}
+
+/// Exchange RESUME frames on a fresh connection and set both windows from the peer's.
+/// Returns the bytes read past the peer's RESUME.
+fn resume(
+    shared: &Shared,
+    peer: &Peer,
+    stream: &mut TcpStream,
+    mut buf: BytesMut,
+) -> Result<BytesMut, LinkError> {
+    let ours = Resume {
+        next: peer.recv.lock().unwrap_or_else(|e| e.into_inner()).next(),
+        base: peer.send.lock().unwrap_or_else(|e| e.into_inner()).base(),
+    };
+    let mut out = Vec::new();
+    Frame::Resume(ours).encode(&mut out);
+    stream.write_all(&out)?;
+    let timeout = shared.config.handshake_timeout;
+    stream.set_read_timeout(Some(timeout))?;
+    let theirs = loop {
+        match frame::decode(&mut buf, HANDSHAKE_MAX_FRAME)? {
+            Some(Frame::Resume(r)) => break r,
+            Some(other) => return Err(LinkError::Unexpected(other.kind_name())),
+            None => match read_more(stream, &mut buf, 512) {
+                Ok(0) => return Err(LinkError::Eof),
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(LinkError::HandshakeTimeout(timeout));
+                }
+                Err(e) => return Err(e.into()),
+            },
+        }
+    };
+    stream.set_read_timeout(None)?;
+    {
+        let mut w = peer.send.lock().unwrap_or_else(|e| e.into_inner());
+        let before = w.messages();
+        let next = theirs.next.min(w.next_seq());
+        w.rewind(next);
+        let resent = w.messages();
+        if before > 0 {
+            peer.stats.resent.fetch_add(resent, Relaxed);
+        }
+    }
+    peer.recv
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .resume(theirs.base);
+    Ok(buf)
 }
 
 fn handshake_peer(e: &HandshakeError) -> Option<String> {
@@ -265,9 +355,12 @@ fn read_loop(
     shared: &Arc<Shared>,
     peer: &Arc<Peer>,
     info: &PeerInfo,
+    conn: &Conn,
     stream: &mut TcpStream,
     mut buf: BytesMut,
 ) -> Result<(), LinkError> {
+    let reliable = shared.config.reliable;
+    let ack_every = shared.config.ack_every;
     let max_frame = shared.config.max_frame();
     let read_bytes = shared.config.read_bytes;
     let mut d = Deliverer {
@@ -282,7 +375,45 @@ fn read_loop(
         while let Some(frame) = frame::decode(&mut buf, max_frame)? {
             peer.stats.frames_received.fetch_add(1, Relaxed);
             match frame {
-                Frame::Messages(list) => d.deliver(&list),
+                Frame::Messages(list) => {
+                    // A connection that was replaced delivers nothing more: its successor
+                    // resends from where the receive window stands.
+                    if conn.is_closed() {
+                        return Err(LinkError::Eof);
+                    }
+                    // Accept and deliver under the receive lock, so two readers of one
+                    // peer (a dying connection's and its successor's) never interleave.
+                    let mut rw = peer.recv.lock().unwrap_or_else(|e| e.into_inner());
+                    let skip = rw.accept(list.first_seq, list.len() as u32)?;
+                    if skip == 0 {
+                        d.deliver(&list);
+                    } else {
+                        d.deliver(&list.skip(skip));
+                    }
+                    let due = if reliable && rw.unacked() >= ack_every {
+                        rw.ack_due()
+                    } else {
+                        None
+                    };
+                    drop(rw);
+                    if let Some(n) = due {
+                        peer.lane.push_frame(peer.id, &Frame::Ack(n));
+                    }
+                }
+                Frame::Ack(next) => {
+                    let limit = shared.config.unacked_bytes;
+                    let mut w = peer.send.lock().unwrap_or_else(|e| e.into_inner());
+                    let (before, base) = (w.bytes(), w.base());
+                    w.ack(next);
+                    let (after, acked) = (w.bytes(), w.base() - base);
+                    drop(w);
+                    peer.stats.acked.fetch_add(acked, Relaxed);
+                    // Wake a writer that stopped taking because the window was full.
+                    if before >= limit && after < limit {
+                        peer.lane.poke();
+                    }
+                }
+                Frame::Resume(_) => return Err(LinkError::Unexpected("RESUME")),
                 Frame::Undeliverable(u) => {
                     peer.stats
                         .undeliverable_reported
@@ -316,6 +447,7 @@ fn read_loop(
         if n == 0 {
             return Err(LinkError::Eof);
         }
+        peer.last_read.store(shared.now_ms(), Relaxed);
         peer.stats.bytes_received.fetch_add(n as u64, Relaxed);
     }
 }
@@ -378,204 +510,6 @@ impl Deliverer<'_> {
                     self.undeliverable.push((to, from, 1));
                 }
             }
-        }
-    }
-}
-
-/// Bytes encoded for a peer that had no connection when they were taken from the lane.
-struct Held {
-    peer: Arc<Peer>,
-    bytes: Vec<u8>,
-    messages: u64,
-    frames: u64,
-}
-
-/// The writer of one lane: for the node's lifetime, take batches as the bundler decides
-/// and write each run of frames to its destination's current connection.
-pub(crate) fn run_writer(shared: &Arc<Shared>, lane: &Arc<Lane>, members: LaneMembers) {
-    let mut bundler = shared.config.bundler.build();
-    let mut batch = Batch::default();
-    let mut held: Vec<Held> = Vec::new();
-    loop {
-        // Read the epoch first: a connection installed after this moves it, and the wait
-        // below then returns at once.
-        let epoch = lane.epoch();
-        // 1. Write what was held for peers that are connected now, oldest first.
-        held.retain_mut(|h| !write_held(shared, h));
-        // 2. At shutdown, give up on absent peers once the timeout has passed.
-        if shared
-            .shutdown_deadline()
-            .is_some_and(|d| Instant::now() >= d)
-        {
-            for h in held.drain(..) {
-                report_failed(
-                    shared,
-                    &h.peer.name.to_string(),
-                    &h.peer,
-                    h.messages,
-                    "node shut down before the peer was reachable",
-                );
-            }
-            fail_queued(shared, lane, &mut batch);
-            goodbye(shared, members);
-            return;
-        }
-        // 3. Too much held for absent peers: take nothing more until a connection changes
-        //    (the lane fills up and its senders block: backpressure, not loss).
-        if held.iter().map(|h| h.bytes.len()).sum::<usize>() >= lane.capacity {
-            lane.wait_epoch(epoch, Duration::from_millis(50));
-            continue;
-        }
-        // 4. Wait for the bundler's go, then write the batch.
-        match lane.next_batch(bundler.as_mut(), epoch, &mut batch) {
-            Next::Reconnect => {}
-            Next::Drained => {
-                if held.is_empty() {
-                    goodbye(shared, members);
-                    return;
-                }
-                lane.wait_epoch(epoch, Duration::from_millis(20));
-            }
-            Next::Batch(reason) => {
-                for run in batch.runs() {
-                    let bytes = &batch.buf[run.range.clone()];
-                    if run.dest == ALL {
-                        for p in shared.all_peers() {
-                            write_run(shared, &p, bytes, &run, reason, &mut held);
-                        }
-                    } else if let Some(p) = shared.peer_by_id(run.dest) {
-                        write_run(shared, &p, bytes, &run, reason, &mut held);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Write one run to `peer` with one call, or hold it if the peer is not connected (or
-/// already has held data, which must go first).
-fn write_run(
-    shared: &Shared,
-    peer: &Arc<Peer>,
-    bytes: &[u8],
-    run: &Run,
-    reason: FlushReason,
-    held: &mut Vec<Held>,
-) {
-    if let Some(h) = held.iter_mut().find(|h| Arc::ptr_eq(&h.peer, peer)) {
-        h.bytes.extend_from_slice(bytes);
-        h.messages += run.messages;
-        h.frames += run.frames;
-        return;
-    }
-    let conn = peer.current().filter(|c| !c.is_closed());
-    let Some(conn) = conn else {
-        held.push(Held {
-            peer: peer.clone(),
-            bytes: bytes.to_vec(),
-            messages: run.messages,
-            frames: run.frames,
-        });
-        return;
-    };
-    if write_counted(shared, peer, &conn, bytes, run.messages, run.frames) {
-        let s = &peer.stats;
-        s.flushes[reason_index(reason)].fetch_add(1, Relaxed);
-    }
-}
-
-/// Try to write held bytes; true if they are gone (written, or reported failed).
-fn write_held(shared: &Shared, h: &mut Held) -> bool {
-    let Some(conn) = h.peer.current().filter(|c| !c.is_closed()) else {
-        return false;
-    };
-    write_counted(shared, &h.peer, &conn, &h.bytes, h.messages, h.frames);
-    true
-}
-
-/// One write call; counts it, or reports its messages failed and closes the connection.
-fn write_counted(
-    shared: &Shared,
-    peer: &Peer,
-    conn: &Conn,
-    bytes: &[u8],
-    messages: u64,
-    frames: u64,
-) -> bool {
-    match (&conn.stream).write_all(bytes) {
-        Ok(()) => {
-            let s = &peer.stats;
-            s.messages_sent.fetch_add(messages, Relaxed);
-            s.bytes_sent.fetch_add(bytes.len() as u64, Relaxed);
-            s.frames_sent.fetch_add(frames, Relaxed);
-            if messages > 0 {
-                s.record_write(messages);
-            }
-            true
-        }
-        Err(e) => {
-            if !conn.is_closed() {
-                warn!(node = %shared.name, peer = %peer.name, error = %e, messages, "write failed; connection closed");
-            }
-            conn.close();
-            report_failed(
-                shared,
-                &peer.name.to_string(),
-                peer,
-                messages,
-                &e.to_string(),
-            );
-            false
-        }
-    }
-}
-
-fn report_failed(shared: &Shared, name: &str, peer: &Peer, count: u64, reason: &str) {
-    if count == 0 {
-        return;
-    }
-    peer.stats.send_failed.fetch_add(count, Relaxed);
-    warn!(node = %shared.name, peer = name, messages = count, reason, "messages not sent");
-    shared.emit(Event::SendFailed {
-        peer: name.to_string(),
-        count,
-        reason: reason.to_string(),
-    });
-}
-
-/// At shutdown: report everything still queued in the lane as failed.
-fn fail_queued(shared: &Shared, lane: &Lane, batch: &mut Batch) {
-    lane.take_all(batch);
-    for run in batch.runs() {
-        let targets = if run.dest == ALL {
-            shared.all_peers()
-        } else {
-            shared.peer_by_id(run.dest).into_iter().collect()
-        };
-        for p in targets {
-            report_failed(
-                shared,
-                &p.name.to_string(),
-                &p,
-                run.messages,
-                "node shut down before the peer was reachable",
-            );
-        }
-    }
-}
-
-/// Tell the lane's connected peers that nothing more comes, and stop sending.
-fn goodbye(shared: &Shared, members: LaneMembers) {
-    let targets = match members {
-        LaneMembers::One(id) => shared.peer_by_id(id).into_iter().collect(),
-        LaneMembers::All => shared.all_peers(),
-    };
-    let mut out = Vec::new();
-    Frame::Goodbye.encode(&mut out);
-    for p in targets {
-        if let Some(c) = p.current() {
-            let _ = (&c.stream).write_all(&out);
-            let _ = c.stream.shutdown(std::net::Shutdown::Write);
         }
     }
 }

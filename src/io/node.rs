@@ -12,7 +12,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -25,6 +25,7 @@ use crate::config::NodeConfig;
 use crate::core::codec::Name;
 use crate::core::idle::IdleStrategy;
 use crate::core::outbox::{ALL, Dest};
+use crate::core::reliable::{RecvWindow, SendWindow};
 use crate::error::Error;
 use crate::io::connection;
 use crate::io::mailbox::{Envelope, Mailbox, MailboxQueue};
@@ -74,14 +75,20 @@ fn node_name(s: &str) -> Result<Name, Error> {
 /// Something that happened on a node; subscribe with [`Node::events`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// A connection to `peer` was established and authenticated.
-    PeerUp {
+    /// `peer` is up: connected for the first time, or again after being declared down.
+    PeerUp { peer: String, incarnation: u64 },
+    /// The failure detector declared `peer` down (silent for longer than `peer_timeout`,
+    /// or it said goodbye). Sends to it fail with `Error::PeerDown` until it is back; what
+    /// was pending for it is reported in a `SendFailed`.
+    PeerDown { peer: String, reason: String },
+    /// A connection to `peer` was established and authenticated (also after a break).
+    Connected {
         peer: String,
         incarnation: u64,
         addr: SocketAddr,
     },
-    /// The connection to `peer` closed. Queued messages wait for the next connection.
-    PeerDown { peer: String, reason: String },
+    /// A connection to `peer` closed. Unacknowledged messages are resent on the next one.
+    Disconnected { peer: String, reason: String },
     /// A handshake failed (wrong secret, wrong version, wrong node...). `peer` is the name
     /// the other side claimed, when it got that far.
     HandshakeFailed {
@@ -95,13 +102,36 @@ pub enum Event {
         from: String,
         count: u64,
     },
-    /// `count` messages to `peer` were taken for a write that failed when the connection
-    /// broke; they may or may not have arrived.
+    /// `count` messages to `peer` will never be delivered: the peer was declared down,
+    /// restarted (a new incarnation), or the node shut down first. They are handed back in
+    /// `messages`. None of them was delivered twice; some may have been delivered once
+    /// before the peer stopped acknowledging.
     SendFailed {
         peer: String,
         count: u64,
         reason: String,
+        messages: Vec<FailedMessage>,
     },
+}
+
+/// A message handed back by `Event::SendFailed`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedMessage {
+    pub to: Address,
+    /// The sending mailbox on this node ("" for `Node::send`).
+    pub from: String,
+    pub payload: Bytes,
+}
+
+/// Where a peer stands, for the failure detector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum PeerState {
+    /// Never connected yet: sends queue.
+    Connecting = 0,
+    Up = 1,
+    /// Declared down: sends fail fast.
+    Down = 2,
 }
 
 /// The connection currently serving a peer.
@@ -140,9 +170,39 @@ pub(crate) struct Peer {
     pub lane: Arc<Lane>,
     link: Mutex<Option<Arc<Conn>>>,
     pub stats: PeerCounters,
+    /// Our stream to the peer: sequence numbers and unacknowledged frames.
+    pub send: Mutex<SendWindow>,
+    /// The peer's stream to us. Held by a reader while it accepts and delivers a frame,
+    /// so two readers (a dying connection's and its successor's) never interleave.
+    pub recv: Mutex<RecvWindow>,
+    /// The peer's incarnation when last connected.
+    pub incarnation: Mutex<Option<u64>>,
+    state: AtomicU8,
+    /// Milliseconds since node start of the last bytes read from / written to the peer,
+    /// and of the last disconnect.
+    pub last_read: AtomicU64,
+    pub last_write: AtomicU64,
+    pub disconnected_at: AtomicU64,
 }
 
 impl Peer {
+    pub fn state(&self) -> PeerState {
+        match self.state.load(Ordering::Acquire) {
+            1 => PeerState::Up,
+            2 => PeerState::Down,
+            _ => PeerState::Connecting,
+        }
+    }
+
+    /// Set the state; returns the previous one.
+    pub fn set_state(&self, s: PeerState) -> PeerState {
+        match self.state.swap(s as u8, Ordering::AcqRel) {
+            1 => PeerState::Up,
+            2 => PeerState::Down,
+            _ => PeerState::Connecting,
+        }
+    }
+
     /// Make `conn` the current connection, closing any previous one.
     pub fn install(&self, conn: Arc<Conn>) {
         let old = self
@@ -196,9 +256,22 @@ pub(crate) struct Shared {
     undeliverable_logged: Mutex<HashSet<Name>>,
     pub undeliverable: AtomicU64,
     local_messages: AtomicU64,
+    /// The node's clock origin for the millisecond timestamps of the failure detector.
+    started: Instant,
+    /// Set once the writers are joined at shutdown: the ticker stops then.
+    ticker_stop: AtomicBool,
 }
 
 impl Shared {
+    pub fn ticker_should_stop(&self) -> bool {
+        self.ticker_stop.load(Ordering::Acquire)
+    }
+
+    /// Milliseconds since the node started.
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::Acquire)
     }
@@ -293,6 +366,13 @@ impl Shared {
             lane,
             link: Mutex::new(None),
             stats: PeerCounters::default(),
+            send: Mutex::new(SendWindow::default()),
+            recv: Mutex::new(RecvWindow::default()),
+            incarnation: Mutex::new(None),
+            state: AtomicU8::new(PeerState::Connecting as u8),
+            last_read: AtomicU64::new(0),
+            last_write: AtomicU64::new(0),
+            disconnected_at: AtomicU64::new(0),
         });
         by_id.push(p.clone());
         map.insert(name, p.clone());
@@ -308,7 +388,7 @@ impl Shared {
         };
         let h = std::thread::Builder::new()
             .name(name)
-            .spawn(move || connection::run_writer(&me, &l, members))
+            .spawn(move || crate::io::writer::run_writer(&me, &l, members))
             .expect("cannot spawn a thread");
         self.lanes
             .lock()
@@ -316,8 +396,11 @@ impl Shared {
             .push((lane, Some(h)));
     }
 
-    /// Close every lane (no new messages) and join its writer, which flushes it first.
+    /// Close every lane (no new messages) and join its writer, which flushes it first. A
+    /// writer stuck in a write to a peer that stopped reading is freed by closing the
+    /// connections once `shutdown_timeout` (and a grace second) has passed.
     fn join_writers(&self) {
+        let deadline = Instant::now() + self.config.shutdown_timeout + Duration::from_secs(1);
         loop {
             let lanes: Vec<_> = self
                 .lanes
@@ -331,6 +414,16 @@ impl Shared {
             }
             for (l, _) in &lanes {
                 l.close();
+            }
+            while lanes.iter().any(|(_, h)| !h.is_finished()) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if Instant::now() >= deadline {
+                for p in self.all_peers() {
+                    if let Some(c) = p.current() {
+                        c.close();
+                    }
+                }
             }
             for (_, h) in lanes {
                 let _ = h.join();
@@ -435,6 +528,9 @@ impl Shared {
             let Some(peer) = g.get(to.node.as_bytes()) else {
                 return Err(Error::UnknownNode(to.node.to_string()));
             };
+            if peer.state() == PeerState::Down {
+                return Err(Error::PeerDown(to.node.to_string()));
+            }
             match peer.lane.push(peer.id, &to.mailbox, from, &payload, false) {
                 Ok(()) => return Ok(()),
                 Err(PushError::Full) if block => peer.clone(),
@@ -634,6 +730,8 @@ impl Node {
             undeliverable_logged: Mutex::new(HashSet::new()),
             undeliverable: AtomicU64::new(0),
             local_messages: AtomicU64::new(0),
+            started: Instant::now(),
+            ticker_stop: AtomicBool::new(false),
             config,
         });
         if let Some(l) = &shared.shared_lane {
@@ -653,6 +751,9 @@ impl Node {
             }
         }
         info!(node = %shared.name, addr = %local_addr, bundler = %shared.config.bundler.kind, "node started");
+        shared.spawn(format!("bw-tick-{}", shared.name), move |s| {
+            crate::io::detector::run_ticker(&s)
+        });
         shared.spawn(format!("bw-accept-{}", shared.name), move |s| {
             connection::run_acceptor(&s, listener)
         });
@@ -777,6 +878,20 @@ impl Node {
         }
     }
 
+    /// Close every connection now, as a network failure would (for chaos testing: see
+    /// `batchwire bench throughput --break-every`). They reconnect and resume; nothing
+    /// accepted by `send` is lost or delivered twice. Returns how many were closed.
+    pub fn break_connections(&self) -> usize {
+        let mut n = 0;
+        for p in self.shared.all_peers() {
+            if let Some(c) = p.current() {
+                c.close();
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> NodeStats {
         let g = self.shared.peers.read().unwrap_or_else(|p| p.into_inner());
@@ -787,6 +902,7 @@ impl Node {
                 s.queue_high_water = p.lane.high_water.load(Ordering::Relaxed);
                 s.blocked_us = p.lane.blocked_ns.load(Ordering::Relaxed) / 1000;
                 s.queued = p.lane.messages() as u64;
+                s.unacked_bytes = p.send.lock().unwrap_or_else(|e| e.into_inner()).bytes() as u64;
                 s
             })
             .collect();
@@ -829,6 +945,7 @@ impl Node {
             }
         }
         s.join_writers();
+        s.ticker_stop.store(true, Ordering::Release);
         // 3. Give peers a moment to answer our goodbye by closing; then close the rest.
         let deadline = Instant::now() + Duration::from_millis(500);
         while Instant::now() < deadline && peers.iter().any(|p| p.current().is_some()) {

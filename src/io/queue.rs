@@ -280,11 +280,11 @@ mod tests {
     #[test]
     fn bounded_in_bytes_with_try_push_full() {
         let (l, _) = lane(BundlerKind::Natural, 40);
-        // 9 bytes of frame header, then 19 per message: admitted while below 40.
+        // 17 bytes of frame header, then 19 per message: admitted while below 40.
         push(&l, 1, false).unwrap();
         push(&l, 2, false).unwrap();
         assert_eq!(push(&l, 3, false), Err(PushError::Full));
-        assert_eq!(l.high_water.load(Ordering::Relaxed), 47);
+        assert_eq!(l.high_water.load(Ordering::Relaxed), 55);
     }
 
     #[test]

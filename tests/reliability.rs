@@ -1,0 +1,252 @@
+//! Reliable delivery: connections broken from inside and outside the process, peers that
+//! leave and come back, failure detection, and bounded memory against a peer that does not
+//! read. Every loop is bounded in count and time.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use batchwire::{Address, BundlerKind, Error, Event, Node, NodeConfig};
+use common::*;
+
+const T: Duration = Duration::from_secs(30);
+
+fn seq(p: &[u8]) -> u64 {
+    u64::from_le_bytes(p[..8].try_into().unwrap())
+}
+
+/// Stream `n` numbered messages a -> b/inbox while `chaos` runs every `every`; check that
+/// b gets each exactly once, in order. Returns a's stats for b.
+fn stream_through(
+    kind: BundlerKind,
+    n: u64,
+    every: Duration,
+    chaos: impl Fn(&Node, &Node) + Sync,
+) -> batchwire::PeerStats {
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.bundler(kind).mailbox("inbox"))
+        .collect();
+    let nodes = start(cfgs);
+    let inbox = nodes[1].mailbox("inbox").unwrap();
+    let to = Address::new("b", "inbox").unwrap();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..n {
+                nodes[0]
+                    .send(&to, [&i.to_le_bytes()[..], &[0u8; 92][..]].concat())
+                    .unwrap();
+            }
+        });
+        s.spawn(|| {
+            // At most 100 breaks, and never past the deadline.
+            let deadline = Instant::now() + T;
+            for _ in 0..100 {
+                if done.load(Ordering::Relaxed) || Instant::now() > deadline {
+                    break;
+                }
+                std::thread::sleep(every);
+                chaos(&nodes[0], &nodes[1]);
+            }
+        });
+        let mut batch = Vec::new();
+        let mut next = 0;
+        while next < n {
+            match inbox.recv_batch_into(&mut batch, 4096, T) {
+                Ok(_) => {
+                    for e in batch.drain(..) {
+                        assert_eq!(
+                            seq(&e.payload),
+                            next,
+                            "{kind}: lost, duplicated or reordered"
+                        );
+                        next += 1;
+                    }
+                }
+                Err(e) => panic!("{kind}: stream stalled at {next} of {n}: {e}"),
+            }
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    assert!(
+        inbox.recv_timeout(Duration::from_millis(100)).is_err(),
+        "a duplicate arrived after the stream"
+    );
+    let st = nodes[0].stats();
+    st.peers.into_iter().find(|p| p.peer == "b").unwrap()
+}
+
+#[test]
+fn connections_broken_from_inside_lose_duplicate_and_reorder_nothing() {
+    for kind in [
+        BundlerKind::Natural,
+        BundlerKind::TransferQueue,
+        BundlerKind::None,
+    ] {
+        let n = if kind == BundlerKind::None {
+            20_000
+        } else {
+            300_000
+        };
+        let st = stream_through(kind, n, Duration::from_millis(3), |a, _| {
+            a.break_connections();
+        });
+        assert!(
+            st.connects >= 3,
+            "{kind}: connections were not broken: {st:?}"
+        );
+        assert_eq!(st.send_failed, 0);
+    }
+}
+
+#[test]
+fn connections_killed_from_outside_with_ss_lose_nothing() {
+    // `ss -K` destroys sockets through the kernel's sock_diag; it needs iproute2 and a
+    // kernel with CONFIG_INET_DIAG_DESTROY (both on this project's machines).
+    let st = stream_through(
+        BundlerKind::Natural,
+        300_000,
+        Duration::from_millis(5),
+        |_, b| {
+            let port = b.local_addr().port();
+            let out = std::process::Command::new("ss")
+                .args(["-K", "dst", "127.0.0.1", "dport", "=", &format!(":{port}")])
+                .output()
+                .expect("the `ss` command (iproute2) is needed for this test");
+            assert!(
+                out.status.success(),
+                "ss -K failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        },
+    );
+    assert!(
+        st.connects >= 3,
+        "ss -K did not break the connection: {st:?}"
+    );
+    assert_eq!(st.send_failed, 0);
+}
+
+#[test]
+fn a_peer_that_leaves_is_declared_down_and_back_up_when_it_returns() {
+    let mut cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.mailbox("inbox"))
+        .collect();
+    for c in &mut cfgs {
+        c.peer_timeout = Duration::from_millis(600);
+        c.heartbeat_interval = Duration::from_millis(100);
+    }
+    let b_cfg = cfgs[1].clone();
+    let mut nodes = start(cfgs);
+    let events = nodes[0].events();
+    let to = Address::new("b", "inbox").unwrap();
+    nodes[0].send(&to, &b"before"[..]).unwrap();
+    assert_eq!(
+        &nodes[1]
+            .mailbox("inbox")
+            .unwrap()
+            .recv_timeout(T)
+            .unwrap()
+            .payload[..],
+        b"before"
+    );
+    // b leaves (cleanly): a declares it down at once and sends fail fast.
+    let b = nodes.pop().unwrap();
+    b.shutdown();
+    let ev = wait_event(&events, T, |e| matches!(e, Event::PeerDown { .. })).expect("no PeerDown");
+    assert!(
+        matches!(&ev, Event::PeerDown { peer, .. } if peer == "b"),
+        "{ev:?}"
+    );
+    assert!(matches!(nodes[0].send(&to, &b"x"[..]), Err(Error::PeerDown(p)) if p == "b"));
+    // b comes back (a new incarnation): up again, and messages flow.
+    let b = Node::start(b_cfg).unwrap();
+    let ev = wait_event(&events, T, |e| matches!(e, Event::PeerUp { .. })).expect("no PeerUp");
+    assert!(matches!(&ev, Event::PeerUp { peer, .. } if peer == "b"));
+    nodes[0].send(&to, &b"after"[..]).unwrap();
+    assert_eq!(
+        &b.mailbox("inbox").unwrap().recv_timeout(T).unwrap().payload[..],
+        b"after"
+    );
+}
+
+#[test]
+fn memory_stays_bounded_when_the_receiver_never_reads() {
+    fn rss_kib() -> u64 {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+    let mut cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.mailbox("never-read"))
+        .collect();
+    for c in &mut cfgs {
+        c.send_queue_bytes = 1 << 20;
+        c.mailbox_bytes = 1 << 20;
+        c.unacked_bytes = 2 << 20;
+    }
+    let nodes = start(cfgs);
+    let to = Address::new("b", "never-read").unwrap();
+    let before = rss_kib();
+    let payload = bytes::Bytes::from(vec![1u8; 10_000]);
+    let (mut accepted, mut full) = (0u64, 0u64);
+    // Offer 2 GB; stop after 50 consecutive Full answers or 20 s.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for _ in 0..200_000 {
+        match nodes[0].try_send(&to, payload.clone()) {
+            Ok(()) => {
+                accepted += 1;
+                full = 0;
+            }
+            Err(Error::Full { .. }) => {
+                full += 1;
+                if full >= 50 || Instant::now() > deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let grown_mib = rss_kib().saturating_sub(before) / 1024;
+    // Queue 1 MiB + window 2 MiB + mailbox 1 MiB + kernel socket buffers (not in RSS) +
+    // allocator slack: far below the 2 GB offered.
+    assert!(
+        full >= 50,
+        "the sender was never pushed back ({accepted} accepted)"
+    );
+    assert!(
+        accepted < 5_000,
+        "{accepted} messages of 10 kB accepted: not bounded"
+    );
+    assert!(grown_mib < 64, "resident memory grew by {grown_mib} MiB");
+}
+
+#[test]
+fn unsequenced_baseline_still_delivers_without_breaks() {
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|mut c: NodeConfig| {
+            c.reliable = false;
+            c.mailbox("inbox")
+        })
+        .collect();
+    let nodes = start(cfgs);
+    let inbox = nodes[1].mailbox("inbox").unwrap();
+    for i in 0..10_000u64 {
+        nodes[0]
+            .send(
+                &Address::new("b", "inbox").unwrap(),
+                i.to_le_bytes().to_vec(),
+            )
+            .unwrap();
+    }
+    for i in 0..10_000u64 {
+        assert_eq!(seq(&inbox.recv_timeout(T).unwrap().payload), i);
+    }
+    assert_eq!(nodes[0].stats().peers[0].unacked_bytes, 0);
+}
