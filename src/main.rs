@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use batchwire::bench::{self, throughput};
+use batchwire::bench::{
+    self, Common, Overrides, Remote, fanin, mperf, plot, roundtrip, rpc, throughput,
+};
 use batchwire::{BundlerKind, Node, NodeConfig, PeerSpec, RecvError};
 use clap::{Parser, Subcommand};
 use tracing::level_filters::LevelFilter;
@@ -64,42 +66,89 @@ enum Cmd {
 #[derive(Subcommand)]
 enum WorkerCmd {
     Throughput(throughput::WorkerArgs),
+    FanIn(fanin::WorkerArgs),
+    Mperf(mperf::WorkerArgs),
+    Rpc(rpc::WorkerArgs),
+    Roundtrip(roundtrip::WorkerArgs),
 }
 
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// Scenario to run (default: all of them, quick).
+    /// Scenario to run (default: a quick version of every scenario).
     #[arg(value_enum)]
     scenario: Option<Scenario>,
-    /// Bundlers to compare: comma-separated names, `raw` (the TCP ceiling), or `all`.
+    /// Bundlers to compare: comma-separated names, `raw` (throughput's TCP ceiling), or `all`.
     #[arg(long, default_value = "all")]
     bundler: String,
     /// Idle levels (1..=10) to run each bundler with, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     idle_cpu_level: Vec<u8>,
-    /// Message sizes in bytes, comma-separated (at least 8).
-    #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
-    size: Vec<usize>,
-    /// Messages per run (default: by size, about 300 MB or 1M messages; a fifth for none).
+    /// Message sizes in bytes, comma-separated (default per scenario: throughput and
+    /// roundtrip 100,1000,10000; fan-in 100; mperf 1000; rpc 100).
+    #[arg(long, value_delimiter = ',')]
+    size: Option<Vec<usize>>,
+    /// Nodes (mperf: 4, rpc: 4; the other scenarios run 2).
+    #[arg(long)]
+    nodes: Option<usize>,
+    /// Threads: fan-in's sender threads (1000), rpc's calling threads per node (16).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Messages per run: throughput per run (by size), fan-in in all (200,000), mperf per
+    /// node (100,000), rpc calls per node (20,000), roundtrip per batch (1000).
     #[arg(long)]
     messages: Option<u64>,
-    /// Runs per bundler; runs of different bundlers alternate.
-    #[arg(long, default_value_t = 5)]
-    runs: usize,
+    /// Runs per bundler; runs of different bundlers alternate (default 5; 3 when quick).
+    #[arg(long)]
+    runs: Option<usize>,
     /// Node i listens on base-port + i.
     #[arg(long, default_value_t = 27100)]
     base_port: u16,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// No per-run progress lines.
+    /// Also draw the results as an SVG chart here (.svg only).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Run against `batchwire node` processes already running (rpc and roundtrip only):
+    /// NAME=HOST:PORT, comma-separated. This process is the client node.
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<PeerSpec>,
+    /// With --peers: the file holding their cluster secret.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// No progress bar or per-run lines.
     #[arg(long)]
     quiet: bool,
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Scenario {
     Throughput,
+    FanIn,
+    Mperf,
+    Rpc,
+    Roundtrip,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Throughput => "throughput",
+            Scenario::FanIn => "fan-in",
+            Scenario::Mperf => "mperf",
+            Scenario::Rpc => "rpc",
+            Scenario::Roundtrip => "roundtrip",
+        }
+    }
+
+    /// The quick default order: the cheap, informative ones first.
+    const ALL: [Scenario; 5] = [
+        Scenario::Throughput,
+        Scenario::FanIn,
+        Scenario::Mperf,
+        Scenario::Rpc,
+        Scenario::Roundtrip,
+    ];
 }
 
 fn init_logs(default: LevelFilter) {
@@ -142,11 +191,18 @@ fn main() -> ExitCode {
             run_bench(a)
         }
         Cmd::BenchWorker { scenario } => {
-            init_logs(LevelFilter::WARN);
+            // Nodes coming and going is the normal course of a bench run: only errors show
+            // (BATCHWIRE_LOG=warn shows more); what arrived is verified anyway.
+            init_logs(LevelFilter::ERROR);
             let secret =
                 std::env::var(bench::SECRET_ENV).unwrap_or_else(|_| "batchwire-bench".into());
+            let secret = secret.as_bytes();
             match scenario {
-                WorkerCmd::Throughput(a) => throughput::worker(&a, secret.as_bytes()),
+                WorkerCmd::Throughput(a) => throughput::worker(&a, secret),
+                WorkerCmd::FanIn(a) => fanin::worker(&a, secret),
+                WorkerCmd::Mperf(a) => mperf::worker(&a, secret),
+                WorkerCmd::Rpc(a) => rpc::worker(&a, secret),
+                WorkerCmd::Roundtrip(a) => roundtrip::worker(&a, secret),
             }
         }
     };
@@ -193,38 +249,114 @@ fn run_node(cfg: NodeConfig, stats_every: u64, run_for: u64) -> Result<(), Strin
 }
 
 fn run_bench(a: BenchArgs) -> Result<(), String> {
+    let started = Instant::now();
     let entries = throughput::Entry::parse_list(&a.bundler)?;
     for l in &a.idle_cpu_level {
         batchwire::core::idle::IdleStrategy::from_level(*l)?;
     }
-    if a.runs == 0 {
+    if a.runs == Some(0) {
         return Err("--runs must be at least 1".into());
     }
-    let mut results = Vec::new();
-    let scenarios = match a.scenario {
-        Some(s) => vec![s],
-        None => vec![Scenario::Throughput],
+    if let Some(p) = &a.plot {
+        plot::check_path(p)?;
+    }
+    let quick = a.scenario.is_none();
+    let remote = match (a.peers.is_empty(), &a.secret_file) {
+        (true, None) => None,
+        (true, Some(_)) => return Err("--secret-file is for --peers".into()),
+        (false, None) => {
+            return Err("--peers needs --secret-file (the peers' cluster secret)".into());
+        }
+        (false, Some(f)) => Some(Remote {
+            peers: a.peers.clone(),
+            secret: NodeConfig::read_secret(f).map_err(|e| e.to_string())?,
+        }),
     };
+    let only_raw = entries.iter().all(|e| *e == throughput::Entry::Raw);
+    let scenarios: Vec<Scenario> = match a.scenario {
+        Some(s) => vec![s],
+        // With --peers only the scenarios that can use them.
+        None if remote.is_some() => vec![Scenario::Rpc, Scenario::Roundtrip],
+        // `raw` is throughput's ceiling; the other scenarios compare bundlers only.
+        None if only_raw => vec![Scenario::Throughput],
+        None => Scenario::ALL.to_vec(),
+    };
+    let common = Common {
+        bundlers: entries
+            .iter()
+            .filter_map(|e| match e {
+                throughput::Entry::Bundler(b) => Some(*b),
+                throughput::Entry::Raw => None,
+            })
+            .collect(),
+        idle_levels: a.idle_cpu_level.clone(),
+        runs: a.runs.unwrap_or(if quick { 3 } else { 5 }),
+        base_port: a.base_port,
+        quiet: a.quiet,
+        quick,
+        remote,
+    };
+    let over = Overrides {
+        sizes: a.size.clone(),
+        messages: a.messages,
+        nodes: a.nodes,
+        threads: a.threads,
+    };
+    let mut results = Vec::new();
     for s in scenarios {
-        match s {
+        let t0 = Instant::now();
+        // In the quick run of every scenario, --nodes and --threads go only where they
+        // apply; a named scenario refuses them if they do not.
+        let mut over = over.clone();
+        if quick {
+            if !matches!(s, Scenario::Mperf | Scenario::Rpc) {
+                over.nodes = None;
+            }
+            if !matches!(s, Scenario::FanIn | Scenario::Rpc) {
+                over.threads = None;
+            }
+        }
+        let res = match s {
             Scenario::Throughput => {
+                common.refuse_remote("throughput")?;
+                if over.nodes.is_some_and(|n| n != 2) || over.threads.is_some_and(|t| t != 1) {
+                    return Err("throughput runs one sender thread on one of 2 nodes; \
+                                --nodes and --threads apply to fan-in, mperf and rpc"
+                        .into());
+                }
                 let o = throughput::Options {
-                    sizes: a.size.clone(),
+                    sizes: a.size.clone().unwrap_or_else(|| vec![100, 1000, 10_000]),
                     entries: entries.clone(),
                     idle_levels: a.idle_cpu_level.clone(),
                     messages: a.messages,
-                    runs: a.runs,
+                    runs: common.runs,
                     base_port: a.base_port,
                     quiet: a.quiet,
+                    quick,
                 };
-                results.extend(throughput::run(&o)?);
+                throughput::run(&o)
             }
+            Scenario::FanIn => fanin::run(&common, &over),
+            Scenario::Mperf => mperf::run(&common, &over),
+            Scenario::Rpc => rpc::run(&common, &over),
+            Scenario::Roundtrip => roundtrip::run(&common, &over),
+        };
+        results.extend(res?);
+        if !a.quiet {
+            eprintln!("{} took {:.0} s", s.name(), t0.elapsed().as_secs_f64());
         }
     }
     if let Some(path) = &a.json {
         bench::write_json(path, &results)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         println!("\nwrote {}", path.display());
+    }
+    if let Some(path) = &a.plot {
+        plot::write_svg(path, &results)?;
+        println!("wrote {}", path.display());
+    }
+    if !a.quiet {
+        eprintln!("bench took {:.0} s", started.elapsed().as_secs_f64());
     }
     let failed: Vec<_> = results.iter().filter(|r| r.failed()).collect();
     if !failed.is_empty() {

@@ -138,64 +138,313 @@ fn missing_secret_file_is_a_clear_error() {
     );
 }
 
-#[test]
-fn bench_runs_every_entry_at_a_tiny_size_and_writes_json() {
-    let dir = temp_dir("bench");
+/// A base port with `n` consecutive free ports from it (node i listens on base + i).
+fn free_base(n: u16) -> u16 {
+    for _ in 0..100 {
+        let base = free_addrs(1)[0].port();
+        if base.checked_add(n).is_none() {
+            continue;
+        }
+        let all_free = (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free ports");
+}
+
+/// Run `batchwire bench ARGS --runs 1 --quiet --base-port P --json FILE` and return the
+/// parsed JSON report and stdout; panics (with the output) if the command fails.
+fn bench(tag: &str, ports: u16, args: &[&str]) -> (serde_json::Value, String) {
+    let dir = temp_dir(tag);
     let json = dir.join("out.json");
-    let port = free_addrs(1)[0].port();
+    let started = std::time::Instant::now();
     let out = Command::new(EXE)
-        .args([
-            "bench",
-            "throughput",
-            "--bundler",
-            "all",
-            "--size",
-            "100,1000",
-        ])
-        .args([
-            "--messages",
-            "3000",
-            "--runs",
-            "2",
-            "--quiet",
-            "--base-port",
-            &port.to_string(),
-        ])
-        .args(["--json", json.to_str().unwrap()])
+        .arg("bench")
+        .args(args)
+        .args(["--runs", "1", "--quiet", "--base-port"])
+        .arg(free_base(ports).to_string())
+        .arg("--json")
+        .arg(&json)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        stdout.contains("throughput: 100 B") && stdout.contains("natural"),
-        "{stdout}"
-    );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let rows = v.as_array().unwrap();
-    assert_eq!(rows.len(), 2 * (batchwire::BundlerKind::ALL.len() + 1));
-    for r in rows {
+    let _ = std::fs::remove_dir_all(dir);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "bench {args:?} took {:?}",
+        started.elapsed()
+    );
+    (v, stdout)
+}
+
+/// The report's envelope, and the keys every result has; returns the results.
+fn check_report(v: &serde_json::Value, scenario: &str) -> Vec<serde_json::Value> {
+    let m = &v["machine"];
+    assert!(m["cores"].as_u64().unwrap() >= 1, "{v}");
+    assert!(m["kernel"].is_string() && m["cpu"].is_string(), "{v}");
+    assert!(!v["commit"].as_str().unwrap().is_empty(), "{v}");
+    let rows = v["results"].as_array().unwrap().clone();
+    assert!(!rows.is_empty());
+    for r in &rows {
         for key in [
             "scenario",
             "bundler",
+            "idle_cpu_level",
             "size",
             "messages",
             "runs",
             "median",
+            "min",
+            "max",
             "unit",
             "lost",
             "duplicated",
             "reordered",
+            "nodes",
+            "threads",
+            "p50_us",
+            "p90_us",
+            "p99_us",
+            "p999_us",
         ] {
             assert!(r.get(key).is_some(), "missing {key} in {r}");
         }
-        assert_eq!(r["lost"], 0);
-        assert_eq!(r["runs"].as_array().unwrap().len(), 2);
-        assert!(r["median"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["scenario"], scenario, "{r}");
+        assert_eq!(
+            (&r["lost"], &r["duplicated"], &r["reordered"]),
+            (&0.into(), &0.into(), &0.into()),
+            "{r}"
+        );
+        assert_eq!(r["runs"].as_array().unwrap().len(), 1, "{r}");
+        assert!(r["median"].as_f64().unwrap() > 0.0, "{r}");
+        if scenario != "rpc" {
+            assert!(r["p50_us"].is_null(), "{r}");
+        }
     }
+    rows
+}
+
+#[test]
+fn bench_throughput_runs_every_entry_at_a_tiny_size_and_writes_json() {
+    let (v, stdout) = bench(
+        "bench-throughput",
+        2,
+        &[
+            "throughput",
+            "--bundler",
+            "all",
+            "--size",
+            "100,1000",
+            "--messages",
+            "3000",
+        ],
+    );
+    assert!(
+        stdout.contains("throughput: 100 B") && stdout.contains("natural"),
+        "{stdout}"
+    );
+    let rows = check_report(&v, "throughput");
+    assert_eq!(rows.len(), 2 * (batchwire::BundlerKind::ALL.len() + 1));
+    assert!(
+        rows.iter()
+            .any(|r| r["bundler"] == "raw" && r["idle_cpu_level"].is_null())
+    );
+    assert!(
+        rows.iter()
+            .all(|r| r["nodes"] == 2 && r["unit"] == "msgs/s")
+    );
+}
+
+#[test]
+fn bench_fan_in_runs_every_bundler_with_a_few_threads() {
+    let (v, stdout) = bench(
+        "bench-fanin",
+        2,
+        &["fan-in", "--messages", "2000", "--threads", "8"],
+    );
+    assert!(stdout.contains("from 8 threads"), "{stdout}");
+    let rows = check_report(&v, "fan-in");
+    assert_eq!(rows.len(), batchwire::BundlerKind::ALL.len());
+    for r in &rows {
+        assert_eq!(
+            (&r["threads"], &r["messages"], &r["size"]),
+            (&8.into(), &2000.into(), &100.into())
+        );
+    }
+}
+
+#[test]
+fn bench_mperf_runs_three_nodes() {
+    let (v, stdout) = bench(
+        "bench-mperf",
+        3,
+        &["mperf", "--nodes", "3", "--messages", "500", "--size", "64"],
+    );
+    assert!(stdout.contains("mperf: 3 nodes"), "{stdout}");
+    let rows = check_report(&v, "mperf");
+    assert_eq!(rows.len(), batchwire::BundlerKind::ALL.len());
+    assert!(
+        rows.iter()
+            .all(|r| r["nodes"] == 3 && r["unit"] == "msgs/s/node")
+    );
+}
+
+#[test]
+fn bench_rpc_reports_latency_beside_the_tcp_floor_and_plots_it() {
+    let dir = temp_dir("bench-rpc-plot");
+    let svg = dir.join("rpc.svg");
+    let (v, stdout) = bench(
+        "bench-rpc",
+        3,
+        &[
+            "rpc",
+            "--nodes",
+            "3",
+            "--threads",
+            "2",
+            "--messages",
+            "200",
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+    );
+    assert!(stdout.contains("tcp ping-pong (floor)"), "{stdout}");
+    let rows = check_report(&v, "rpc");
+    let n = batchwire::BundlerKind::ALL.len();
+    assert_eq!(rows.len(), 2 * n + 1);
+    for r in &rows {
+        for k in ["p50_us", "p90_us", "p99_us", "p999_us"] {
+            assert!(r[k].as_f64().unwrap() > 0.0, "{k} in {r}");
+        }
+        assert!(r["p50_us"].as_f64() <= r["p999_us"].as_f64(), "{r}");
+    }
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r["nodes"] == 3 && r["threads"] == 2)
+            .count(),
+        n
+    );
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r["nodes"] == 2 && r["threads"] == 1)
+            .count(),
+        n + 1
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r["bundler"] == "tcp-ping-pong" && r["idle_cpu_level"].is_null())
+    );
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("latency percentiles") && svg.contains("natural"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bench_roundtrip_reports_ms_per_batch_by_size() {
+    let (v, stdout) = bench(
+        "bench-roundtrip",
+        2,
+        &[
+            "roundtrip",
+            "--messages",
+            "20",
+            "--size",
+            "100,1000",
+            "--idle-cpu-level",
+            "1,2",
+        ],
+    );
+    assert!(stdout.contains("natural (idle 2)"), "{stdout}");
+    let rows = check_report(&v, "roundtrip");
+    assert_eq!(rows.len(), 2 * 2 * batchwire::BundlerKind::ALL.len());
+    for r in &rows {
+        assert_eq!(r["unit"], "ms/batch");
+        // 100 batches of 100 B, 50 of 1000 B (the post's plan), 20 messages each.
+        let want = if r["size"] == 100 { 2000 } else { 1000 };
+        assert_eq!(r["messages"], want, "{r}");
+    }
+}
+
+#[test]
+fn bench_refuses_what_it_cannot_do_before_running() {
+    let run = |args: &[&str]| {
+        let out = Command::new(EXE).arg("bench").args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let e = run(&["rpc", "--plot", "/tmp/batchwire-never.png"]);
+    assert!(e.contains("only .svg is supported"), "{e}");
+    let dir = temp_dir("bench-refuse");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "s").unwrap();
+    let e = run(&[
+        "mperf",
+        "--peers",
+        "a=127.0.0.1:9",
+        "--secret-file",
+        secret.to_str().unwrap(),
+    ]);
+    assert!(e.contains("mperf cannot run against --peers"), "{e}");
+    let e = run(&["rpc", "--peers", "a=127.0.0.1:9"]);
+    assert!(e.contains("--secret-file"), "{e}");
+    let e = run(&["fan-in", "--nodes", "3"]);
+    assert!(e.contains("--nodes 3 applies to mperf and rpc"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bench_rpc_and_roundtrip_run_against_running_nodes_with_peers() {
+    let dir = temp_dir("bench-peers");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "peer-secret\n").unwrap();
+    let addrs = free_addrs(2);
+    let spawn = |name: &str, me: std::net::SocketAddr, other: (&str, std::net::SocketAddr)| {
+        Proc(
+            Command::new(EXE)
+                .args(["node", "--name", name, "--listen", &me.to_string()])
+                .args(["--peer", &format!("{}={}", other.0, other.1)])
+                .args([
+                    "--secret-file",
+                    secret.to_str().unwrap(),
+                    "--stats-every",
+                    "0",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let _a = spawn("a", addrs[0], ("b", addrs[1]));
+    let _b = spawn("b", addrs[1], ("a", addrs[0]));
+    let peers = format!("a={},b={}", addrs[0], addrs[1]);
+    let common = [
+        "--peers",
+        peers.as_str(),
+        "--secret-file",
+        secret.to_str().unwrap(),
+        "--bundler",
+        "natural",
+    ];
+    let mut args = vec!["rpc", "--threads", "2", "--messages", "100"];
+    args.extend(common);
+    let (v, stdout) = bench("bench-peers-rpc", 1, &args);
+    assert!(stdout.contains("echo mailbox"), "{stdout}");
+    let rows = check_report(&v, "rpc");
+    assert_eq!(rows.len(), 2, "no TCP floor with --peers");
+    assert!(rows.iter().all(|r| r["nodes"] == 3));
+    let mut args = vec!["roundtrip", "--messages", "10", "--size", "100"];
+    args.extend(common);
+    let (v, _) = bench("bench-peers-roundtrip", 1, &args);
+    assert_eq!(check_report(&v, "roundtrip").len(), 1);
     let _ = std::fs::remove_dir_all(dir);
 }

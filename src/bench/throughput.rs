@@ -9,12 +9,15 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
-use super::{BenchResult, si, spawn_worker, summarize, worker_result};
+use super::{
+    BenchResult, CTL, Context, Ctl, Faults, Progress, Verifier, now_ns, print_result, si,
+    spawn_worker, u64_at, worker_result,
+};
 use crate::core::bundler::BundlerKind;
 use crate::core::codec::Name;
 use crate::core::frame::{self, Frame, ListWriter};
@@ -68,6 +71,8 @@ pub struct Options {
     pub runs: usize,
     pub base_port: u16,
     pub quiet: bool,
+    /// The quick version: a quarter of the default message counts.
+    pub quick: bool,
 }
 
 /// Default message count for a size: about 300 MB or one million messages, whichever is
@@ -122,55 +127,12 @@ pub struct WorkerArgs {
     pub idle_cpu_level: u8,
 }
 
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-}
-
-/// Tracks sequence numbers 0..n: distinct, duplicated, reordered.
-struct Verifier {
-    seen: Vec<u64>,
-    distinct: u64,
-    duplicated: u64,
-    reordered: u64,
-    next: u64,
-}
-
-impl Verifier {
-    fn new(n: u64) -> Self {
-        Verifier {
-            seen: vec![0; n.div_ceil(64) as usize],
-            distinct: 0,
-            duplicated: 0,
-            reordered: 0,
-            next: 0,
-        }
-    }
-
-    #[inline]
-    fn see(&mut self, payload: &[u8]) {
-        let Some(s) = payload.get(..8) else {
-            self.duplicated += 1; // malformed: count it as a fault
-            return;
-        };
-        let seq = u64::from_le_bytes(s.try_into().unwrap_or([0; 8]));
-        let (w, b) = ((seq / 64) as usize, seq % 64);
-        let Some(word) = self.seen.get_mut(w) else {
-            self.duplicated += 1;
-            return;
-        };
-        if *word & (1 << b) != 0 {
-            self.duplicated += 1;
-            return;
-        }
-        *word |= 1 << b;
-        self.distinct += 1;
-        if seq != self.next {
-            self.reordered += 1;
-        }
-        self.next = seq + 1;
+/// The sequence number at the start of a payload (a malformed one counts as a fault).
+#[inline]
+fn see(v: &mut Verifier, payload: &[u8]) {
+    match u64_at(payload, 0) {
+        Some(seq) => v.see(0, seq),
+        None => v.malformed(),
     }
 }
 
@@ -181,11 +143,13 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             let cfg = NodeConfig::new("n1", a.listen, secret)
                 .peer("n0", a.peer)
                 .mailbox("sink")
+                .mailbox(CTL)
                 .bundler(a.bundler)
                 .idle_cpu_level(a.idle_cpu_level);
-            let node = Node::start(cfg).map_err(|e| e.to_string())?;
-            let mb = node.mailbox("sink").map_err(|e| e.to_string())?;
-            let mut v = Verifier::new(a.messages);
+            let node = Node::start(cfg).ctx("starting node n1")?;
+            let ctl = Ctl::new(&node, 1, 2)?;
+            let mb = node.mailbox("sink").ctx("mailbox sink")?;
+            let mut v = Verifier::new(1, a.messages);
             let mut batch = Vec::with_capacity(8192);
             // Generous for the first message (the sender may start late), then 10 s idle.
             let mut wait = Duration::from_secs(60);
@@ -193,7 +157,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 match mb.recv_batch_into(&mut batch, 8192, wait) {
                     Ok(_) => {
                         for e in batch.drain(..) {
-                            v.see(&e.payload);
+                            see(&mut v, &e.payload);
                         }
                         wait = Duration::from_secs(10);
                     }
@@ -202,28 +166,30 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 }
             }
             let end_ns = now_ns();
-            report(
-                "RESULT",
-                &RecvReport {
-                    distinct: v.distinct,
-                    duplicated: v.duplicated,
-                    reordered: v.reordered,
-                    end_ns,
-                },
-            );
+            // Both sides shut down together, once both are done.
+            drop(mb);
+            ctl.finish(Duration::from_secs(60))?;
             node.shutdown();
+            print_result(&RecvReport {
+                distinct: v.distinct,
+                duplicated: v.duplicated,
+                reordered: v.reordered,
+                end_ns,
+            })?;
             Ok(())
         }
         "send" => {
             let cfg = NodeConfig::new("n0", a.listen, secret)
                 .peer("n1", a.peer)
+                .mailbox(CTL)
                 .bundler(a.bundler)
                 .idle_cpu_level(a.idle_cpu_level);
-            let node = Node::start(cfg).map_err(|e| e.to_string())?;
+            let node = Node::start(cfg).ctx("starting node n0")?;
+            let ctl = Ctl::new(&node, 0, 2)?;
             if !node.wait_for_peers(&["n1"], Duration::from_secs(30)) {
                 return Err("receiver did not come up within 30 s".into());
             }
-            let to = Address::new("n1", "sink").map_err(|e| e.to_string())?;
+            let to = Address::new("n1", "sink").ctx("address")?;
             let size = a.size.max(8);
             let mut chunk = BytesMut::new();
             let start_ns = now_ns();
@@ -235,8 +201,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 }
                 chunk.put_u64_le(i);
                 chunk.put_bytes(0, size - 8);
-                node.send(&to, chunk.split().freeze())
-                    .map_err(|e| e.to_string())?;
+                node.send(&to, chunk.split().freeze()).ctx("send")?;
             }
             let st = node.stats();
             let mpw = st
@@ -244,47 +209,42 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 .first()
                 .map(|p| p.messages_per_write())
                 .unwrap_or(0.0);
+            ctl.finish(Duration::from_secs(300))?;
             node.shutdown();
-            report(
-                "RESULT",
-                &SendReport {
-                    start_ns,
-                    messages_per_write: mpw,
-                },
-            );
+            print_result(&SendReport {
+                start_ns,
+                messages_per_write: mpw,
+            })?;
             Ok(())
         }
         "raw-recv" => {
-            let l = TcpListener::bind(a.listen).map_err(|e| e.to_string())?;
-            let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
-            let mut v = Verifier::new(a.messages);
+            let l = TcpListener::bind(a.listen).ctx(&format!("raw listen on {}", a.listen))?;
+            let (mut s, _) = l.accept().ctx("raw accept")?;
+            let mut v = Verifier::new(1, a.messages);
             let mut buf = BytesMut::with_capacity(1 << 17);
             while v.distinct < a.messages {
                 let len = buf.len();
                 buf.resize(len + (64 << 10), 0);
-                let n = s.read(&mut buf[len..]).map_err(|e| e.to_string())?;
+                let n = s.read(&mut buf[len..]).ctx("raw read")?;
                 buf.truncate(len + n);
                 if n == 0 {
                     break;
                 }
-                while let Some(f) = frame::decode(&mut buf, 1 << 26).map_err(|e| e.to_string())? {
+                while let Some(f) = frame::decode(&mut buf, 1 << 26).ctx("raw decode")? {
                     if let Frame::Messages(list) = f {
                         for m in list.iter() {
-                            v.see(&m.payload);
+                            see(&mut v, &m.payload);
                         }
                     }
                 }
             }
             let end_ns = now_ns();
-            report(
-                "RESULT",
-                &RecvReport {
-                    distinct: v.distinct,
-                    duplicated: v.duplicated,
-                    reordered: v.reordered,
-                    end_ns,
-                },
-            );
+            print_result(&RecvReport {
+                distinct: v.distinct,
+                duplicated: v.duplicated,
+                reordered: v.reordered,
+                end_ns,
+            })?;
             Ok(())
         }
         "raw-send" => {
@@ -313,23 +273,16 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             let _ = s.set_nodelay(true);
             let start_ns = now_ns();
             for c in out.chunks(64 << 10) {
-                s.write_all(c).map_err(|e| e.to_string())?;
+                s.write_all(c).ctx("raw write")?;
             }
-            report(
-                "RESULT",
-                &SendReport {
-                    start_ns,
-                    messages_per_write: 0.0,
-                },
-            );
+            print_result(&SendReport {
+                start_ns,
+                messages_per_write: 0.0,
+            })?;
             Ok(())
         }
         other => Err(format!("unknown worker role {other:?}")),
     }
-}
-
-fn report<T: Serialize>(tag: &str, v: &T) {
-    println!("{tag} {}", serde_json::to_string(v).unwrap_or_default());
 }
 
 /// One measured run.
@@ -378,13 +331,13 @@ pub fn one_run(
         .map(|s| s.to_string())
         .collect()
     };
-    let recv = spawn_worker(&args(rrole, &recv_addr, &send_addr)).map_err(|e| e.to_string())?;
-    let send = spawn_worker(&args(srole, &send_addr, &recv_addr)).map_err(|e| e.to_string())?;
+    let recv = spawn_worker(&args(rrole, &recv_addr, &send_addr)).ctx("starting the receiver")?;
+    let send = spawn_worker(&args(srole, &send_addr, &recv_addr)).ctx("starting the sender")?;
     let timeout = Duration::from_secs(300);
     let s = worker_result(send, "RESULT", timeout)?;
     let r = worker_result(recv, "RESULT", timeout)?;
-    let s: SendReport = serde_json::from_str(&s).map_err(|e| e.to_string())?;
-    let r: RecvReport = serde_json::from_str(&r).map_err(|e| e.to_string())?;
+    let s: SendReport = serde_json::from_str(&s).ctx("sender result")?;
+    let r: RecvReport = serde_json::from_str(&r).ctx("receiver result")?;
     let secs = (r.end_ns.saturating_sub(s.start_ns)) as f64 / 1e9;
     Ok(RunOutcome {
         rate: if secs > 0.0 {
@@ -410,56 +363,65 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
             Entry::Bundler(_) => combos.extend(o.idle_levels.iter().map(|l| (e, Some(*l)))),
         }
     }
-    let mut results = Vec::new();
     for &size in &o.sizes {
         if size < 8 {
             return Err(format!(
                 "size {size} is below 8 bytes (the sequence number)"
             ));
         }
-        let n = |e: Entry| o.messages.unwrap_or_else(|| default_messages(size, e));
+    }
+    let n = |size: usize, e: Entry| {
+        o.messages.unwrap_or_else(|| {
+            let d = default_messages(size, e);
+            if o.quick { (d / 4).max(1000) } else { d }
+        })
+    };
+    let progress = Progress::new(
+        (o.sizes.len() * o.runs * combos.len()) as u64,
+        "throughput",
+        o.quiet,
+    );
+    let show_idle = o.idle_levels.len() > 1;
+    let mut results = Vec::new();
+    for &size in &o.sizes {
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); combos.len()];
-        let mut faults = vec![(0u64, 0u64, 0u64); combos.len()];
+        let mut faults = vec![Faults::default(); combos.len()];
         let mut mpw = vec![0.0f64; combos.len()];
         for run in 0..o.runs {
             for (i, &(e, idle)) in combos.iter().enumerate() {
-                let out = one_run(e, idle.unwrap_or(1), size, n(e), o.base_port)?;
-                if !o.quiet {
-                    eprintln!(
-                        "  throughput {size} B {:<20} run {}/{}: {}msg/s",
-                        label(e, idle, o.idle_levels.len() > 1),
-                        run + 1,
-                        o.runs,
-                        si(out.rate)
-                    );
-                }
+                let what = format!(
+                    "throughput {size} B {:<20} run {}/{}",
+                    label(e, idle, show_idle),
+                    run + 1,
+                    o.runs
+                );
+                progress.running(what.clone());
+                let out = one_run(e, idle.unwrap_or(1), size, n(size, e), o.base_port)?;
+                progress.done(format!("  {what}: {}msg/s", si(out.rate)));
                 rates[i].push(out.rate);
-                faults[i].0 += out.lost;
-                faults[i].1 += out.duplicated;
-                faults[i].2 += out.reordered;
+                faults[i] += Faults {
+                    lost: out.lost,
+                    duplicated: out.duplicated,
+                    reordered: out.reordered,
+                };
                 mpw[i] = out.messages_per_write;
             }
         }
         let first = results.len();
         for (i, &(e, idle)) in combos.iter().enumerate() {
-            let (median, min, max) = summarize(&rates[i]);
-            results.push(BenchResult {
-                scenario: "throughput".into(),
-                bundler: e.name().into(),
-                idle_cpu_level: idle,
+            let mut r = BenchResult::new(
+                "throughput",
+                e.name(),
+                idle,
                 size,
-                messages: n(e),
-                runs: rates[i].clone(),
-                median,
-                min,
-                max,
-                unit: "msgs/s".into(),
-                lost: faults[i].0,
-                duplicated: faults[i].1,
-                reordered: faults[i].2,
-            });
+                rates[i].clone(),
+                "msgs/s",
+            )
+            .with_faults(faults[i]);
+            r.messages = n(size, e);
+            results.push(r);
         }
-        print_table(&results[first..], &mpw, o.runs, o.idle_levels.len() > 1);
+        print_table(&results[first..], &mpw, o.runs, show_idle);
     }
     Ok(results)
 }
@@ -488,11 +450,7 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool) 
         "median", "min", "max", "MB/s", "% raw", "msgs/wr"
     );
     for (r, m) in rows.iter().zip(mpw) {
-        let name = match r.idle_cpu_level {
-            Some(l) if show_idle => format!("{} (idle {l})", r.bundler),
-            _ => r.bundler.clone(),
-        };
-        print!("{:<25} {:>9}", name, r.messages);
+        print!("{:<25} {:>9}", r.label(show_idle), r.messages);
         if r.failed() {
             println!(
                 "  FAILED: lost {} duplicated {} reordered {}",
@@ -529,15 +487,16 @@ mod tests {
 
     #[test]
     fn verifier_counts_faults() {
-        let mut v = Verifier::new(4);
+        let mut v = Verifier::new(1, 4);
         for s in [0u64, 2, 2, 1, 3] {
-            v.see(&s.to_le_bytes());
+            see(&mut v, &s.to_le_bytes());
         }
-        assert_eq!((v.distinct, v.duplicated), (4, 1));
+        see(&mut v, b"short");
+        assert_eq!((v.distinct, v.duplicated), (4, 2));
         assert!(v.reordered >= 2);
-        let mut ok = Verifier::new(3);
+        let mut ok = Verifier::new(1, 3);
         for s in 0u64..3 {
-            ok.see(&s.to_le_bytes());
+            see(&mut ok, &s.to_le_bytes());
         }
         assert_eq!((ok.distinct, ok.duplicated, ok.reordered), (3, 0, 0));
     }
