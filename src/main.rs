@@ -116,6 +116,14 @@ struct BenchArgs {
     /// With --peers: the file holding their cluster secret.
     #[arg(long)]
     secret_file: Option<PathBuf>,
+    /// throughput: print sent / delivered / lost / duplicated / reordered for every run
+    /// (every run is verified either way; this shows the counts).
+    #[arg(long)]
+    verify: bool,
+    /// throughput: close the sending node's connections every this many milliseconds
+    /// while it streams (chaos; reliable delivery must lose and repeat nothing).
+    #[arg(long, default_value_t = 0)]
+    break_every: u64,
     /// No progress bar or per-run lines.
     #[arg(long)]
     quiet: bool,
@@ -286,7 +294,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
             .iter()
             .filter_map(|e| match e {
                 throughput::Entry::Bundler(b) => Some(*b),
-                throughput::Entry::Raw => None,
+                throughput::Entry::Unsequenced(_) | throughput::Entry::Raw => None,
             })
             .collect(),
         idle_levels: a.idle_cpu_level.clone(),
@@ -333,6 +341,10 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                     base_port: a.base_port,
                     quiet: a.quiet,
                     quick,
+                    chaos: throughput::Chaos {
+                        break_every_ms: a.break_every,
+                    },
+                    verify: a.verify,
                 };
                 throughput::run(&o)
             }

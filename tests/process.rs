@@ -448,3 +448,100 @@ fn bench_rpc_and_roundtrip_run_against_running_nodes_with_peers() {
     assert_eq!(check_report(&v, "roundtrip").len(), 1);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_killed_node_is_declared_down_in_time_and_every_pending_message_is_reported() {
+    use batchwire::Event;
+    let dir = temp_dir("sigkill");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let addrs = free_addrs(2);
+    let mut b = Proc(
+        Command::new(EXE)
+            .args(["node", "--name", "b", "--listen", &addrs[1].to_string()])
+            .args([
+                "--peer",
+                &format!("a={}", addrs[0]),
+                "--secret-file",
+                secret.to_str().unwrap(),
+            ])
+            .args(["--stats-every", "0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let timeout = Duration::from_millis(1000);
+    let mut cfg = NodeConfig::new("a", addrs[0], SECRET).peer("b", addrs[1]);
+    cfg.peer_timeout = timeout;
+    cfg.heartbeat_interval = Duration::from_millis(100);
+    let node = Node::start(cfg).unwrap();
+    let events = node.events();
+    assert!(node.wait_for_peers(&["b"], Duration::from_secs(20)));
+    let to = Address::new("b", "echo").unwrap();
+    let (accepted, killed_at) = std::thread::scope(|s| {
+        let sender = s.spawn(|| {
+            // Stream until sends fail fast (b declared down), at most 2M messages / 30 s.
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let mut accepted = 0u64;
+            for i in 0..2_000_000u64 {
+                match node.send(&to, [&i.to_le_bytes()[..], &[0u8; 92][..]].concat()) {
+                    Ok(()) => accepted += 1,
+                    Err(batchwire::Error::PeerDown(p)) => {
+                        assert_eq!(p, "b");
+                        break;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+                if std::time::Instant::now() > deadline {
+                    break;
+                }
+            }
+            accepted
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = b.0.kill(); // SIGKILL
+        let killed_at = std::time::Instant::now();
+        (sender.join().unwrap(), killed_at)
+    });
+    // Declared down within the timeout (plus slack for a loaded 2-core machine).
+    let mut down_after = None;
+    let mut failed = 0u64;
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < until {
+        match events.recv_timeout(Duration::from_millis(300)) {
+            Ok(Event::PeerDown { peer, .. }) if peer == "b" => {
+                down_after = Some(killed_at.elapsed())
+            }
+            Ok(Event::SendFailed {
+                peer,
+                count,
+                messages,
+                ..
+            }) if peer == "b" => {
+                assert_eq!(count as usize, messages.len());
+                failed += count;
+            }
+            Ok(_) => {}
+            Err(_) if down_after.is_some() => break,
+            Err(_) => {}
+        }
+    }
+    let down_after = down_after.expect("b was never declared down");
+    assert!(
+        down_after < timeout + Duration::from_millis(1500),
+        "declared down after {down_after:?}"
+    );
+    let st = node.stats();
+    let b_stats = st.peers.iter().find(|p| p.peer == "b").unwrap();
+    assert!(
+        failed > 0,
+        "nothing was pending when b died? accepted {accepted}"
+    );
+    assert_eq!(
+        b_stats.acked + failed,
+        accepted,
+        "every accepted message is either acknowledged or handed back: {b_stats:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

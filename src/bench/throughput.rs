@@ -27,14 +27,25 @@ use crate::{Address, Node, NodeConfig, RecvError};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
     Bundler(BundlerKind),
+    /// A bundler with reliable delivery off (`NAME/unsequenced`): no send window, no
+    /// acknowledgements; the in-run baseline for what sequencing costs.
+    Unsequenced(BundlerKind),
     Raw,
 }
 
 impl Entry {
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            Entry::Bundler(b) => b.name(),
-            Entry::Raw => "raw",
+            Entry::Bundler(b) => b.name().to_string(),
+            Entry::Unsequenced(b) => format!("{}/unsequenced", b.name()),
+            Entry::Raw => "raw".to_string(),
+        }
+    }
+
+    fn kind(self) -> BundlerKind {
+        match self {
+            Entry::Bundler(b) | Entry::Unsequenced(b) => b,
+            Entry::Raw => BundlerKind::Natural,
         }
     }
 
@@ -48,7 +59,10 @@ impl Entry {
                     v.push(Entry::Raw);
                 }
                 "raw" => v.push(Entry::Raw),
-                b => v.push(Entry::Bundler(b.parse()?)),
+                b => match b.strip_suffix("/unsequenced") {
+                    Some(b) => v.push(Entry::Unsequenced(b.parse()?)),
+                    None => v.push(Entry::Bundler(b.parse()?)),
+                },
             }
         }
         v.dedup();
@@ -73,6 +87,9 @@ pub struct Options {
     pub quiet: bool,
     /// The quick version: a quarter of the default message counts.
     pub quick: bool,
+    pub chaos: Chaos,
+    /// Print sent / delivered / lost / duplicated / reordered for every run.
+    pub verify: bool,
 }
 
 /// Default message count for a size: about 300 MB or one million messages, whichever is
@@ -82,7 +99,7 @@ pub fn default_messages(size: usize, entry: Entry) -> u64 {
         .min(300_000_000 / size.max(1) as u64)
         .max(1000);
     match entry {
-        Entry::Bundler(BundlerKind::None) => n / 5,
+        Entry::Bundler(BundlerKind::None) | Entry::Unsequenced(BundlerKind::None) => n / 5,
         _ => n,
     }
 }
@@ -104,6 +121,9 @@ pub struct SendReport {
     pub start_ns: u128,
     /// Mean messages per write on the sending side (0 for raw).
     pub messages_per_write: f64,
+    /// Connection breaks made by `--break-every`.
+    #[serde(default)]
+    pub breaks: u64,
 }
 
 /// Arguments of the worker processes.
@@ -125,6 +145,19 @@ pub struct WorkerArgs {
     pub bundler: BundlerKind,
     #[arg(long, default_value_t = 1)]
     pub idle_cpu_level: u8,
+    /// Sender: close the node's connections every this many ms while streaming (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub break_every: u64,
+    /// Run with reliable delivery off (the unsequenced baseline).
+    #[arg(long)]
+    pub unsequenced: bool,
+}
+
+/// Connection breaks during a run (`--break-every`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Chaos {
+    /// Close the sender's connections every this many milliseconds (0: never).
+    pub break_every_ms: u64,
 }
 
 /// The sequence number at the start of a payload (a malformed one counts as a fault).
@@ -140,12 +173,13 @@ fn see(v: &mut Verifier, payload: &[u8]) {
 pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     match a.role.as_str() {
         "recv" => {
-            let cfg = NodeConfig::new("n1", a.listen, secret)
+            let mut cfg = NodeConfig::new("n1", a.listen, secret)
                 .peer("n0", a.peer)
                 .mailbox("sink")
                 .mailbox(CTL)
                 .bundler(a.bundler)
                 .idle_cpu_level(a.idle_cpu_level);
+            cfg.reliable = !a.unsequenced;
             let node = Node::start(cfg).ctx("starting node n1")?;
             let ctl = Ctl::new(&node, 1, 2)?;
             let mb = node.mailbox("sink").ctx("mailbox sink")?;
@@ -179,11 +213,12 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             Ok(())
         }
         "send" => {
-            let cfg = NodeConfig::new("n0", a.listen, secret)
+            let mut cfg = NodeConfig::new("n0", a.listen, secret)
                 .peer("n1", a.peer)
                 .mailbox(CTL)
                 .bundler(a.bundler)
                 .idle_cpu_level(a.idle_cpu_level);
+            cfg.reliable = !a.unsequenced;
             let node = Node::start(cfg).ctx("starting node n0")?;
             let ctl = Ctl::new(&node, 0, 2)?;
             if !node.wait_for_peers(&["n1"], Duration::from_secs(30)) {
@@ -193,16 +228,48 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             let size = a.size.max(8);
             let mut chunk = BytesMut::new();
             let start_ns = now_ns();
-            for i in 0..a.messages {
-                // Payloads are cut from 1 MiB chunks, as a careful application would do:
-                // one allocation per ~10k small messages, none in batchwire.
-                if chunk.capacity() < size {
-                    chunk = BytesMut::with_capacity((1 << 20).max(size));
+            let sending = std::sync::atomic::AtomicBool::new(true);
+            let breaks = std::sync::atomic::AtomicU64::new(0);
+            std::thread::scope(|sc| -> Result<(), String> {
+                if a.break_every > 0 {
+                    // Chaos: close the connections from inside the process while streaming.
+                    sc.spawn(|| {
+                        while sending.load(std::sync::atomic::Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(a.break_every));
+                            if node.break_connections() > 0 {
+                                breaks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        }
+                    });
                 }
-                chunk.put_u64_le(i);
-                chunk.put_bytes(0, size - 8);
-                node.send(&to, chunk.split().freeze()).ctx("send")?;
-            }
+                let res = (|| -> Result<(), String> {
+                    for i in 0..a.messages {
+                        // Payloads are cut from 1 MiB chunks, as a careful application would do:
+                        // one allocation per ~10k small messages, none in batchwire.
+                        if chunk.capacity() < size {
+                            chunk = BytesMut::with_capacity((1 << 20).max(size));
+                        }
+                        chunk.put_u64_le(i);
+                        chunk.put_bytes(0, size - 8);
+                        node.send(&to, chunk.split().freeze()).ctx("send")?;
+                    }
+                    Ok(())
+                })();
+                // Keep breaking until everything is acknowledged, then stop the chaos thread.
+                let deadline = std::time::Instant::now() + Duration::from_secs(300);
+                while a.break_every > 0
+                    && node
+                        .stats()
+                        .peers
+                        .iter()
+                        .any(|p| p.unacked_bytes > 0 || p.queued > 0)
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                sending.store(false, std::sync::atomic::Ordering::Relaxed);
+                res
+            })?;
             let st = node.stats();
             let mpw = st
                 .peers
@@ -214,6 +281,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             print_result(&SendReport {
                 start_ns,
                 messages_per_write: mpw,
+                breaks: breaks.load(std::sync::atomic::Ordering::Relaxed),
             })?;
             Ok(())
         }
@@ -278,6 +346,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             print_result(&SendReport {
                 start_ns,
                 messages_per_write: 0.0,
+                breaks: 0,
             })?;
             Ok(())
         }
@@ -293,11 +362,13 @@ pub struct RunOutcome {
     pub duplicated: u64,
     pub reordered: u64,
     pub messages_per_write: f64,
+    pub breaks: u64,
 }
 
 /// Start the two worker processes for one run and collect the outcome.
 pub fn one_run(
     entry: Entry,
+    chaos: Chaos,
     idle: u8,
     size: usize,
     messages: u64,
@@ -305,10 +376,12 @@ pub fn one_run(
 ) -> Result<RunOutcome, String> {
     let send_addr = format!("127.0.0.1:{base_port}");
     let recv_addr = format!("127.0.0.1:{}", base_port + 1);
-    let (rrole, srole, bundler) = match entry {
-        Entry::Raw => ("raw-recv", "raw-send", BundlerKind::Natural),
-        Entry::Bundler(b) => ("recv", "send", b),
+    let (rrole, srole) = match entry {
+        Entry::Raw => ("raw-recv", "raw-send"),
+        Entry::Bundler(_) | Entry::Unsequenced(_) => ("recv", "send"),
     };
+    let bundler = entry.kind();
+    let unsequenced = matches!(entry, Entry::Unsequenced(_));
     let args = |role: &str, listen: &str, peer: &str| -> Vec<String> {
         [
             "throughput",
@@ -326,9 +399,12 @@ pub fn one_run(
             bundler.name(),
             "--idle-cpu-level",
             &idle.to_string(),
+            "--break-every",
+            &chaos.break_every_ms.to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
+        .chain(unsequenced.then(|| "--unsequenced".to_string()))
         .collect()
     };
     let recv = spawn_worker(&args(rrole, &recv_addr, &send_addr)).ctx("starting the receiver")?;
@@ -349,6 +425,7 @@ pub fn one_run(
         duplicated: r.duplicated,
         reordered: r.reordered,
         messages_per_write: s.messages_per_write,
+        breaks: s.breaks,
     })
 }
 
@@ -360,7 +437,9 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
     for &e in &o.entries {
         match e {
             Entry::Raw => combos.push((e, None)),
-            Entry::Bundler(_) => combos.extend(o.idle_levels.iter().map(|l| (e, Some(*l)))),
+            Entry::Bundler(_) | Entry::Unsequenced(_) => {
+                combos.extend(o.idle_levels.iter().map(|l| (e, Some(*l))))
+            }
         }
     }
     for &size in &o.sizes {
@@ -396,7 +475,20 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
                     o.runs
                 );
                 progress.running(what.clone());
-                let out = one_run(e, idle.unwrap_or(1), size, n(size, e), o.base_port)?;
+                let out = one_run(e, o.chaos, idle.unwrap_or(1), size, n(size, e), o.base_port)?;
+                if o.verify {
+                    let sent = n(size, e);
+                    println!(
+                        "verify {size} B {} run {}: sent {sent} delivered {} lost {} duplicated {} reordered {} (connection breaks {})",
+                        e.name(),
+                        run + 1,
+                        sent - out.lost,
+                        out.lost,
+                        out.duplicated,
+                        out.reordered,
+                        out.breaks
+                    );
+                }
                 progress.done(format!("  {what}: {}msg/s", si(out.rate)));
                 rates[i].push(out.rate);
                 faults[i] += Faults {
@@ -411,7 +503,7 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
         for (i, &(e, idle)) in combos.iter().enumerate() {
             let mut r = BenchResult::new(
                 "throughput",
-                e.name(),
+                &e.name(),
                 idle,
                 size,
                 rates[i].clone(),

@@ -4,6 +4,7 @@
 pub mod bundler;
 pub mod codec;
 pub mod frame;
+pub mod fuzz;
 pub mod handshake;
 pub mod idle;
 pub mod outbox;

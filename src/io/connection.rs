@@ -24,8 +24,9 @@ const HANDSHAKE_MAX_FRAME: usize = 4096;
 /// Accept connections until the node shuts down; each gets a thread of its own.
 pub(crate) fn run_acceptor(shared: &Arc<Shared>, listener: TcpListener) {
     for stream in listener.incoming() {
-        // `shutdown` wakes us with a connection of its own; the flag says to stop.
-        if shared.is_shutting_down() {
+        // `shutdown` wakes us with a connection of its own once its writers are done; the
+        // flag says to stop. (Until then peers may reconnect, so queues can still flush.)
+        if shared.ticker_should_stop() {
             break;
         }
         match stream {
@@ -52,7 +53,7 @@ pub(crate) fn run_dialer(shared: &Arc<Shared>, peer: &Arc<Peer>, addr: SocketAdd
     let cfg = &shared.config;
     let mut backoff = cfg.reconnect_min;
     let mut failures = 0u32;
-    while !shared.is_shutting_down() {
+    while !shared.ticker_should_stop() {
         match TcpStream::connect_timeout(&addr, cfg.handshake_timeout) {
             Ok(s) => {
                 // A completed handshake resets the back-off.

@@ -263,6 +263,8 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// True once the writers have finished at shutdown: the ticker, the dialers and the
+    /// acceptor stop then (until then a broken connection may come back to flush).
     pub fn ticker_should_stop(&self) -> bool {
         self.ticker_stop.load(Ordering::Acquire)
     }
@@ -929,15 +931,7 @@ impl Node {
         }
         info!(node = %s.name, "shutting down");
         *s.shutdown_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-        // 1. Stop dialling and accepting: wake sleeping dialers and the acceptor.
-        *s.stop.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        s.stop_cv.notify_all();
-        let mut wake = s.local_addr;
-        if wake.ip().is_unspecified() {
-            wake.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-        }
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
-        // 2. Let each writer flush its lane and say goodbye; bound blocked writes in time.
+        // 1. Let each writer flush its lane and say goodbye; bound blocked writes in time.
         let peers = s.all_peers();
         for p in &peers {
             if let Some(c) = p.current() {
@@ -945,8 +939,18 @@ impl Node {
             }
         }
         s.join_writers();
+        // 3. Only now stop dialling and accepting (a connection that broke during the flush
+        //    had to be able to come back), and the ticker: wake sleeping dialers and the
+        //    acceptor.
         s.ticker_stop.store(true, Ordering::Release);
-        // 3. Give peers a moment to answer our goodbye by closing; then close the rest.
+        *s.stop.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        s.stop_cv.notify_all();
+        let mut wake = s.local_addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
+        // 4. Give peers a moment to answer our goodbye by closing; then close the rest.
         let deadline = Instant::now() + Duration::from_millis(500);
         while Instant::now() < deadline && peers.iter().any(|p| p.current().is_some()) {
             std::thread::sleep(Duration::from_millis(2));
@@ -964,7 +968,7 @@ impl Node {
                 c.close();
             }
         }
-        // 4. Join everything (threads may still be registering; loop until none are left).
+        // 5. Join everything (threads may still be registering; loop until none are left).
         loop {
             let hs: Vec<_> =
                 std::mem::take(&mut *s.threads.lock().unwrap_or_else(|p| p.into_inner()));

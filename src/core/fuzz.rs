@@ -1,0 +1,55 @@
+//! Entry points for fuzzing (see `fuzz/`), also run over a corpus by `tests/fuzz_corpus.rs`
+//! so every `cargo test` covers them. They feed arbitrary bytes to the code that reads what
+//! a peer sends; the only failure is a panic (or, under a fuzzer, a hang or huge allocation).
+
+use bytes::BytesMut;
+
+use super::codec::Name;
+use super::frame::{self, Frame};
+use super::handshake::{Handshake, HandshakeConfig};
+use super::reliable::RecvWindow;
+
+/// The limit the targets decode with: small, so a fuzzer finds the limit checks.
+const MAX_FRAME: usize = 64 << 10;
+
+/// Decode frames from `data` as a connection reader would, walking every message list the
+/// way the reader and the receiving mailbox do.
+pub fn frames(data: &[u8]) {
+    let mut buf = BytesMut::from(data);
+    let mut rw = RecvWindow::default();
+    // Each iteration consumes at least one frame header, so this ends.
+    while let Ok(Some(f)) = frame::decode(&mut buf, MAX_FRAME) {
+        if let Frame::Messages(list) = f {
+            let skip = rw.accept(list.first_seq, list.len() as u32).unwrap_or(0);
+            let list = list.skip(skip);
+            for (to, range, n) in list.runs() {
+                assert!(!to.is_empty() || n > 0);
+                let mut data = list.body().slice(range);
+                while frame::next_message(&mut data).is_some() {}
+            }
+            for m in list.iter() {
+                let _ = (m.to.as_str(), m.from.as_str(), m.payload.len());
+            }
+        }
+    }
+}
+
+/// Feed the frames in `data` to a handshake in progress, as an unauthenticated peer could.
+pub fn handshake(data: &[u8]) {
+    let cfg = HandshakeConfig {
+        name: Name::from_static("fuzzed"),
+        incarnation: 1,
+        secret: std::sync::Arc::from(&b"secret"[..]),
+        expect_peer: None,
+    };
+    let mut hs = Handshake::new(cfg, [7; 16]);
+    while hs.poll_transmit().is_some() {}
+    let mut buf = BytesMut::from(data);
+    while let Ok(Some(f)) = frame::decode(&mut buf, 4096) {
+        let done = hs.handle(f);
+        while hs.poll_transmit().is_some() {}
+        if done.is_err() || hs.is_done() {
+            break;
+        }
+    }
+}
