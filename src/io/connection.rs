@@ -214,19 +214,7 @@ fn resume(
         match frame::decode(&mut buf, HANDSHAKE_MAX_FRAME)? {
             Some(Frame::Resume(r)) => break r,
             Some(other) => return Err(LinkError::Unexpected(other.kind_name())),
-            None => match read_more(stream, &mut buf, 512) {
-                Ok(0) => return Err(LinkError::Eof),
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(LinkError::HandshakeTimeout(timeout));
-                }
-                Err(e) => return Err(e.into()),
-            },
+            None => read_small(stream, &mut buf, timeout)?,
         }
     };
     stream.set_read_timeout(None)?;
@@ -317,19 +305,7 @@ fn handshake(
             if Instant::now() >= deadline {
                 return Err(LinkError::HandshakeTimeout(timeout));
             }
-            match read_more(stream, &mut buf, 512) {
-                Ok(0) => return Err(LinkError::Eof),
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(LinkError::HandshakeTimeout(timeout));
-                }
-                Err(e) => return Err(e.into()),
-            }
+            read_small(stream, &mut buf, timeout)?;
         };
         // Feed it to the machine; on failure send its REFUSE (best effort) and give up.
         if let Err(e) = hs.handle(frame) {
@@ -339,6 +315,28 @@ fn handshake(
             let _ = stream.write_all(&out);
             return Err(e.into());
         }
+    }
+}
+
+/// One small read while the connection is being set up (the socket has a read timeout):
+/// end of stream and a timeout are errors.
+fn read_small(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    timeout: Duration,
+) -> Result<(), LinkError> {
+    match read_more(stream, buf, 512) {
+        Ok(0) => Err(LinkError::Eof),
+        Ok(_) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(LinkError::HandshakeTimeout(timeout))
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -77,6 +77,25 @@ impl Decision {
     pub const IDLE: Decision = Decision::Wait { until: None };
 }
 
+/// Flush up to `max_size` bytes whenever anything is queued (never wait with messages
+/// queued); the reason says whether the size limit was reached. Shared by
+/// `per-destination` and `transfer-queue`, which differ in where the queue lives.
+pub(crate) fn drain_up_to(level: QueueLevel, max_size: usize) -> Decision {
+    if level.messages == 0 {
+        return Decision::IDLE;
+    }
+    let reason = if level.bytes >= max_size {
+        FlushReason::SizeReached
+    } else {
+        FlushReason::Drained
+    };
+    Decision::Flush {
+        max_messages: usize::MAX,
+        max_bytes: max_size,
+        reason,
+    }
+}
+
 /// A bundling strategy.
 pub trait Bundler: Send {
     /// The strategy's CLI name.

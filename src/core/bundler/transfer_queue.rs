@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use super::{Bundler, Decision, FlushReason, QueueLevel};
+use super::{Bundler, Decision, QueueLevel};
 
 #[derive(Debug, Clone, Copy)]
 pub struct TransferQueue {
@@ -22,24 +22,13 @@ impl Bundler for TransferQueue {
     }
 
     fn poll(&mut self, level: QueueLevel, _now: Instant) -> Decision {
-        if level.messages == 0 {
-            return Decision::IDLE;
-        }
-        let reason = if level.bytes >= self.max_size {
-            FlushReason::SizeReached
-        } else {
-            FlushReason::Drained
-        };
-        Decision::Flush {
-            max_messages: usize::MAX,
-            max_bytes: self.max_size,
-            reason,
-        }
+        super::drain_up_to(level, self.max_size)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::FlushReason;
     use super::super::tests::level;
     use super::*;
 
