@@ -95,6 +95,10 @@ pub struct NodeConfig {
     pub heartbeat_interval: Duration,
     /// A peer silent (or unreachable) for longer than this is declared down. Default 3 s.
     pub peer_timeout: Duration,
+    /// Mutually authenticated TLS on every connection (certificate, key, CA as PEM files),
+    /// on top of the cluster-secret handshake. All nodes of a cluster must agree. Default
+    /// none (plain TCP).
+    pub tls: Option<crate::io::tls::TlsFiles>,
 }
 
 impl std::fmt::Debug for NodeConfig {
@@ -139,6 +143,7 @@ impl NodeConfig {
             ack_delay: Duration::from_millis(5),
             heartbeat_interval: Duration::from_millis(500),
             peer_timeout: Duration::from_secs(3),
+            tls: None,
         }
     }
 
@@ -160,6 +165,12 @@ impl NodeConfig {
     /// Choose the bundler (its knobs keep their values).
     pub fn bundler(mut self, b: BundlerKind) -> Self {
         self.bundler.kind = b;
+        self
+    }
+
+    /// Run TLS with these PEM files (see `batchwire certs`).
+    pub fn tls(mut self, files: crate::io::tls::TlsFiles) -> Self {
+        self.tls = Some(files);
         self
     }
 

@@ -41,6 +41,9 @@ pub enum Error {
     /// A configuration value is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// TLS material could not be loaded or generated (the message names the file).
+    #[error("TLS: {0}")]
+    Tls(String),
     /// `send_value` could not serialize.
     #[error("cannot encode value: {0}")]
     Encode(String),
@@ -82,4 +85,12 @@ pub enum LinkError {
     Unexpected(&'static str),
     #[error("{0}")]
     Sequence(#[from] crate::core::reliable::SeqError),
+    #[error("TLS handshake failed: {0}")]
+    Tls(String),
+    #[error("{reason}")]
+    Certificate { peer: String, reason: String },
+    #[error(
+        "the peer speaks TLS and this node does not: configure --tls-cert, --tls-key and --tls-ca (NodeConfig::tls) on every node"
+    )]
+    PeerSpeaksTls,
 }

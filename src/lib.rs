@@ -16,6 +16,7 @@ pub use crate::config::{NodeConfig, PeerSpec};
 pub use crate::core::bundler::BundlerKind;
 pub use crate::error::{Error, RecvError};
 pub use crate::io::mailbox::{Envelope, Mailbox, RecvFuture};
-pub use crate::io::node::{Address, Event, Node};
+pub use crate::io::node::{Address, Event, FailedMessage, Node};
+pub use crate::io::tls::{TlsFiles, generate_certs};
 pub use crate::stats::{NodeStats, PeerStats};
 pub use bytes::Bytes;

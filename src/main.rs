@@ -46,12 +46,30 @@ enum Cmd {
         /// How transport threads idle, 1 (park at once) ..= 10 (busy-spin).
         #[arg(long, default_value_t = 1)]
         idle_cpu_level: u8,
+        /// Mutual TLS: this node's certificate (PEM; it must name the node).
+        #[arg(long, requires_all = ["tls_key", "tls_ca"])]
+        tls_cert: Option<PathBuf>,
+        /// Mutual TLS: this node's private key (PEM).
+        #[arg(long, requires_all = ["tls_cert", "tls_ca"])]
+        tls_key: Option<PathBuf>,
+        /// Mutual TLS: the CA that signed every node's certificate (PEM).
+        #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+        tls_ca: Option<PathBuf>,
         /// Print counters every this many seconds (0: never).
         #[arg(long, default_value_t = 10)]
         stats_every: u64,
         /// Exit (shutting down cleanly) after this many seconds (0: run until killed).
         #[arg(long, default_value_t = 0)]
         run_for: u64,
+    },
+    /// Generate a test CA and a certificate per node, to try mutual TLS in a minute.
+    Certs {
+        /// Folder to write ca.pem, ca-key.pem, NAME.pem and NAME-key.pem into.
+        #[arg(long)]
+        out: PathBuf,
+        /// Node names, comma-separated (each becomes the certificate's DNS name).
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<String>,
     },
     /// Benchmark: start node processes on loopback, verify delivery, print medians.
     Bench(BenchArgs),
@@ -116,6 +134,10 @@ struct BenchArgs {
     /// With --peers: the file holding their cluster secret.
     #[arg(long)]
     secret_file: Option<PathBuf>,
+    /// Run every node with mutual TLS (a throwaway CA in a temporary folder). In
+    /// throughput, `--bundler natural,natural/tls` compares both in one run instead.
+    #[arg(long)]
+    tls: bool,
     /// throughput: print sent / delivered / lost / duplicated / reordered for every run
     /// (every run is verified either way; this shows the counts).
     #[arg(long)]
@@ -180,6 +202,9 @@ fn main() -> ExitCode {
             secret_file,
             bundler,
             idle_cpu_level,
+            tls_cert,
+            tls_key,
+            tls_ca,
             stats_every,
             run_for,
         } => {
@@ -191,12 +216,32 @@ fn main() -> ExitCode {
                     .idle_cpu_level(idle_cpu_level)
                     .mailbox("echo");
                 cfg.peers = peers;
+                if let (Some(cert), Some(key), Some(ca)) = (tls_cert, tls_key, tls_ca) {
+                    cfg = cfg.tls(batchwire::TlsFiles { cert, key, ca });
+                }
                 run_node(cfg, stats_every, run_for)
             })
         }
         Cmd::Bench(a) => {
             init_logs(LevelFilter::WARN);
             run_bench(a)
+        }
+        Cmd::Certs { out, nodes } => {
+            let names: Vec<&str> = nodes.iter().map(|s| s.as_str()).collect();
+            batchwire::generate_certs(&out, &names)
+                .map(|()| {
+                    println!(
+                        "wrote {}: ca.pem, ca-key.pem, and NAME.pem + NAME-key.pem for {}",
+                        out.display(),
+                        names.join(", ")
+                    );
+                    println!(
+                        "use: batchwire node --name {n} --tls-cert {d}/{n}.pem --tls-key {d}/{n}-key.pem --tls-ca {d}/ca.pem ...",
+                        n = names.first().copied().unwrap_or("a"),
+                        d = out.display()
+                    );
+                })
+                .map_err(|e| e.to_string())
         }
         Cmd::BenchWorker { scenario } => {
             // Nodes coming and going is the normal course of a bench run: only errors show
@@ -265,6 +310,18 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
     if a.runs == Some(0) {
         return Err("--runs must be at least 1".into());
     }
+    if a.tls {
+        if !a.peers.is_empty() {
+            return Err("--tls starts local nodes with throwaway certificates; it does not apply to --peers".into());
+        }
+        let dir = bench::enable_tls()?;
+        if !a.quiet {
+            eprintln!(
+                "mutual TLS on every node (certificates in {})",
+                dir.display()
+            );
+        }
+    }
     if let Some(p) = &a.plot {
         plot::check_path(p)?;
     }
@@ -294,7 +351,9 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
             .iter()
             .filter_map(|e| match e {
                 throughput::Entry::Bundler(b) => Some(*b),
-                throughput::Entry::Unsequenced(_) | throughput::Entry::Raw => None,
+                throughput::Entry::Unsequenced(_)
+                | throughput::Entry::Tls(_)
+                | throughput::Entry::Raw => None,
             })
             .collect(),
         idle_levels: a.idle_cpu_level.clone(),

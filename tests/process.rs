@@ -545,3 +545,124 @@ fn a_killed_node_is_declared_down_in_time_and_every_pending_message_is_reported(
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn tls_cluster_of_node_processes_from_the_certs_command() {
+    let dir = temp_dir("tls-nodes");
+    let certs = dir.join("certs");
+    let out = Command::new(EXE)
+        .args([
+            "certs",
+            "--out",
+            certs.to_str().unwrap(),
+            "--nodes",
+            "a,b,c",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let secret = dir.join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let addrs = free_addrs(3);
+    let spawn = |name: &str, i: usize| {
+        let mut cmd = Command::new(EXE);
+        cmd.args(["node", "--name", name, "--listen", &addrs[i].to_string()])
+            .args([
+                "--secret-file",
+                secret.to_str().unwrap(),
+                "--stats-every",
+                "0",
+            ])
+            .args([
+                "--tls-cert",
+                certs.join(format!("{name}.pem")).to_str().unwrap(),
+            ])
+            .args([
+                "--tls-key",
+                certs.join(format!("{name}-key.pem")).to_str().unwrap(),
+            ])
+            .args(["--tls-ca", certs.join("ca.pem").to_str().unwrap()]);
+        for (j, p) in ["a", "b", "c"].iter().enumerate() {
+            if j != i {
+                cmd.args(["--peer", &format!("{p}={}", addrs[j])]);
+            }
+        }
+        Proc(
+            cmd.stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let _b = spawn("b", 1);
+    let _c = spawn("c", 2);
+    let cfg = NodeConfig::new("a", addrs[0], SECRET)
+        .peer("b", addrs[1])
+        .peer("c", addrs[2])
+        .tls(batchwire::TlsFiles::in_dir(&certs, "a"));
+    let node = Node::start(cfg).unwrap();
+    assert!(
+        node.wait_for_peers(&["b", "c"], Duration::from_secs(20)),
+        "{:?}",
+        node.connected_peers()
+    );
+    let me = node.mailbox("me").unwrap();
+    for i in 0..500u64 {
+        for p in ["b", "c"] {
+            me.send(&Address::new(p, "echo").unwrap(), i.to_le_bytes().to_vec())
+                .unwrap();
+        }
+    }
+    for _ in 0..1000 {
+        me.recv_timeout(Duration::from_secs(20))
+            .expect("echo over TLS lost");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bench_runs_every_scenario_over_tls_at_a_tiny_size() {
+    let port = free_addrs(1)[0].port();
+    let out = Command::new(EXE)
+        .args([
+            "bench",
+            "--tls",
+            "--bundler",
+            "natural,natural/tls",
+            "--nodes",
+            "3",
+            "--threads",
+            "2",
+        ])
+        .args([
+            "--messages",
+            "300",
+            "--runs",
+            "1",
+            "--quiet",
+            "--base-port",
+            &port.to_string(),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for s in [
+        "throughput:",
+        "fan-in:",
+        "mperf:",
+        "rpc:",
+        "roundtrip:",
+        "natural/tls",
+    ] {
+        assert!(stdout.contains(s), "{s} missing in\n{stdout}");
+    }
+}

@@ -344,14 +344,52 @@ impl<T, E: std::fmt::Display> Context<T> for Result<T, E> {
 /// Spawn this binary as a bench worker with `args`; stdout is piped for its result line.
 pub fn spawn_worker(args: &[String]) -> std::io::Result<Child> {
     let exe = std::env::current_exe()?;
-    Command::new(exe)
-        .arg("bench-worker")
+    let mut cmd = Command::new(exe);
+    if let Some(dir) = BENCH_TLS.get() {
+        cmd.env(TLS_DIR_ENV, dir);
+    }
+    cmd.arg("bench-worker")
         .args(args)
         .env(SECRET_ENV, "batchwire-bench")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
+}
+
+/// Where bench workers find their TLS material (`bench --tls`): certificates for n0..n15.
+pub const TLS_DIR_ENV: &str = "BATCHWIRE_BENCH_TLS_DIR";
+
+static BENCH_TLS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// A throwaway CA and certificates for the bench's node names, in a temporary folder
+/// (made once per process). Returns the folder.
+pub fn tls_certs() -> Result<std::path::PathBuf, String> {
+    if let Some(d) = BENCH_TLS.get() {
+        return Ok(d.clone());
+    }
+    let dir = std::env::temp_dir().join(format!("batchwire-bench-tls-{}", std::process::id()));
+    let names: Vec<String> = (0..16).map(node_name).collect();
+    let refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+    crate::generate_certs(&dir, &refs).map_err(|e| e.to_string())?;
+    Ok(BENCH_TLS.get_or_init(|| dir).clone())
+}
+
+/// `bench --tls`: every worker of every scenario runs mutual TLS.
+pub fn enable_tls() -> Result<std::path::PathBuf, String> {
+    tls_certs()
+}
+
+/// In a worker: TLS from the bench's folder (`--tls`, or a `NAME/tls` entry), if any.
+pub fn with_bench_tls(cfg: NodeConfig, dir: Option<&std::path::Path>) -> NodeConfig {
+    let env = std::env::var_os(TLS_DIR_ENV).map(std::path::PathBuf::from);
+    match dir.map(|d| d.to_path_buf()).or(env) {
+        Some(d) => {
+            let files = crate::TlsFiles::in_dir(&d, &cfg.name);
+            cfg.tls(files)
+        }
+        None => cfg,
+    }
 }
 
 /// The last line of `out` that starts with `tag ` (without the tag), read until EOF.

@@ -77,7 +77,8 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         a.idle_cpu_level,
         &[MAILBOX.to_string(), CTL.to_string()],
     )?;
-    let node = Node::start(cfg).ctx(&format!("starting node {}", node_name(i)))?;
+    let node = Node::start(super::with_bench_tls(cfg, None))
+        .ctx(&format!("starting node {}", node_name(i)))?;
     let others: Vec<String> = (0..n).filter(|j| *j != i).map(node_name).collect();
     let names: Vec<&str> = others.iter().map(String::as_str).collect();
     if !node.wait_for_peers(&names, Duration::from_secs(30)) {

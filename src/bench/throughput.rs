@@ -30,6 +30,8 @@ pub enum Entry {
     /// A bundler with reliable delivery off (`NAME/unsequenced`): no send window, no
     /// acknowledgements; the in-run baseline for what sequencing costs.
     Unsequenced(BundlerKind),
+    /// A bundler over mutual TLS (`NAME/tls`), beside plaintext in the same run.
+    Tls(BundlerKind),
     Raw,
 }
 
@@ -38,13 +40,14 @@ impl Entry {
         match self {
             Entry::Bundler(b) => b.name().to_string(),
             Entry::Unsequenced(b) => format!("{}/unsequenced", b.name()),
+            Entry::Tls(b) => format!("{}/tls", b.name()),
             Entry::Raw => "raw".to_string(),
         }
     }
 
     fn kind(self) -> BundlerKind {
         match self {
-            Entry::Bundler(b) | Entry::Unsequenced(b) => b,
+            Entry::Bundler(b) | Entry::Unsequenced(b) | Entry::Tls(b) => b,
             Entry::Raw => BundlerKind::Natural,
         }
     }
@@ -59,10 +62,15 @@ impl Entry {
                     v.push(Entry::Raw);
                 }
                 "raw" => v.push(Entry::Raw),
-                b => match b.strip_suffix("/unsequenced") {
-                    Some(b) => v.push(Entry::Unsequenced(b.parse()?)),
-                    None => v.push(Entry::Bundler(b.parse()?)),
-                },
+                b => {
+                    if let Some(b) = b.strip_suffix("/unsequenced") {
+                        v.push(Entry::Unsequenced(b.parse()?));
+                    } else if let Some(b) = b.strip_suffix("/tls") {
+                        v.push(Entry::Tls(b.parse()?));
+                    } else {
+                        v.push(Entry::Bundler(b.parse()?));
+                    }
+                }
             }
         }
         v.dedup();
@@ -99,7 +107,9 @@ pub fn default_messages(size: usize, entry: Entry) -> u64 {
         .min(300_000_000 / size.max(1) as u64)
         .max(1000);
     match entry {
-        Entry::Bundler(BundlerKind::None) | Entry::Unsequenced(BundlerKind::None) => n / 5,
+        Entry::Bundler(BundlerKind::None)
+        | Entry::Unsequenced(BundlerKind::None)
+        | Entry::Tls(BundlerKind::None) => n / 5,
         _ => n,
     }
 }
@@ -151,6 +161,9 @@ pub struct WorkerArgs {
     /// Run with reliable delivery off (the unsequenced baseline).
     #[arg(long)]
     pub unsequenced: bool,
+    /// Run mutual TLS with the certificates in this folder (a `NAME/tls` entry).
+    #[arg(long)]
+    pub tls_dir: Option<std::path::PathBuf>,
 }
 
 /// Connection breaks during a run (`--break-every`).
@@ -180,7 +193,8 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 .bundler(a.bundler)
                 .idle_cpu_level(a.idle_cpu_level);
             cfg.reliable = !a.unsequenced;
-            let node = Node::start(cfg).ctx("starting node n1")?;
+            let node = Node::start(super::with_bench_tls(cfg, a.tls_dir.as_deref()))
+                .ctx("starting node n1")?;
             let ctl = Ctl::new(&node, 1, 2)?;
             let mb = node.mailbox("sink").ctx("mailbox sink")?;
             let mut v = Verifier::new(1, a.messages);
@@ -219,7 +233,8 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 .bundler(a.bundler)
                 .idle_cpu_level(a.idle_cpu_level);
             cfg.reliable = !a.unsequenced;
-            let node = Node::start(cfg).ctx("starting node n0")?;
+            let node = Node::start(super::with_bench_tls(cfg, a.tls_dir.as_deref()))
+                .ctx("starting node n0")?;
             let ctl = Ctl::new(&node, 0, 2)?;
             if !node.wait_for_peers(&["n1"], Duration::from_secs(30)) {
                 return Err("receiver did not come up within 30 s".into());
@@ -378,10 +393,14 @@ pub fn one_run(
     let recv_addr = format!("127.0.0.1:{}", base_port + 1);
     let (rrole, srole) = match entry {
         Entry::Raw => ("raw-recv", "raw-send"),
-        Entry::Bundler(_) | Entry::Unsequenced(_) => ("recv", "send"),
+        Entry::Bundler(_) | Entry::Unsequenced(_) | Entry::Tls(_) => ("recv", "send"),
     };
     let bundler = entry.kind();
     let unsequenced = matches!(entry, Entry::Unsequenced(_));
+    let tls_dir = match entry {
+        Entry::Tls(_) => Some(super::tls_certs()?),
+        _ => None,
+    };
     let args = |role: &str, listen: &str, peer: &str| -> Vec<String> {
         [
             "throughput",
@@ -405,6 +424,11 @@ pub fn one_run(
         .iter()
         .map(|s| s.to_string())
         .chain(unsequenced.then(|| "--unsequenced".to_string()))
+        .chain(
+            tls_dir
+                .iter()
+                .flat_map(|d| ["--tls-dir".to_string(), d.display().to_string()]),
+        )
         .collect()
     };
     let recv = spawn_worker(&args(rrole, &recv_addr, &send_addr)).ctx("starting the receiver")?;
@@ -437,7 +461,7 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
     for &e in &o.entries {
         match e {
             Entry::Raw => combos.push((e, None)),
-            Entry::Bundler(_) | Entry::Unsequenced(_) => {
+            Entry::Bundler(_) | Entry::Unsequenced(_) | Entry::Tls(_) => {
                 combos.extend(o.idle_levels.iter().map(|l| (e, Some(*l))))
             }
         }

@@ -1,7 +1,6 @@
 //! The connection layer: the threads that move bytes between sockets and the sans-IO core.
 //! Every step is commented, in the manner of mini-redis' `connection.rs`.
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -17,6 +16,7 @@ use crate::error::LinkError;
 use crate::io::detector::{declare_down, fail_window};
 use crate::io::mailbox::MailboxQueue;
 use crate::io::node::{Address, Conn, Event, Peer, PeerState, Shared};
+use crate::io::tls::Link;
 
 /// Handshake frames are small; anything bigger than this before authentication is refused.
 const HANDSHAKE_MAX_FRAME: usize = 4096;
@@ -81,7 +81,7 @@ pub(crate) fn run_dialer(shared: &Arc<Shared>, peer: &Arc<Peer>, addr: SocketAdd
 /// name when we dialled. Returns whether the handshake succeeded.
 pub(crate) fn run_connection(
     shared: &Arc<Shared>,
-    mut stream: TcpStream,
+    stream: TcpStream,
     expect: Option<Name>,
 ) -> bool {
     let addr = match stream.peer_addr() {
@@ -91,13 +91,35 @@ pub(crate) fn run_connection(
     // Small messages must not wait for Nagle: batching is the bundler's job.
     let _ = stream.set_nodelay(true);
 
-    // 1. Authenticate (both sides prove the cluster secret; see core::handshake).
-    let (info, leftover) = match handshake(shared, &mut stream, expect) {
+    // 1. With TLS configured: the TLS handshake first (mutual, bounded in time), then
+    //    everything else runs inside it.
+    let link = match open_link(shared, stream, expect.as_ref()) {
+        Ok(l) => Arc::new(l),
+        Err(e) => {
+            if !shared.is_shutting_down() {
+                warn!(node = %shared.name, %addr, peer = ?expect, error = %e, "TLS handshake failed; connection closed");
+                shared.emit(Event::HandshakeFailed {
+                    addr,
+                    peer: expect.map(|n| n.to_string()),
+                    reason: e.to_string(),
+                });
+            }
+            return false;
+        }
+    };
+
+    // 2. Authenticate (both sides prove the cluster secret; see core::handshake), and with
+    //    TLS check that the peer's certificate names the node it claims to be.
+    let (info, leftover) = match handshake(shared, &link, expect).and_then(|(info, buf)| {
+        check_certificate(shared, &link, &info)?;
+        Ok((info, buf))
+    }) {
         Ok(x) => x,
         Err(e) => {
             if !shared.is_shutting_down() {
                 let peer = match &e {
                     LinkError::Handshake(h) => handshake_peer(h),
+                    LinkError::Certificate { peer, .. } => Some(peer.clone()),
                     _ => None,
                 };
                 warn!(node = %shared.name, %addr, peer = ?peer, error = %e, "handshake failed; connection closed");
@@ -132,24 +154,24 @@ pub(crate) fn run_connection(
     }
 
     // 3. RESUME each way: what each side received, and the oldest it still holds.
-    let leftover = match resume(shared, &peer, &mut stream, leftover) {
+    let leftover = match resume(shared, &peer, &link, leftover) {
         Ok(l) => l,
         Err(e) => {
             warn!(node = %shared.name, peer = %info.name, %addr, error = %e, "connection lost while resuming");
+            if let LinkError::Handshake(HandshakeError::Refused { .. }) = &e {
+                shared.emit(Event::HandshakeFailed {
+                    addr,
+                    peer: Some(info.name.to_string()),
+                    reason: e.to_string(),
+                });
+            }
             return true;
         }
     };
 
     // 4. Make this the peer's current connection; its writer picks it up and first writes
     //    everything the peer has not acknowledged.
-    let write_half = match stream.try_clone() {
-        Ok(w) => w,
-        Err(e) => {
-            warn!(node = %shared.name, peer = %info.name, error = %e, "cannot clone socket");
-            return true;
-        }
-    };
-    let conn = Arc::new(Conn::new(write_half));
+    let conn = Arc::new(Conn::new(link.clone()));
     peer.last_read.store(shared.now_ms(), Relaxed);
     peer.install(conn.clone());
     peer.stats.connects.fetch_add(1, Relaxed);
@@ -167,7 +189,7 @@ pub(crate) fn run_connection(
     });
 
     // 5. Read frames until the connection ends one way or another.
-    let result = read_loop(shared, &peer, &info, &conn, &mut stream, leftover);
+    let result = read_loop(shared, &peer, &info, &conn, &link, leftover);
 
     // 6. Tear down: close both halves (the writer notices) and forget the connection.
     conn.close();
@@ -198,7 +220,7 @@ pub(crate) fn run_connection(
 fn resume(
     shared: &Shared,
     peer: &Peer,
-    stream: &mut TcpStream,
+    stream: &Link,
     mut buf: BytesMut,
 ) -> Result<BytesMut, LinkError> {
     let ours = Resume {
@@ -213,6 +235,15 @@ fn resume(
     let theirs = loop {
         match frame::decode(&mut buf, HANDSHAKE_MAX_FRAME)? {
             Some(Frame::Resume(r)) => break r,
+            // Refused after the handshake (e.g. our certificate does not name us).
+            Some(Frame::Refuse(r)) => {
+                return Err(HandshakeError::Refused {
+                    peer: Some(peer.name.clone()),
+                    code: r.code,
+                    reason: r.reason,
+                }
+                .into());
+            }
             Some(other) => return Err(LinkError::Unexpected(other.kind_name())),
             None => read_small(stream, &mut buf, timeout)?,
         }
@@ -235,6 +266,53 @@ fn resume(
     Ok(buf)
 }
 
+/// Wrap a fresh socket: plain, or after a TLS handshake if this node has TLS.
+fn open_link(shared: &Shared, stream: TcpStream, expect: Option<&Name>) -> Result<Link, LinkError> {
+    let Some(tls) = &shared.tls else {
+        return Ok(Link::Plain(stream));
+    };
+    stream.set_read_timeout(Some(shared.config.handshake_timeout))?;
+    stream.set_write_timeout(Some(shared.config.handshake_timeout))?;
+    let link = Link::tls(stream, tls, expect.map(|n| n.as_str())).map_err(|e| {
+        LinkError::Tls(format!(
+            "{e} (does the peer run TLS with a certificate from the same CA, naming the node?)"
+        ))
+    })?;
+    link.set_write_timeout(None)?;
+    Ok(link)
+}
+
+/// With TLS: the peer's certificate must name the node it claimed in the handshake. (A
+/// dialler's rustls already checked the name it dialled; the acceptor checks here.) On a
+/// mismatch both sides learn why: a REFUSE goes out before the connection closes.
+fn check_certificate(shared: &Shared, link: &Link, info: &PeerInfo) -> Result<(), LinkError> {
+    if !link.is_tls() {
+        return Ok(());
+    }
+    let res = match link.peer_certificate() {
+        Some(cert) => crate::io::tls::cert_names(&cert, info.name.as_str()),
+        None => Err("the peer presented no certificate".to_string()),
+    };
+    res.map_err(|why| {
+        let reason = format!(
+            "node {:?} refuses {:?}: {why}",
+            shared.name.as_str(),
+            info.name.as_str()
+        );
+        let mut out = Vec::new();
+        Frame::Refuse(frame::Refuse {
+            code: frame::RefuseCode::Name,
+            reason: reason.clone(),
+        })
+        .encode(&mut out);
+        let _ = link.write_all(&out);
+        LinkError::Certificate {
+            peer: info.name.to_string(),
+            reason,
+        }
+    })
+}
+
 fn handshake_peer(e: &HandshakeError) -> Option<String> {
     match e {
         HandshakeError::Version { peer, .. } | HandshakeError::Secret { peer } => {
@@ -251,7 +329,7 @@ fn handshake_peer(e: &HandshakeError) -> Option<String> {
 /// any bytes read past the handshake (the peer may already have sent messages).
 fn handshake(
     shared: &Shared,
-    stream: &mut TcpStream,
+    stream: &Link,
     expect: Option<Name>,
 ) -> Result<(PeerInfo, BytesMut), LinkError> {
     let timeout = shared.config.handshake_timeout;
@@ -285,6 +363,11 @@ fn handshake(
         }
         // Read until a whole frame is buffered.
         let frame = loop {
+            // A TLS record (handshake 0x16 or alert 0x15, version 3.x) where a HELLO
+            // should be: the peer runs TLS and this node does not.
+            if !stream.is_tls() && buf.len() >= 2 && matches!(buf[0], 0x15 | 0x16) && buf[1] == 3 {
+                return Err(LinkError::PeerSpeaksTls);
+            }
             match frame::decode(&mut buf, HANDSHAKE_MAX_FRAME) {
                 Ok(Some(f)) => break f,
                 Ok(None) => {}
@@ -320,11 +403,7 @@ fn handshake(
 
 /// One small read while the connection is being set up (the socket has a read timeout):
 /// end of stream and a timeout are errors.
-fn read_small(
-    stream: &mut TcpStream,
-    buf: &mut BytesMut,
-    timeout: Duration,
-) -> Result<(), LinkError> {
+fn read_small(stream: &Link, buf: &mut BytesMut, timeout: Duration) -> Result<(), LinkError> {
     match read_more(stream, buf, 512) {
         Ok(0) => Err(LinkError::Eof),
         Ok(_) => Ok(()),
@@ -341,7 +420,7 @@ fn read_small(
 }
 
 /// Read once into the spare room at the end of `buf`, making room for `want` bytes.
-fn read_more(stream: &mut TcpStream, buf: &mut BytesMut, want: usize) -> std::io::Result<usize> {
+fn read_more(stream: &Link, buf: &mut BytesMut, want: usize) -> std::io::Result<usize> {
     let len = buf.len();
     buf.resize(len + want, 0);
     let r = stream.read(&mut buf[len..]);
@@ -355,7 +434,7 @@ fn read_loop(
     peer: &Arc<Peer>,
     info: &PeerInfo,
     conn: &Conn,
-    stream: &mut TcpStream,
+    stream: &Link,
     mut buf: BytesMut,
 ) -> Result<(), LinkError> {
     let reliable = shared.config.reliable;

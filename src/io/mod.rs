@@ -5,4 +5,5 @@ pub(crate) mod detector;
 pub mod mailbox;
 pub mod node;
 pub(crate) mod queue;
+pub mod tls;
 pub(crate) mod writer;

@@ -136,15 +136,15 @@ pub(crate) enum PeerState {
 
 /// The connection currently serving a peer.
 pub(crate) struct Conn {
-    /// The writer's handle on the socket.
-    pub stream: TcpStream,
+    /// The transport (plain or TLS), shared with the connection's reader.
+    pub link: Arc<crate::io::tls::Link>,
     closed: AtomicBool,
 }
 
 impl Conn {
-    pub fn new(stream: TcpStream) -> Self {
+    pub fn new(link: Arc<crate::io::tls::Link>) -> Self {
         Conn {
-            stream,
+            link,
             closed: AtomicBool::new(false),
         }
     }
@@ -152,7 +152,7 @@ impl Conn {
     /// Close both directions; the reader and writer using it then fail and move on.
     pub fn close(&self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
-            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+            let _ = self.link.shutdown(std::net::Shutdown::Both);
         }
     }
 
@@ -239,6 +239,8 @@ pub(crate) struct Shared {
     pub secret: Arc<[u8]>,
     pub local_addr: SocketAddr,
     pub idle: IdleStrategy,
+    /// TLS configurations, when the node runs TLS.
+    pub tls: Option<crate::io::tls::TlsConfigs>,
     peers: RwLock<HashMap<Name, Arc<Peer>, NameHash>>,
     by_id: RwLock<Vec<Arc<Peer>>>,
     /// Every lane and its writer thread.
@@ -696,6 +698,10 @@ impl Node {
             .map(|m| node_name(m))
             .collect::<Result<Vec<_>, _>>()?;
         let idle = IdleStrategy::from_level(config.idle_cpu_level).map_err(Error::Config)?;
+        let tls = match &config.tls {
+            Some(files) => Some(crate::io::tls::TlsConfigs::load(files, &config.name)?),
+            None => None,
+        };
         let listener = TcpListener::bind(config.listen).map_err(|source| Error::Listen {
             addr: config.listen,
             source,
@@ -718,6 +724,7 @@ impl Node {
             secret: config.secret.clone().into(),
             local_addr,
             idle,
+            tls,
             peers: RwLock::new(HashMap::default()),
             by_id: RwLock::new(Vec::new()),
             lanes: Mutex::new(Vec::new()),
@@ -935,7 +942,7 @@ impl Node {
         let peers = s.all_peers();
         for p in &peers {
             if let Some(c) = p.current() {
-                let _ = c.stream.set_write_timeout(Some(s.config.shutdown_timeout));
+                let _ = c.link.set_write_timeout(Some(s.config.shutdown_timeout));
             }
         }
         s.join_writers();

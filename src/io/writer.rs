@@ -2,7 +2,6 @@
 //! writes each destination's frames to its current connection, through the peer's send
 //! window (which numbers them and keeps them until acknowledged) when `reliable` is on.
 
-use std::io::{IoSlice, Write};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -130,7 +129,7 @@ fn send_group(
     // only: written directly, never held or resent.
     if let Some(c) = &conn {
         for f in group.iter().filter(|f| f.messages == 0) {
-            if let Err(e) = (&c.stream).write_all(&buf[f.start..f.end]) {
+            if let Err(e) = c.link.write_all(&buf[f.start..f.end]) {
                 debug!(node = %shared.name, peer = %peer.name, error = %e, "control frame not written");
                 c.close();
             }
@@ -176,11 +175,8 @@ fn send_group(
         );
         return;
     };
-    let slices: Vec<IoSlice> = data
-        .iter()
-        .map(|f| IoSlice::new(&buf[f.start..f.end]))
-        .collect();
-    match write_all_vectored(&c.stream, slices) {
+    let slices: Vec<&[u8]> = data.iter().map(|f| &buf[f.start..f.end]).collect();
+    match c.link.write_all_vectored(&slices) {
         Ok(bytes) => count_write(shared, peer, bytes, messages, data.len() as u64),
         Err(e) => {
             warn!(node = %shared.name, peer = %peer.name, error = %e, messages, "write failed; connection closed (reliable delivery is off: these may be lost)");
@@ -201,8 +197,8 @@ fn write_chunks(
     if chunks.is_empty() {
         return;
     }
-    let slices: Vec<IoSlice> = chunks.iter().map(|c| IoSlice::new(c)).collect();
-    match write_all_vectored(&conn.stream, slices) {
+    let slices: Vec<&[u8]> = chunks.iter().map(|c| &c[..]).collect();
+    match conn.link.write_all_vectored(&slices) {
         Ok(bytes) => {
             peer.send
                 .lock()
@@ -243,25 +239,6 @@ fn flush_window(shared: &Shared, peer: &Arc<Peer>) {
         w.unwritten()
     };
     write_chunks(shared, peer, &conn, &chunks, generation, 0);
-}
-
-/// `write_all` for a list of buffers, with as few `writev` calls as the kernel allows.
-/// Returns the bytes written.
-fn write_all_vectored(
-    mut stream: &std::net::TcpStream,
-    mut slices: Vec<IoSlice<'_>>,
-) -> std::io::Result<usize> {
-    let total = slices.iter().map(|s| s.len()).sum();
-    let mut bufs = &mut slices[..];
-    while !bufs.is_empty() {
-        match stream.write_vectored(bufs) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(total)
 }
 
 /// The messages of encoded MESSAGES frames (for failure reports).
@@ -325,8 +302,8 @@ fn goodbye(peers: &[Arc<Peer>]) {
                 Frame::Ack(next).encode(&mut out);
             }
             Frame::Goodbye.encode(&mut out);
-            let _ = (&c.stream).write_all(&out);
-            let _ = c.stream.shutdown(std::net::Shutdown::Write);
+            let _ = c.link.write_all(&out);
+            let _ = c.link.shutdown(std::net::Shutdown::Write);
         }
     }
 }
