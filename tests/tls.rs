@@ -27,7 +27,10 @@ fn with_tls(cfgs: Vec<NodeConfig>, certs: &Path) -> Vec<NodeConfig> {
 
 fn failure(rx: &std::sync::mpsc::Receiver<Event>) -> (Option<String>, String) {
     match wait_event(rx, T, |e| matches!(e, Event::HandshakeFailed { .. })) {
-        Some(Event::HandshakeFailed { peer, reason, .. }) => (peer, reason),
+        Some(Event::HandshakeFailed { peer, reason, .. }) => {
+            eprintln!("handshake failed: peer {peer:?}: {reason}");
+            (peer, reason)
+        }
         other => panic!("no handshake failure: {other:?}"),
     }
 }
