@@ -16,7 +16,7 @@ use bytes::Bytes;
 
 use crate::core::codec::Name;
 use crate::core::frame;
-use crate::core::idle::{IdleStep, IdleStrategy, SPIN_HINTS};
+use crate::core::idle::{IdleStep, IdleStrategy};
 use crate::error::{Error, RecvError};
 use crate::io::node::{Address, Shared};
 
@@ -230,17 +230,11 @@ impl MailboxQueue {
                 Some(Some(t)) if now >= t => return Err(RecvError::Timeout),
                 Some(Some(t)) => Some(t - now),
             };
-            match idler.step() {
-                IdleStep::Spin => {
+            let step = idler.step();
+            match step {
+                IdleStep::Spin | IdleStep::Yield => {
                     drop(g);
-                    for _ in 0..SPIN_HINTS {
-                        std::hint::spin_loop();
-                    }
-                    g = self.lock();
-                }
-                IdleStep::Yield => {
-                    drop(g);
-                    std::thread::yield_now();
+                    crate::io::pause(step);
                     g = self.lock();
                 }
                 IdleStep::Park => {

@@ -7,3 +7,18 @@ pub mod node;
 pub(crate) mod queue;
 pub mod tls;
 pub(crate) mod writer;
+
+/// Spin or yield as an idle step says (the caller holds no lock); parking is the caller's,
+/// on its own condvar.
+pub(crate) fn pause(step: crate::core::idle::IdleStep) {
+    use crate::core::idle::{IdleStep, SPIN_HINTS};
+    match step {
+        IdleStep::Spin => {
+            for _ in 0..SPIN_HINTS {
+                std::hint::spin_loop();
+            }
+        }
+        IdleStep::Yield => std::thread::yield_now(),
+        IdleStep::Park => {}
+    }
+}

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crate::core::bundler::{Bundler, Decision, FlushReason};
 use crate::core::codec::Name;
 use crate::core::frame::Frame;
-use crate::core::idle::{IdleStep, IdleStrategy, SPIN_HINTS};
+use crate::core::idle::{IdleStep, IdleStrategy};
 use crate::core::outbox::{Batch, Dest, Outbox};
 
 /// Why `push` did not queue a message.
@@ -214,16 +214,9 @@ impl Lane {
                         idler.step()
                     };
                     match step {
-                        IdleStep::Spin => {
+                        IdleStep::Spin | IdleStep::Yield => {
                             drop(g);
-                            for _ in 0..SPIN_HINTS {
-                                std::hint::spin_loop();
-                            }
-                            g = self.lock();
-                        }
-                        IdleStep::Yield => {
-                            drop(g);
-                            std::thread::yield_now();
+                            crate::io::pause(step);
                             g = self.lock();
                         }
                         IdleStep::Park => {
