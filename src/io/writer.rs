@@ -175,6 +175,7 @@ fn send_group(
         );
         return;
     };
+    peer.stats.messages_sent.fetch_add(messages, Relaxed);
     let slices: Vec<&[u8]> = data.iter().map(|f| &buf[f.start..f.end]).collect();
     match c.link.write_all_vectored(&slices) {
         Ok(bytes) => count_write(shared, peer, bytes, messages, data.len() as u64),
