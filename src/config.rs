@@ -87,9 +87,11 @@ pub struct NodeConfig {
     /// Most unacknowledged bytes held per peer; past it the writer stops taking from its
     /// queue, which fills, so `send` blocks. Default 16 MiB.
     pub unacked_bytes: usize,
-    /// A receiver acknowledges after this many messages, or after `ack_delay`, whichever
-    /// comes first. Defaults 4096 and 5 ms.
+    /// A receiver acknowledges after this many messages, or this many bytes, or after
+    /// `ack_delay`, whichever comes first. Defaults 4096 messages, 1 MiB and 5 ms. (The
+    /// byte bound keeps big messages from filling the sender's window before an ack.)
     pub ack_every: u64,
+    pub ack_every_bytes: usize,
     pub ack_delay: Duration,
     /// An idle connection carries a heartbeat this often. Default 500 ms.
     pub heartbeat_interval: Duration,
@@ -140,6 +142,7 @@ impl NodeConfig {
             reliable: true,
             unacked_bytes: 16 << 20,
             ack_every: 4096,
+            ack_every_bytes: 1 << 20,
             ack_delay: Duration::from_millis(5),
             heartbeat_interval: Duration::from_millis(500),
             peer_timeout: Duration::from_secs(3),

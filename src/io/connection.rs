@@ -439,6 +439,9 @@ fn read_loop(
 ) -> Result<(), LinkError> {
     let reliable = shared.config.reliable;
     let ack_every = shared.config.ack_every;
+    let ack_bytes = shared.config.ack_every_bytes;
+    // Bytes of messages received since this reader last acknowledged.
+    let mut since_ack = 0usize;
     let max_frame = shared.config.max_frame();
     let read_bytes = shared.config.read_bytes;
     let mut d = Deliverer {
@@ -468,7 +471,9 @@ fn read_loop(
                     } else {
                         d.deliver(&list.skip(skip));
                     }
-                    let due = if reliable && rw.unacked() >= ack_every {
+                    since_ack += list.body().len();
+                    let due = if reliable && (rw.unacked() >= ack_every || since_ack >= ack_bytes) {
+                        since_ack = 0;
                         rw.ack_due()
                     } else {
                         None

@@ -138,7 +138,7 @@ fn write_batch(shared: &Shared, batch: &mut Batch, reason: FlushReason) {
 /// Hold the whole batch buffer for `peer` without copying it, then write what the peer's
 /// connection lacks.
 fn hold_whole(shared: &Shared, peer: &Arc<Peer>, batch: &mut Batch, reason: FlushReason) {
-    let cap = batch.buf.capacity();
+    let cap = batch.buf.len().max(64 << 10);
     let buf = std::mem::replace(&mut batch.buf, Vec::with_capacity(cap));
     let frames: Vec<(std::ops::Range<usize>, u32)> = batch
         .frames
