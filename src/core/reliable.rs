@@ -95,30 +95,6 @@ impl SendWindow {
         self.next_seq - first
     }
 
-    /// Hold a whole buffer of encoded MESSAGES frames (each frame's range and message
-    /// count), numbering them in place: no copy. Returns the message count.
-    pub fn hold_buffer(
-        &mut self,
-        mut buf: Vec<u8>,
-        frames: &[(std::ops::Range<usize>, u32)],
-    ) -> u64 {
-        let first = self.next_seq;
-        for (r, n) in frames {
-            set_first_seq(&mut buf[r.clone()], self.next_seq);
-            self.next_seq += *n as u64;
-        }
-        if self.next_seq == first {
-            return 0;
-        }
-        self.bytes += buf.len();
-        self.chunks.push_back(Chunk {
-            data: Bytes::from(buf),
-            first_seq: first,
-            end_seq: self.next_seq,
-        });
-        self.next_seq - first
-    }
-
     /// Number `n` messages without holding them (the unsequenced baseline).
     pub fn skip(&mut self, n: u64) {
         self.next_seq += n;
@@ -428,35 +404,6 @@ mod tests {
         );
         w.mark_written(g, 1);
         assert!(w.has_unwritten(), "a stale generation is ignored");
-    }
-
-    #[test]
-    fn holding_a_whole_buffer_numbers_it_like_a_copy_would() {
-        let (mut a, mut b, mut ob) = (
-            SendWindow::default(),
-            SendWindow::default(),
-            Outbox::new(64),
-        );
-        let (to, from) = (Name::from_static("m"), Name::from_static("s"));
-        for i in 0..20u64 {
-            ob.push_message(0, &to, &from, &i.to_le_bytes(), None);
-        }
-        let mut batch = Batch::default();
-        ob.take(usize::MAX, usize::MAX, &mut batch, None);
-        let slices: Vec<_> = batch
-            .frames
-            .iter()
-            .map(|f| (&batch.buf[f.start..f.end], f.messages))
-            .collect();
-        a.hold(&slices);
-        let ranges: Vec<_> = batch
-            .frames
-            .iter()
-            .map(|f| (f.start..f.end, f.messages))
-            .collect();
-        b.hold_buffer(batch.buf.clone(), &ranges);
-        assert_eq!(a.unwritten().0, b.unwritten().0);
-        assert_eq!((a.next_seq(), a.bytes()), (b.next_seq(), b.bytes()));
     }
 
     #[test]

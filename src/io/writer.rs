@@ -92,30 +92,6 @@ pub(crate) fn run_writer(shared: &Arc<Shared>, lane: &Arc<Lane>, m: LaneMembers)
 /// Write every group of consecutive frames with one destination to that destination (all
 /// peers for the null destination).
 fn write_batch(shared: &Shared, batch: &mut Batch, reason: FlushReason) {
-    // The common case with a lane per peer: the whole batch is message frames for one
-    // peer. Then the batch's buffer itself becomes the held chunk (numbered in place), so
-    // holding it until acknowledged costs no copy; the outbox gets a fresh buffer of the
-    // same capacity instead.
-    if shared.config.reliable {
-        if let Some(first) = batch.frames.first() {
-            let dest = first.dest;
-            let whole = dest != ALL
-                && batch
-                    .frames
-                    .iter()
-                    .all(|f| f.dest == dest && f.messages > 0)
-                && batch.frames.first().map(|f| f.start) == Some(0)
-                && batch.frames.last().map(|f| f.end) == Some(batch.buf.len());
-            if whole {
-                if let Some(p) = shared.peer_by_id(dest) {
-                    if p.state() != PeerState::Down {
-                        hold_whole(shared, &p, batch, reason);
-                        return;
-                    }
-                }
-            }
-        }
-    }
     let mut i = 0;
     while i < batch.frames.len() {
         let dest = batch.frames[i].dest;
@@ -132,29 +108,6 @@ fn write_batch(shared: &Shared, batch: &mut Batch, reason: FlushReason) {
             send_group(shared, &p, &mut batch.buf, &group, reason);
         }
         i = j;
-    }
-}
-
-/// Hold the whole batch buffer for `peer` without copying it, then write what the peer's
-/// connection lacks.
-fn hold_whole(shared: &Shared, peer: &Arc<Peer>, batch: &mut Batch, reason: FlushReason) {
-    let cap = batch.buf.len().max(64 << 10);
-    let buf = std::mem::replace(&mut batch.buf, Vec::with_capacity(cap));
-    let frames: Vec<(std::ops::Range<usize>, u32)> = batch
-        .frames
-        .iter()
-        .map(|f| (f.start..f.end, f.messages))
-        .collect();
-    let messages: u64 = frames.iter().map(|f| f.1 as u64).sum();
-    peer.stats.flushes[reason_index(reason)].fetch_add(1, Relaxed);
-    let (chunks, generation) = {
-        let mut w = peer.send.lock().unwrap_or_else(|e| e.into_inner());
-        w.hold_buffer(buf, &frames);
-        w.unwritten()
-    };
-    peer.stats.messages_sent.fetch_add(messages, Relaxed);
-    if let Some(c) = peer.current().filter(|c| !c.is_closed()) {
-        write_chunks(shared, peer, &c, &chunks, generation, messages);
     }
 }
 
