@@ -45,7 +45,14 @@ pub struct SendWindow {
     /// Bumped by [`SendWindow::rewind`]; a `mark_written` for an older generation is stale.
     generation: u64,
     bytes: usize,
+    /// Buffers of acknowledged chunks, reused for new ones: allocating (and the kernel
+    /// zeroing fresh pages for) one buffer per batch showed up at 10 KB messages.
+    free: Vec<BytesMut>,
 }
+
+/// Most acknowledged buffers kept for reuse, and the largest kept: at most 8 MiB per peer.
+const FREE_BUFFERS: usize = 8;
+const FREE_MAX_CAPACITY: usize = 1 << 20;
 
 impl SendWindow {
     /// The sequence number the next message gets.
@@ -75,7 +82,9 @@ impl SendWindow {
     /// Hold encoded MESSAGES frames (each with its message count) as one chunk, numbering
     /// their messages. Returns the message count.
     pub fn hold(&mut self, frames: &[(&[u8], u32)]) -> u64 {
-        let mut data = BytesMut::with_capacity(frames.iter().map(|f| f.0.len()).sum());
+        let need: usize = frames.iter().map(|f| f.0.len()).sum();
+        let mut data = self.free.pop().unwrap_or_default();
+        data.reserve(need);
         let first = self.next_seq;
         for (f, n) in frames {
             let start = data.len();
@@ -133,7 +142,17 @@ impl SendWindow {
                 break;
             }
             freed += c.data.len();
-            self.chunks.pop_front();
+            if let Some(c) = self.chunks.pop_front() {
+                // Unique once the writer's clones are gone (they are, long before the ack).
+                if self.free.len() < FREE_BUFFERS {
+                    if let Ok(mut m) = c.data.try_into_mut() {
+                        if m.capacity() <= FREE_MAX_CAPACITY {
+                            m.clear();
+                            self.free.push(m);
+                        }
+                    }
+                }
+            }
             self.cursor = self.cursor.saturating_sub(1);
         }
         self.bytes -= freed;
@@ -404,6 +423,21 @@ mod tests {
         );
         w.mark_written(g, 1);
         assert!(w.has_unwritten(), "a stale generation is ignored");
+    }
+
+    #[test]
+    fn acknowledged_buffers_are_reused_within_bounds() {
+        let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
+        for round in 0..20u64 {
+            hold(&mut w, &mut ob, round * 10..round * 10 + 10);
+            let (c, g) = w.unwritten();
+            w.mark_written(g, c.len());
+            drop(c);
+            w.ack(w.next_seq());
+            assert!(w.free.len() <= FREE_BUFFERS);
+        }
+        assert_eq!(w.free.len(), 1, "one buffer cycles between hold and ack");
+        assert_eq!((w.bytes(), w.messages()), (0, 0));
     }
 
     #[test]
