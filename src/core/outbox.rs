@@ -58,39 +58,16 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.frames.is_empty()
     }
-    /// Runs of consecutive frames with the same destination: each run is one write.
-    pub fn runs(&self) -> impl Iterator<Item = Run> + '_ {
-        let mut i = 0;
-        std::iter::from_fn(move || {
-            let first = self.frames.get(i)?;
-            let mut run = Run {
-                dest: first.dest,
-                range: first.start..first.end,
-                messages: first.messages as u64,
-                frames: 1,
-            };
-            i += 1;
-            while let Some(f) = self.frames.get(i) {
-                if f.dest != run.dest || f.start != run.range.end {
-                    break;
-                }
-                run.range.end = f.end;
-                run.messages += f.messages as u64;
-                run.frames += 1;
-                i += 1;
-            }
-            Some(run)
-        })
+    /// Groups of consecutive frames with the same destination: each group is one write
+    /// (per destination peer, for the null destination).
+    pub fn groups(&self) -> impl Iterator<Item = &[FrameMeta]> + '_ {
+        groups(&self.frames)
     }
 }
 
-/// Consecutive frames of a batch with one destination.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Run {
-    pub dest: Dest,
-    pub range: std::ops::Range<usize>,
-    pub messages: u64,
-    pub frames: u64,
+/// Split frames into groups of consecutive frames with the same destination.
+pub fn groups(frames: &[FrameMeta]) -> impl Iterator<Item = &[FrameMeta]> + '_ {
+    frames.chunk_by(|a, b| a.dest == b.dest)
 }
 
 struct Open {
@@ -330,7 +307,7 @@ mod tests {
                 (ALL, vec![7, 8, 9]),
             ]
         );
-        assert_eq!(b.runs().count(), 6);
+        assert_eq!(b.groups().count(), 6);
         assert!(o.is_empty());
     }
 
@@ -345,16 +322,11 @@ mod tests {
         let mut b = Batch::default();
         o.take(usize::MAX, usize::MAX, &mut b, None);
         assert_eq!(lists(&b), [(A, vec![0, 1]), (A, vec![2, 3]), (A, vec![4])]);
-        let runs: Vec<_> = b.runs().collect();
-        assert_eq!(
-            runs,
-            [Run {
-                dest: A,
-                range: 0..b.buf.len(),
-                messages: 5,
-                frames: 3
-            }]
-        );
+        let groups: Vec<_> = b.groups().collect();
+        assert_eq!(groups.len(), 1, "one destination: one write");
+        let g = groups[0];
+        assert_eq!((g.len(), g[0].start, g[2].end), (3, 0, b.buf.len()));
+        assert!(g.windows(2).all(|w| w[0].end == w[1].start), "contiguous");
     }
 
     #[test]

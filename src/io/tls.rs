@@ -243,7 +243,6 @@ impl Link {
                 s.read(out)
             }
             Link::Tls { sock, state, wire } => {
-                let mut tmp = vec![0u8; 64 << 10];
                 loop {
                     {
                         let mut st = Self::lock(state);
@@ -279,12 +278,13 @@ impl Link {
                             continue;
                         }
                     }
-                    // 3. Nothing buffered: read ciphertext from the socket, without the lock.
-                    let n = (&*sock).read(&mut tmp)?;
+                    // 3. Nothing buffered: read ciphertext from the socket, without the lock,
+                    //    into `out` (free until plaintext is written into it).
+                    let n = (&*sock).read(out)?;
                     if n == 0 {
                         return Ok(0);
                     }
-                    Self::lock(state).pending.extend_from_slice(&tmp[..n]);
+                    Self::lock(state).pending.extend_from_slice(&out[..n]);
                 }
             }
         }

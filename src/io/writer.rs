@@ -11,7 +11,7 @@ use tracing::{debug, warn};
 
 use crate::core::bundler::FlushReason;
 use crate::core::frame::{self, Frame, Message, set_first_seq};
-use crate::core::outbox::{ALL, Batch, FrameMeta};
+use crate::core::outbox::{self, ALL, Batch, FrameMeta};
 use crate::io::detector::{fail_window, report_failed};
 use crate::io::node::{Conn, LaneMembers, Peer, PeerState, Shared};
 use crate::io::queue::{Lane, Next};
@@ -92,22 +92,16 @@ pub(crate) fn run_writer(shared: &Arc<Shared>, lane: &Arc<Lane>, m: LaneMembers)
 /// Write every group of consecutive frames with one destination to that destination (all
 /// peers for the null destination).
 fn write_batch(shared: &Shared, batch: &mut Batch, reason: FlushReason) {
-    let mut i = 0;
-    while i < batch.frames.len() {
-        let dest = batch.frames[i].dest;
-        let mut j = i + 1;
-        while j < batch.frames.len() && batch.frames[j].dest == dest {
-            j += 1;
-        }
-        let group = batch.frames[i..j].to_vec();
+    let Batch { buf, frames } = batch;
+    for group in outbox::groups(frames) {
+        let dest = group[0].dest;
         if dest == ALL {
             for p in shared.all_peers() {
-                send_group(shared, &p, &mut batch.buf, &group, reason);
+                send_group(shared, &p, buf, group, reason);
             }
         } else if let Some(p) = shared.peer_by_id(dest) {
-            send_group(shared, &p, &mut batch.buf, &group, reason);
+            send_group(shared, &p, buf, group, reason);
         }
-        i = j;
     }
 }
 
