@@ -16,7 +16,7 @@ use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    BenchResult, CTL, Common, Context, Ctl, Faults, Overrides, Progress, Table, Verifier, now_ns,
+    BenchResult, CTL, Common, Context, Ctl, Faults, Overrides, Progress, Verifier, now_ns,
     parse_results, print_result, run_workers, share, si, u32_at, u64_at, worker_args,
 };
 use crate::{Address, BundlerKind, Node, NodeConfig, RecvError};
@@ -47,16 +47,6 @@ pub struct WorkerArgs {
     pub bundler: BundlerKind,
     #[arg(long, default_value_t = 1)]
     pub idle_cpu_level: u8,
-}
-
-/// What the receiving worker reports.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct RecvReport {
-    pub distinct: u64,
-    pub duplicated: u64,
-    pub reordered: u64,
-    /// Wall clock (ns since the epoch) when the last message arrived.
-    pub end_ns: u128,
 }
 
 /// What the sending worker reports.
@@ -136,16 +126,7 @@ fn recv(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         }
     }
     let end_ns = now_ns();
-    // Both sides shut down together, once both are done.
-    drop(mb);
-    ctl.finish(Duration::from_secs(60))?;
-    node.shutdown();
-    print_result(&RecvReport {
-        distinct: v.distinct,
-        duplicated: v.duplicated,
-        reordered: v.reordered,
-        end_ns,
-    })
+    super::finish_receiver(node, ctl, mb, &v, end_ns)
 }
 
 fn send(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
@@ -308,7 +289,7 @@ pub fn one_run(
         Duration::from_secs(300),
     )?;
     let (r, s) = (&lines[..1], &lines[1..]);
-    let r: Vec<RecvReport> = parse_results(r)?;
+    let r: Vec<super::RecvReport> = parse_results(r)?;
     let s: Vec<SendReport> = parse_results(s)?;
     let (r, s) = (&r[0], &s[0]);
     let secs = r.end_ns.saturating_sub(s.start_ns) as f64 / 1e9;
@@ -345,7 +326,7 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
             for (i, &(b, idle)) in combos.iter().enumerate() {
                 let what = format!(
                     "fan-in {size} B {:<20} run {}/{}",
-                    label(b, idle, c.show_idle()),
+                    super::row_label(b.name(), Some(idle), c.show_idle()),
                     run + 1,
                     c.runs
                 );
@@ -376,34 +357,12 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
     Ok(results)
 }
 
-fn label(b: BundlerKind, idle: u8, show_idle: bool) -> String {
-    if show_idle {
-        format!("{b} (idle {idle})")
-    } else {
-        b.to_string()
-    }
-}
-
 /// The table of one size.
 fn table(rows: &[BenchResult], o: &Options, c: &Common) -> String {
     let Some(first) = rows.first() else {
         return String::new();
     };
-    let mut head = vec!["bundler".to_string()];
-    head.extend((1..=c.runs).map(|i| format!("run {i}")));
-    head.extend(["median", "min", "max", "MB/s"].map(String::from));
-    let mut t = Table::new(head);
-    for r in rows {
-        if r.failed() {
-            t.failed_row(vec![r.label(c.show_idle())], r.failure());
-            continue;
-        }
-        let mut cells = vec![r.label(c.show_idle())];
-        cells.extend(r.runs.iter().map(|v| si(*v)));
-        cells.extend([si(r.median), si(r.min), si(r.max)]);
-        cells.push(format!("{:.0}", r.median * r.size as f64 / 1e6));
-        t.row(cells);
-    }
+    let t = super::rate_table(rows, c.runs, c.show_idle(), "MB/s");
     format!(
         "\nfan-in: {} x {} B from {} threads on n0 to ONE mailbox on n1, received one message per call; \
          msgs/s from the threads' release to the last delivery, median of {} alternating runs\n{}",

@@ -27,6 +27,86 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Address, BundlerKind, Mailbox, Node, NodeConfig, PeerSpec, RecvError};
 
+/// A row's name: the bundler, with its idle level when several are compared.
+pub fn row_label(bundler: &str, idle: Option<u8>, show_idle: bool) -> String {
+    match idle {
+        Some(l) if show_idle => format!("{bundler} (idle {l})"),
+        _ => bundler.to_string(),
+    }
+}
+
+/// The table of a rate scenario: one column per run, then median, min, max and the
+/// median's megabytes per second under `mb_head`.
+pub fn rate_table(rows: &[BenchResult], runs: usize, show_idle: bool, mb_head: &str) -> Table {
+    let mut head = vec!["bundler".to_string()];
+    head.extend((1..=runs).map(|i| format!("run {i}")));
+    head.extend(["median", "min", "max", mb_head].map(String::from));
+    let mut t = Table::new(head);
+    for r in rows {
+        if r.failed() {
+            t.failed_row(vec![r.label(show_idle)], r.failure());
+            continue;
+        }
+        let mut cells = vec![r.label(show_idle)];
+        cells.extend(r.runs.iter().map(|v| si(*v)));
+        cells.extend([si(r.median), si(r.min), si(r.max)]);
+        cells.push(format!("{:.0}", r.median * r.size as f64 / 1e6));
+        t.row(cells);
+    }
+    t
+}
+
+/// What a receiving worker of a stream (throughput, fan-in) reports.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RecvReport {
+    pub distinct: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    /// Wall clock (ns since the epoch) when the last message arrived.
+    pub end_ns: u128,
+}
+
+/// The end of a receiving worker: wait for the sender at the last barrier (both sides
+/// shut down together), shut down, and print what arrived.
+pub fn finish_receiver(
+    node: Node,
+    ctl: Ctl,
+    mb: crate::Mailbox,
+    v: &Verifier,
+    end_ns: u128,
+) -> Result<(), String> {
+    drop(mb);
+    ctl.finish(Duration::from_secs(60))?;
+    node.shutdown();
+    print_result(&RecvReport {
+        distinct: v.distinct,
+        duplicated: v.duplicated,
+        reordered: v.reordered,
+        end_ns,
+    })
+}
+
+/// Start node `i` of an `n`-node bench cluster (with the bench's TLS, if any) and wait
+/// until it is connected to every other node. Returns the node and the others' names.
+pub fn start_cluster_node(
+    cfg: NodeConfig,
+    i: usize,
+    n: usize,
+) -> Result<(Node, Vec<String>), String> {
+    let node =
+        Node::start(with_bench_tls(cfg, None)).ctx(&format!("starting node {}", node_name(i)))?;
+    let others: Vec<String> = (0..n).filter(|j| *j != i).map(node_name).collect();
+    let names: Vec<&str> = others.iter().map(String::as_str).collect();
+    if !node.wait_for_peers(&names, Duration::from_secs(30)) {
+        return Err(format!(
+            "{}: peers did not come up within 30 s (connected: {:?})",
+            node_name(i),
+            node.connected_peers()
+        ));
+    }
+    Ok((node, others))
+}
+
 /// The cluster secret bench processes share (a throwaway; passed in the environment).
 pub const SECRET_ENV: &str = "BATCHWIRE_BENCH_SECRET";
 
@@ -119,10 +199,7 @@ impl BenchResult {
 
     /// The row name: the bundler, with its idle level when several are compared.
     pub fn label(&self, show_idle: bool) -> String {
-        match self.idle_cpu_level {
-            Some(l) if show_idle => format!("{} (idle {l})", self.bundler),
-            _ => self.bundler.clone(),
-        }
+        row_label(&self.bundler, self.idle_cpu_level, show_idle)
     }
 
     /// What went wrong, for a FAILED row.

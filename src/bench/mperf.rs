@@ -14,11 +14,10 @@ use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    BenchResult, CTL, Common, Context, Ctl, Faults, Overrides, Progress, Table, Verifier,
-    mesh_config, node_name, parse_results, print_result, run_workers, si, u32_at, u64_at,
-    worker_args,
+    BenchResult, CTL, Common, Context, Ctl, Faults, Overrides, Progress, Verifier, mesh_config,
+    parse_results, print_result, run_workers, si, u32_at, u64_at, worker_args,
 };
-use crate::{BundlerKind, Node, RecvError};
+use crate::{BundlerKind, RecvError};
 
 /// The payload header: sequence number (u64) and sending node (u32), little-endian.
 pub const HEADER: usize = 12;
@@ -77,17 +76,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         a.idle_cpu_level,
         &[MAILBOX.to_string(), CTL.to_string()],
     )?;
-    let node = Node::start(super::with_bench_tls(cfg, None))
-        .ctx(&format!("starting node {}", node_name(i)))?;
-    let others: Vec<String> = (0..n).filter(|j| *j != i).map(node_name).collect();
-    let names: Vec<&str> = others.iter().map(String::as_str).collect();
-    if !node.wait_for_peers(&names, Duration::from_secs(30)) {
-        return Err(format!(
-            "{}: peers did not come up within 30 s (connected: {:?})",
-            node_name(i),
-            node.connected_peers()
-        ));
-    }
+    let (node, _) = super::start_cluster_node(cfg, i, n)?;
     let mut ctl = Ctl::new(&node, i, n)?;
     let mb = node.mailbox(MAILBOX).ctx("mailbox mperf")?;
     ctl.barrier(READY, Duration::from_secs(60))?;
@@ -268,21 +257,7 @@ fn table(rows: &[BenchResult], o: &Options, c: &Common) -> String {
     let Some(first) = rows.first() else {
         return String::new();
     };
-    let mut head = vec!["bundler".to_string()];
-    head.extend((1..=c.runs).map(|i| format!("run {i}")));
-    head.extend(["median", "min", "max", "MB/s/node"].map(String::from));
-    let mut t = Table::new(head);
-    for r in rows {
-        if r.failed() {
-            t.failed_row(vec![r.label(c.show_idle())], r.failure());
-            continue;
-        }
-        let mut cells = vec![r.label(c.show_idle())];
-        cells.extend(r.runs.iter().map(|v| si(*v)));
-        cells.extend([si(r.median), si(r.min), si(r.max)]);
-        cells.push(format!("{:.0}", r.median * r.size as f64 / 1e6));
-        t.row(cells);
-    }
+    let t = super::rate_table(rows, c.runs, c.show_idle(), "MB/s/node");
     format!(
         "\nmperf: {} nodes, each sends {} x {} B to every member (itself included) with send_all; \
          msgs/s received per node (mean over the nodes) of {} alternating runs\n{}",

@@ -25,10 +25,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     BenchResult, CTL, Common, Context, Ctl, Faults, Overrides, Progress, Rng, Table, add_pairs,
-    hist_to_pairs, median_percentiles, mesh_config, new_histogram, node_addr, node_name,
-    parse_results, percentiles_us, print_result, run_workers, share, si, u64_at, us, worker_args,
+    hist_to_pairs, median_percentiles, mesh_config, new_histogram, node_addr, parse_results,
+    percentiles_us, print_result, run_workers, share, si, u64_at, us, worker_args,
 };
-use crate::{Address, BundlerKind, Mailbox, Node, RecvError};
+use crate::{Address, BundlerKind, Mailbox, RecvError};
 
 /// The payload header: the call id (u64, little-endian).
 pub const HEADER: usize = 8;
@@ -229,17 +229,7 @@ fn node_worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         a.idle_cpu_level,
         &boxes,
     )?;
-    let node = Node::start(super::with_bench_tls(cfg, None))
-        .ctx(&format!("starting node {}", node_name(i)))?;
-    let others: Vec<String> = (0..n).filter(|j| *j != i).map(node_name).collect();
-    let names: Vec<&str> = others.iter().map(String::as_str).collect();
-    if !node.wait_for_peers(&names, Duration::from_secs(30)) {
-        return Err(format!(
-            "{}: peers did not come up within 30 s (connected: {:?})",
-            node_name(i),
-            node.connected_peers()
-        ));
-    }
+    let (node, others) = super::start_cluster_node(cfg, i, n)?;
     let targets = others
         .iter()
         .map(|o| Address::new(o, MAILBOX).ctx("address"))
@@ -543,7 +533,7 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
         for run in 0..c.runs {
             let of = format!("run {}/{}", run + 1, c.runs);
             for (i, &(b, idle)) in combos.iter().enumerate() {
-                let name = label(b, idle, c.show_idle());
+                let name = super::row_label(b.name(), Some(idle), c.show_idle());
                 let what = format!("rpc {size} B {name:<20} {}x{} {of}", o.nodes, o.threads);
                 progress.running(what.clone());
                 let r = if remote {
@@ -563,7 +553,7 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
                 progress.done(format!("  {what}: {}", multi[i].add(&r)));
             }
             for (i, &(b, idle)) in combos.iter().enumerate() {
-                let name = label(b, idle, c.show_idle());
+                let name = super::row_label(b.name(), Some(idle), c.show_idle());
                 let what = format!("rpc {size} B {name:<20} 1 call {of}");
                 progress.running(what.clone());
                 let r = if remote {
@@ -614,14 +604,6 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
         );
     }
     Ok(results)
-}
-
-fn label(b: BundlerKind, idle: u8, show_idle: bool) -> String {
-    if show_idle {
-        format!("{b} (idle {idle})")
-    } else {
-        b.to_string()
-    }
 }
 
 /// A row's name in the tables.

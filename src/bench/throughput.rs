@@ -114,16 +114,6 @@ pub fn default_messages(size: usize, entry: Entry) -> u64 {
     }
 }
 
-/// What the receiving worker reports.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct RecvReport {
-    pub distinct: u64,
-    pub duplicated: u64,
-    pub reordered: u64,
-    /// Wall clock (ns since the epoch) when the last message arrived.
-    pub end_ns: u128,
-}
-
 /// What the sending worker reports.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SendReport {
@@ -214,17 +204,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 }
             }
             let end_ns = now_ns();
-            // Both sides shut down together, once both are done.
-            drop(mb);
-            ctl.finish(Duration::from_secs(60))?;
-            node.shutdown();
-            print_result(&RecvReport {
-                distinct: v.distinct,
-                duplicated: v.duplicated,
-                reordered: v.reordered,
-                end_ns,
-            })?;
-            Ok(())
+            super::finish_receiver(node, ctl, mb, &v, end_ns)
         }
         "send" => {
             let mut cfg = NodeConfig::new("n0", a.listen, secret)
@@ -322,7 +302,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 }
             }
             let end_ns = now_ns();
-            print_result(&RecvReport {
+            print_result(&super::RecvReport {
                 distinct: v.distinct,
                 duplicated: v.duplicated,
                 reordered: v.reordered,
@@ -437,7 +417,7 @@ pub fn one_run(
     let s = worker_result(send, "RESULT", timeout)?;
     let r = worker_result(recv, "RESULT", timeout)?;
     let s: SendReport = serde_json::from_str(&s).ctx("sender result")?;
-    let r: RecvReport = serde_json::from_str(&r).ctx("receiver result")?;
+    let r: super::RecvReport = serde_json::from_str(&r).ctx("receiver result")?;
     let secs = (r.end_ns.saturating_sub(s.start_ns)) as f64 / 1e9;
     Ok(RunOutcome {
         rate: if secs > 0.0 {
@@ -494,7 +474,7 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
             for (i, &(e, idle)) in combos.iter().enumerate() {
                 let what = format!(
                     "throughput {size} B {:<20} run {}/{}",
-                    label(e, idle, show_idle),
+                    super::row_label(&e.name(), idle, show_idle),
                     run + 1,
                     o.runs
                 );
@@ -540,14 +520,6 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
         print_table(&results[first..], &mpw, o.runs, show_idle);
     }
     Ok(results)
-}
-
-/// A row's name: the bundler, with its idle level when several are compared.
-fn label(e: Entry, idle: Option<u8>, show_idle: bool) -> String {
-    match idle {
-        Some(l) if show_idle => format!("{} (idle {l})", e.name()),
-        _ => e.name().to_string(),
-    }
 }
 
 fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool) {
