@@ -265,13 +265,15 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 sending.store(false, std::sync::atomic::Ordering::Relaxed);
                 res
             })?;
-            let st = node.stats();
-            let mpw = st
+            // Once the receiver has everything, every message was written: read the
+            // messages-per-write figure then, not while the lane still holds some.
+            ctl.finish(Duration::from_secs(300))?;
+            let mpw = node
+                .stats()
                 .peers
                 .first()
                 .map(|p| p.messages_per_write())
                 .unwrap_or(0.0);
-            ctl.finish(Duration::from_secs(300))?;
             node.shutdown();
             print_result(&SendReport {
                 start_ns,
