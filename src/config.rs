@@ -74,8 +74,18 @@ pub struct NodeConfig {
     /// First and largest pause between connection attempts. Default 50 ms .. 2 s.
     pub reconnect_min: Duration,
     pub reconnect_max: Duration,
-    /// How long a handshake may take. Default 5 s.
+    /// How long a connection may take from accept (or connect) to carrying messages: TLS,
+    /// the batchwire handshake and the RESUME exchange, all together. Default 5 s.
     pub handshake_timeout: Duration,
+    /// Most inbound handshakes in progress at once; beyond it new connections are closed at
+    /// once (and counted). Each costs a thread until it ends. Default 64.
+    pub max_handshakes: usize,
+    /// Most peers a node keeps, counting those not in the static list that connect with the
+    /// cluster secret. Default 1024.
+    pub max_peers: usize,
+    /// Events queued for the subscriber at most; beyond it they are dropped and counted
+    /// (see `Node::events`). Default 4096.
+    pub events_capacity: usize,
     /// How long `shutdown` waits for queued messages to be written and acknowledged.
     /// Default 5 s.
     pub shutdown_timeout: Duration,
@@ -138,6 +148,9 @@ impl NodeConfig {
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(2),
             handshake_timeout: Duration::from_secs(5),
+            max_handshakes: 64,
+            max_peers: 1024,
+            events_capacity: 4096,
             shutdown_timeout: Duration::from_secs(5),
             reliable: true,
             unacked_bytes: 16 << 20,
@@ -215,6 +228,9 @@ impl NodeConfig {
             ("max_payload", self.max_payload),
             ("frame_bytes", self.frame_bytes),
             ("read_bytes", self.read_bytes),
+            ("max_handshakes", self.max_handshakes),
+            ("max_peers", self.max_peers),
+            ("events_capacity", self.events_capacity),
         ] {
             if v == 0 {
                 return Err(Error::Config(format!("{what} must be above 0")));

@@ -17,6 +17,8 @@ pub(crate) struct PeerCounters {
     pub frames_received: AtomicU64,
     pub undeliverable_reported: AtomicU64,
     pub connects: AtomicU64,
+    /// Connections closed because the peer broke the protocol (forged acks, gaps...).
+    pub violations: AtomicU64,
     pub acked: AtomicU64,
     pub resent: AtomicU64,
     /// Flushes by reason, indexed by `reason_index`.
@@ -58,6 +60,9 @@ pub struct PeerStats {
     pub undeliverable_reported: u64,
     /// Times a connection to this peer was established.
     pub connects: u64,
+    /// Connections closed because the peer broke the protocol: an acknowledgement or
+    /// RESUME for messages never sent, a sequence gap or overflow.
+    pub protocol_violations: u64,
     /// Messages the peer acknowledged.
     pub acked: u64,
     /// Messages written again on a new connection after a break.
@@ -114,6 +119,7 @@ impl PeerCounters {
             frames_received: self.frames_received.load(Relaxed),
             undeliverable_reported: self.undeliverable_reported.load(Relaxed),
             connects: self.connects.load(Relaxed),
+            protocol_violations: self.violations.load(Relaxed),
             acked: self.acked.load(Relaxed),
             resent: self.resent.load(Relaxed),
             flushes_drained: f(0),
@@ -141,6 +147,142 @@ pub struct NodeStats {
     pub undeliverable: u64,
     /// Messages delivered without leaving this node.
     pub local_messages: u64,
+    /// Connections that never got past the handshake, and why.
+    pub handshakes: HandshakeStats,
+    /// Events dropped because the subscriber did not keep up (see `Node::events`).
+    pub events_dropped: u64,
+}
+
+/// Why a connection failed before it carried messages. Counted per node
+/// ([`HandshakeStats`]) and given with every `Event::HandshakeFailed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum HandshakeFailure {
+    /// The peer's proof of the cluster secret did not verify.
+    Secret,
+    /// Another protocol version.
+    Version,
+    /// The wrong node at a dialled address, or a node claiming this node's name.
+    Name,
+    /// An inbound connection claiming a node that this node dials itself.
+    Direction,
+    /// Not the batchwire protocol: garbage, a malformed or unexpected frame, a length
+    /// above the limit, or a RESUME that does not add up.
+    Protocol,
+    /// The handshake did not finish within `handshake_timeout`.
+    Timeout,
+    /// The TLS handshake failed (no certificate, another CA, TLS on one side only...).
+    Tls,
+    /// The peer's certificate does not name the node it claims to be.
+    Certificate,
+    /// The peer refused this node (its reason is in the event).
+    Refused,
+    /// The connection closed or failed before the handshake ended.
+    Closed,
+}
+
+impl HandshakeFailure {
+    /// The failure a connection-setup error stands for.
+    pub(crate) fn of(e: &crate::error::LinkError) -> HandshakeFailure {
+        use crate::core::handshake::HandshakeError as H;
+        use crate::error::LinkError as L;
+        match e {
+            L::Handshake(H::Secret { .. }) => HandshakeFailure::Secret,
+            L::Handshake(H::Version { .. }) => HandshakeFailure::Version,
+            L::Handshake(H::WrongPeer { .. } | H::SameName(_)) => HandshakeFailure::Name,
+            L::Handshake(H::WrongDirection(_)) => HandshakeFailure::Direction,
+            L::Handshake(H::Refused { .. }) => HandshakeFailure::Refused,
+            L::Handshake(H::Unexpected { .. })
+            | L::Frame(_)
+            | L::Unexpected(_)
+            | L::Sequence(_) => HandshakeFailure::Protocol,
+            L::HandshakeTimeout(_) => HandshakeFailure::Timeout,
+            L::Io(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                ) =>
+            {
+                HandshakeFailure::Timeout
+            }
+            L::Tls(_) | L::PeerSpeaksTls => HandshakeFailure::Tls,
+            L::Certificate { .. } => HandshakeFailure::Certificate,
+            L::Io(_) | L::Eof => HandshakeFailure::Closed,
+        }
+    }
+
+    const ALL: [HandshakeFailure; 10] = [
+        HandshakeFailure::Secret,
+        HandshakeFailure::Version,
+        HandshakeFailure::Name,
+        HandshakeFailure::Direction,
+        HandshakeFailure::Protocol,
+        HandshakeFailure::Timeout,
+        HandshakeFailure::Tls,
+        HandshakeFailure::Certificate,
+        HandshakeFailure::Refused,
+        HandshakeFailure::Closed,
+    ];
+}
+
+/// Counters of connections refused or failed before they carried messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HandshakeStats {
+    /// Handshakes that failed, by why (kinds with a zero count are left out).
+    pub failed: Vec<(HandshakeFailure, u64)>,
+    /// Inbound connections closed at once because `max_handshakes` were in progress.
+    pub busy: u64,
+    /// Errors accepting a connection (e.g. out of file descriptors).
+    pub accept_errors: u64,
+    /// Inbound connections closed because no thread could be started for them.
+    pub spawn_errors: u64,
+}
+
+impl HandshakeStats {
+    /// Handshakes that failed for any reason (not counting `busy`).
+    pub fn failed_total(&self) -> u64 {
+        self.failed.iter().map(|(_, n)| n).sum()
+    }
+
+    /// How many failed for `kind`.
+    pub fn failed(&self, kind: HandshakeFailure) -> u64 {
+        self.failed
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// The node's counters of unauthenticated clients.
+#[derive(Debug, Default)]
+pub(crate) struct SecurityCounters {
+    failed: [AtomicU64; HandshakeFailure::ALL.len()],
+    pub busy: AtomicU64,
+    pub accept_errors: AtomicU64,
+    pub spawn_errors: AtomicU64,
+}
+
+impl SecurityCounters {
+    pub fn count(&self, kind: HandshakeFailure) {
+        if let Some(i) = HandshakeFailure::ALL.iter().position(|k| *k == kind) {
+            self.failed[i].fetch_add(1, Relaxed);
+        }
+    }
+
+    pub fn snapshot(&self) -> HandshakeStats {
+        HandshakeStats {
+            failed: HandshakeFailure::ALL
+                .iter()
+                .zip(&self.failed)
+                .map(|(k, n)| (*k, n.load(Relaxed)))
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+            busy: self.busy.load(Relaxed),
+            accept_errors: self.accept_errors.load(Relaxed),
+            spawn_errors: self.spawn_errors.load(Relaxed),
+        }
+    }
 }
 
 impl std::fmt::Display for NodeStats {
@@ -150,10 +292,24 @@ impl std::fmt::Display for NodeStats {
             "node {}: {} local messages, {} undeliverable here",
             self.node, self.local_messages, self.undeliverable
         )?;
+        let h = &self.handshakes;
+        if h.failed_total() + h.busy + h.accept_errors + h.spawn_errors + self.events_dropped > 0 {
+            let why: Vec<String> = h.failed.iter().map(|(k, n)| format!("{k:?} {n}")).collect();
+            writeln!(
+                f,
+                "  handshakes failed: {} ({}); closed at once (too many in progress): {}; accept errors {}; spawn errors {}; events dropped {}",
+                h.failed_total(),
+                why.join(", "),
+                h.busy,
+                h.accept_errors,
+                h.spawn_errors,
+                self.events_dropped,
+            )?;
+        }
         for p in &self.peers {
             writeln!(
                 f,
-                "  {:<12} {:<4} sent {} msgs / {} B in {} frames, {} writes ({:.1} msgs/write; flushes drained {} size {} timer {} single {}), recv {} msgs / {} B in {} frames, queue high-water {} B, senders blocked {} us, failed {}, undeliverable at peer {}",
+                "  {:<12} {:<4} sent {} msgs / {} B in {} frames, {} writes ({:.1} msgs/write; flushes drained {} size {} timer {} single {}), recv {} msgs / {} B in {} frames, queue high-water {} B, senders blocked {} us, failed {}, undeliverable at peer {}, protocol violations {}",
                 p.peer,
                 if p.connected { "up" } else { "down" },
                 p.messages_sent,
@@ -172,6 +328,7 @@ impl std::fmt::Display for NodeStats {
                 p.blocked_us,
                 p.send_failed,
                 p.undeliverable_reported,
+                p.protocol_violations,
             )?;
             if !p.messages_per_write_histogram.is_empty() {
                 let h: Vec<String> = p

@@ -67,7 +67,7 @@ fn wrong_protocol_version_gets_a_refusal_naming_both_versions() {
         let r = refuse.expect("no REFUSE frame");
         assert_eq!(r.code, RefuseCode::Version);
         assert!(
-            r.reason.contains("version 1") && r.reason.contains("version 99"),
+            r.reason.contains("version 2") && r.reason.contains("version 99"),
             "{}",
             r.reason
         );

@@ -29,7 +29,8 @@ use super::codec::{Codec, DecodeError, Name, Reader};
 /// The four bytes every HELLO starts with.
 pub const MAGIC: [u8; 4] = *b"BWIR";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version 2: role-bound handshake proofs (the acceptor proves only after the dialler).
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Bytes before the body: the length and the kind.
 pub const HEADER_LEN: usize = 5;
 /// Bytes a MESSAGES frame adds around its messages (header, count, first sequence number).
@@ -267,10 +268,17 @@ impl Codec for Auth {
 /// Why a handshake was refused; sent to the peer just before closing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RefuseCode {
+    /// Another protocol version.
     Version,
+    /// The proof of the cluster secret did not verify.
     Secret,
+    /// The wrong node, or a name that is not allowed.
     Name,
+    /// A malformed or unexpected frame, or a protocol value that does not add up.
     Protocol,
+    /// An inbound connection from a node that this node dials itself.
+    Direction,
+    /// A code this build does not know.
     Other(u8),
 }
 
@@ -281,6 +289,7 @@ impl RefuseCode {
             RefuseCode::Secret => 2,
             RefuseCode::Name => 3,
             RefuseCode::Protocol => 4,
+            RefuseCode::Direction => 5,
             RefuseCode::Other(c) => c,
         }
     }
@@ -290,6 +299,7 @@ impl RefuseCode {
             2 => RefuseCode::Secret,
             3 => RefuseCode::Name,
             4 => RefuseCode::Protocol,
+            5 => RefuseCode::Direction,
             c => RefuseCode::Other(c),
         }
     }

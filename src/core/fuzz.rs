@@ -6,7 +6,7 @@ use bytes::BytesMut;
 
 use super::codec::Name;
 use super::frame::{self, Frame};
-use super::handshake::{Handshake, HandshakeConfig};
+use super::handshake::{Handshake, HandshakeConfig, Role};
 use super::reliable::RecvWindow;
 
 /// The limit the targets decode with: small, so a fuzzer finds the limit checks.
@@ -40,7 +40,9 @@ pub fn handshake(data: &[u8]) {
         name: Name::from_static("fuzzed"),
         incarnation: 1,
         secret: std::sync::Arc::from(&b"secret"[..]),
-        expect_peer: None,
+        role: Role::Accept {
+            refuse: std::sync::Arc::from([Name::from_static("later")]),
+        },
     };
     let mut hs = Handshake::new(cfg, [7; 16]);
     while hs.poll_transmit().is_some() {}

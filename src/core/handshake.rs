@@ -1,16 +1,25 @@
 //! The connection handshake as a sans-IO state machine.
 //!
-//! Both sides run the same machine, whichever dialled:
+//! The two sides play different roles, and the proofs say which:
 //!
-//! 1. each sends HELLO: magic, protocol version, incarnation, a fresh random nonce, its name;
-//! 2. on the peer's HELLO each checks the version (and, when dialling, that the peer is the
-//!    node it meant to reach), then sends AUTH with
-//!    `HMAC-SHA256(secret, label | own name | peer name | peer nonce | own nonce | own incarnation)`;
-//! 3. on the peer's AUTH each recomputes the peer's proof and compares in constant time.
+//! 1. both send HELLO at once: magic, protocol version, incarnation, a fresh random nonce,
+//!    the node's name. HELLO carries nothing that depends on the secret;
+//! 2. the **dialler**, on the acceptor's HELLO, checks the version and that the peer is the
+//!    node it meant to reach, then sends its AUTH:
+//!    `HMAC-SHA256(secret, "dialler" | dialler name | acceptor name | dialler nonce |
+//!    acceptor nonce | dialler incarnation | acceptor incarnation)`;
+//! 3. the **acceptor**, on the dialler's HELLO, checks the version and the claimed name (not
+//!    its own, and not a node it dials itself: of two peers, the name that sorts first dials);
+//!    on the dialler's AUTH it verifies the proof and only then sends its own, computed the
+//!    same way with the label "acceptor";
+//! 4. the dialler verifies the acceptor's proof.
 //!
-//! The secret never crosses the wire, and a proof cannot be replayed because it covers the
-//! verifier's fresh nonce. Every refusal is sent to the peer as a REFUSE frame with a reason
-//! before the connection closes, so both sides log why.
+//! Every proof binds the role, both names, both nonces and both incarnations, so no proof
+//! computed in one connection or one role is accepted in another: a node can never be used
+//! to sign the answer to another node's challenge (the relay attack of issue 9), and an
+//! acceptor reveals nothing that depends on the secret to a client that has not proved it.
+//! The secret never crosses the wire. Every refusal is sent to the peer as a REFUSE frame
+//! with a reason before the connection closes, so both sides log why.
 //!
 //! Randomness is passed in (the nonce), so tests are deterministic.
 
@@ -23,7 +32,24 @@ use sha2::Sha256;
 use super::codec::Name;
 use super::frame::{Auth, Frame, Hello, PROTOCOL_VERSION, Refuse, RefuseCode};
 
-const LABEL: &[u8] = b"batchwire/1 auth";
+const DIALLER: &[u8] = b"batchwire/2 auth: dialler";
+const ACCEPTOR: &[u8] = b"batchwire/2 auth: acceptor";
+
+/// Which end of the connection this node is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// This node dialled; the peer at that address must be `expect`.
+    Dial {
+        /// The node this node meant to reach.
+        expect: Name,
+    },
+    /// This node accepted the connection. `refuse` lists the names this node dials itself:
+    /// an inbound connection claiming one of them is refused before any proof is exchanged.
+    Accept {
+        /// Names of peers this node is responsible for dialling.
+        refuse: Arc<[Name]>,
+    },
+}
 
 /// What a node needs to run a handshake.
 #[derive(Clone)]
@@ -34,8 +60,8 @@ pub struct HandshakeConfig {
     pub incarnation: u64,
     /// The cluster secret shared by every node.
     pub secret: Arc<[u8]>,
-    /// When dialling: the name the peer at that address must have.
-    pub expect_peer: Option<Name>,
+    /// Dialler or acceptor.
+    pub role: Role,
 }
 
 impl std::fmt::Debug for HandshakeConfig {
@@ -44,7 +70,7 @@ impl std::fmt::Debug for HandshakeConfig {
             .field("name", &self.name)
             .field("incarnation", &self.incarnation)
             .field("secret", &"<redacted>")
-            .field("expect_peer", &self.expect_peer)
+            .field("role", &self.role)
             .finish()
     }
 }
@@ -52,29 +78,76 @@ impl std::fmt::Debug for HandshakeConfig {
 /// Who the peer turned out to be.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerInfo {
+    /// The peer's node name (authenticated).
     pub name: Name,
+    /// The peer's incarnation (authenticated: it is covered by the proofs).
     pub incarnation: u64,
 }
 
 /// Why a handshake failed. `peer` is the name the peer claimed, when it got that far.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HandshakeError {
+    /// The peer speaks another protocol version.
     #[error("protocol version mismatch: we speak {ours}, peer {peer:?} speaks {theirs}")]
-    Version { peer: Name, ours: u16, theirs: u16 },
+    Version {
+        /// The name the peer claimed.
+        peer: Name,
+        /// Our version.
+        ours: u16,
+        /// The peer's version.
+        theirs: u16,
+    },
+    /// The peer's proof does not verify: it does not know the cluster secret (or it tried
+    /// to pass off a proof made for another connection or role).
     #[error("cluster secret mismatch: the proof from peer {peer:?} does not verify")]
-    Secret { peer: Name },
+    Secret {
+        /// The name the peer claimed.
+        peer: Name,
+    },
+    /// We dialled an address and found another node there.
     #[error("expected to reach node {expected:?} but the peer is {got:?}")]
-    WrongPeer { expected: Name, got: Name },
+    WrongPeer {
+        /// The node we meant to reach.
+        expected: Name,
+        /// The name the peer claimed.
+        got: Name,
+    },
+    /// The peer claims to be this node.
     #[error("peer claims our own name {0:?}")]
     SameName(Name),
+    /// An inbound connection claims a node that this node dials itself (the name that
+    /// sorts first dials): a misconfigured peer, or someone pretending to be it.
+    #[error("inbound connection claims to be {0:?}, a node this node dials itself (the name that sorts first dials)")]
+    WrongDirection(Name),
+    /// The peer refused us, with its reason.
     #[error("refused by peer{}: {reason}", peer.as_ref().map(|p| format!(" {p:?}")).unwrap_or_default())]
     Refused {
+        /// The name the peer claimed, if it sent its HELLO first.
         peer: Option<Name>,
+        /// The peer's refusal code.
         code: RefuseCode,
+        /// The peer's explanation.
         reason: String,
     },
+    /// A frame that has no place at this point of the handshake.
     #[error("unexpected {got} frame during the handshake")]
-    Unexpected { got: &'static str },
+    Unexpected {
+        /// The frame's kind.
+        got: &'static str,
+    },
+}
+
+impl HandshakeError {
+    /// The name the peer claimed, if it got that far.
+    pub fn peer(&self) -> Option<&Name> {
+        match self {
+            HandshakeError::Version { peer, .. } | HandshakeError::Secret { peer } => Some(peer),
+            HandshakeError::WrongPeer { got, .. } => Some(got),
+            HandshakeError::SameName(p) | HandshakeError::WrongDirection(p) => Some(p),
+            HandshakeError::Refused { peer, .. } => peer.as_ref(),
+            HandshakeError::Unexpected { .. } => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +169,7 @@ pub struct Handshake {
 }
 
 impl Handshake {
+    /// A handshake about to start; its HELLO is the first frame to transmit.
     pub fn new(cfg: HandshakeConfig, nonce: [u8; 16]) -> Self {
         let hello = Frame::Hello(Hello {
             version: PROTOCOL_VERSION,
@@ -128,12 +202,27 @@ impl Handshake {
         }
     }
 
+    /// The name the peer claimed in its HELLO (not yet authenticated), if it sent one.
+    pub fn claimed(&self) -> Option<&Name> {
+        self.peer.as_ref().map(|h| &h.name)
+    }
+
+    /// Whether the peer is authenticated.
     pub fn is_done(&self) -> bool {
         self.state == State::Done
     }
 
+    fn dialling(&self) -> bool {
+        matches!(self.cfg.role, Role::Dial { .. })
+    }
+
     /// Process one frame from the peer. `Ok(Some(peer))` when the handshake completes.
     pub fn handle(&mut self, frame: Frame) -> Result<Option<PeerInfo>, HandshakeError> {
+        if matches!(self.state, State::Done | State::Failed) {
+            return Err(HandshakeError::Unexpected {
+                got: frame.kind_name(),
+            });
+        }
         let res = self.step(frame);
         if res.is_err() {
             self.state = State::Failed;
@@ -149,57 +238,28 @@ impl Handshake {
                 reason: r.reason,
             }),
             (State::AwaitHello, Frame::Hello(h)) => {
-                if h.version != PROTOCOL_VERSION {
-                    let e = HandshakeError::Version {
-                        peer: h.name.clone(),
-                        ours: PROTOCOL_VERSION,
-                        theirs: h.version,
-                    };
-                    return Err(self.refuse(RefuseCode::Version, e));
-                }
-                if h.name == self.cfg.name {
-                    let e = HandshakeError::SameName(h.name.clone());
-                    return Err(self.refuse(RefuseCode::Name, e));
-                }
-                if let Some(expected) = &self.cfg.expect_peer {
-                    if *expected != h.name {
-                        let e = HandshakeError::WrongPeer {
-                            expected: expected.clone(),
-                            got: h.name.clone(),
-                        };
-                        return Err(self.refuse(RefuseCode::Name, e));
-                    }
-                }
-                let proof = self.proof(
-                    &self.cfg.name,
-                    &h.name,
-                    &h.nonce,
-                    &self.nonce,
-                    self.cfg.incarnation,
-                );
-                self.out.push_back(Frame::Auth(Auth { proof }));
+                self.check_hello(&h)?;
                 self.peer = Some(h);
                 self.state = State::AwaitAuth;
+                // The dialler proves first; the acceptor waits for that proof.
+                if self.dialling() {
+                    let proof = self.proof(DIALLER);
+                    self.out.push_back(Frame::Auth(Auth { proof }));
+                }
                 Ok(None)
             }
             (State::AwaitAuth, Frame::Auth(a)) => {
-                let Some(h) = self.peer.as_ref() else {
-                    return Err(HandshakeError::Unexpected { got: "AUTH" });
-                };
+                let theirs = if self.dialling() { ACCEPTOR } else { DIALLER };
                 let mut mac = self.mac();
-                feed(
-                    &mut mac,
-                    &h.name,
-                    &self.cfg.name,
-                    &self.nonce,
-                    &h.nonce,
-                    h.incarnation,
-                );
+                self.feed(&mut mac, theirs);
                 if mac.verify_slice(&a.proof).is_err() {
-                    let e = HandshakeError::Secret {
-                        peer: h.name.clone(),
-                    };
-                    return Err(self.refuse(RefuseCode::Secret, e));
+                    let peer = self.claimed().cloned().unwrap_or(Name::from_static(""));
+                    return Err(self.refuse(RefuseCode::Secret, HandshakeError::Secret { peer }));
+                }
+                // Only now, with the dialler proven, does the acceptor prove itself.
+                if !self.dialling() {
+                    let proof = self.proof(ACCEPTOR);
+                    self.out.push_back(Frame::Auth(Auth { proof }));
                 }
                 self.state = State::Done;
                 Ok(self.peer())
@@ -213,22 +273,53 @@ impl Handshake {
         }
     }
 
+    /// The peer's HELLO: version, and a name this node will talk to in this role.
+    fn check_hello(&mut self, h: &Hello) -> Result<(), HandshakeError> {
+        if h.version != PROTOCOL_VERSION {
+            let e = HandshakeError::Version {
+                peer: h.name.clone(),
+                ours: PROTOCOL_VERSION,
+                theirs: h.version,
+            };
+            return Err(self.refuse(RefuseCode::Version, e));
+        }
+        if h.name == self.cfg.name {
+            let e = HandshakeError::SameName(h.name.clone());
+            return Err(self.refuse(RefuseCode::Name, e));
+        }
+        match &self.cfg.role {
+            Role::Dial { expect } if *expect != h.name => {
+                let e = HandshakeError::WrongPeer {
+                    expected: expect.clone(),
+                    got: h.name.clone(),
+                };
+                Err(self.refuse(RefuseCode::Name, e))
+            }
+            Role::Accept { refuse } if refuse.contains(&h.name) => {
+                let e = HandshakeError::WrongDirection(h.name.clone());
+                Err(self.refuse(RefuseCode::Direction, e))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Queue a REFUSE carrying the reason from the peer's point of view, and return `e`.
     fn refuse(&mut self, code: RefuseCode, e: HandshakeError) -> HandshakeError {
+        let me = self.cfg.name.as_str();
         let reason = match &e {
-            HandshakeError::Version { ours, theirs, .. } => format!(
-                "node {:?} speaks protocol version {ours}, you sent version {theirs}",
-                self.cfg.name.as_str()
-            ),
-            HandshakeError::Secret { .. } => format!(
-                "cluster secret mismatch: node {:?} could not verify your proof",
-                self.cfg.name.as_str()
-            ),
+            HandshakeError::Version { ours, theirs, .. } => {
+                format!("node {me:?} speaks protocol version {ours}, you sent version {theirs}")
+            }
+            HandshakeError::Secret { .. } => {
+                format!("cluster secret mismatch: node {me:?} could not verify your proof")
+            }
             HandshakeError::WrongPeer { expected, got } => format!(
-                "node {:?} dialled this address expecting node {expected:?}, not {got:?}",
-                self.cfg.name.as_str()
+                "node {me:?} dialled this address expecting node {expected:?}, not {got:?}"
             ),
-            other => format!("node {:?}: {other}", self.cfg.name.as_str()),
+            HandshakeError::WrongDirection(p) => format!(
+                "node {me:?} dials {p:?} itself (the name that sorts first dials); {p:?} must not dial {me:?}"
+            ),
+            other => format!("node {me:?}: {other}"),
         };
         self.out.push_back(Frame::Refuse(Refuse { code, reason }));
         e
@@ -239,50 +330,62 @@ impl Handshake {
         <Hmac<Sha256> as Mac>::new_from_slice(&self.cfg.secret).expect("HMAC takes any key length")
     }
 
-    fn proof(
-        &self,
-        me: &Name,
-        peer: &Name,
-        peer_nonce: &[u8; 16],
-        my_nonce: &[u8; 16],
-        inc: u64,
-    ) -> [u8; 32] {
+    fn proof(&self, label: &[u8]) -> [u8; 32] {
         let mut mac = self.mac();
-        feed(&mut mac, me, peer, peer_nonce, my_nonce, inc);
+        self.feed(&mut mac, label);
         mac.finalize().into_bytes().into()
     }
-}
 
-/// The bytes a proof covers. `prover` is the node that computes the proof, `verifier` the
-/// one that checks it; the verifier's nonce comes first.
-fn feed(
-    mac: &mut Hmac<Sha256>,
-    prover: &Name,
-    verifier: &Name,
-    verifier_nonce: &[u8; 16],
-    prover_nonce: &[u8; 16],
-    prover_incarnation: u64,
-) {
-    mac.update(LABEL);
-    for n in [prover, verifier] {
-        mac.update(&[n.len() as u8]);
-        mac.update(n.as_bytes());
+    /// The bytes a proof covers: the role's label, then the dialler's name, nonce and
+    /// incarnation and the acceptor's, whichever side computes it. Only called once the
+    /// peer's HELLO is in.
+    fn feed(&self, mac: &mut Hmac<Sha256>, label: &[u8]) {
+        let Some(peer) = &self.peer else { return };
+        let me = (&self.cfg.name, &self.nonce, self.cfg.incarnation);
+        let them = (&peer.name, &peer.nonce, peer.incarnation);
+        let (d, a) = if self.dialling() {
+            (me, them)
+        } else {
+            (them, me)
+        };
+        mac.update(&[label.len() as u8]);
+        mac.update(label);
+        for n in [d.0, a.0] {
+            mac.update(&[n.len() as u8]);
+            mac.update(n.as_bytes());
+        }
+        mac.update(d.1);
+        mac.update(a.1);
+        mac.update(&d.2.to_le_bytes());
+        mac.update(&a.2.to_le_bytes());
     }
-    mac.update(verifier_nonce);
-    mac.update(prover_nonce);
-    mac.update(&prover_incarnation.to_le_bytes());
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn cfg(name: &str, secret: &[u8], expect: Option<&str>) -> HandshakeConfig {
+    fn n(s: &str) -> Name {
+        Name::new(s).unwrap()
+    }
+
+    fn dial(name: &str, secret: &[u8], expect: &str) -> HandshakeConfig {
         HandshakeConfig {
-            name: Name::new(name).unwrap(),
+            name: n(name),
             incarnation: name.len() as u64 * 1000,
             secret: secret.into(),
-            expect_peer: expect.map(|e| Name::new(e).unwrap()),
+            role: Role::Dial { expect: n(expect) },
+        }
+    }
+
+    fn accept(name: &str, secret: &[u8], refuse: &[&str]) -> HandshakeConfig {
+        HandshakeConfig {
+            name: n(name),
+            incarnation: name.len() as u64 * 1000,
+            secret: secret.into(),
+            role: Role::Accept {
+                refuse: refuse.iter().map(|r| n(r)).collect(),
+            },
         }
     }
 
@@ -314,50 +417,137 @@ mod tests {
 
     #[test]
     fn same_secret_authenticates_both_sides() {
-        let mut a = Handshake::new(cfg("a", b"s3cret", Some("bb")), [1; 16]);
-        let mut b = Handshake::new(cfg("bb", b"s3cret", None), [2; 16]);
+        let mut a = Handshake::new(dial("a", b"s3cret", "bb"), [1; 16]);
+        let mut b = Handshake::new(accept("bb", b"s3cret", &[]), [2; 16]);
         run(&mut a, &mut b);
         assert_eq!(a.peer().unwrap().name.as_str(), "bb");
         assert_eq!(a.peer().unwrap().incarnation, 2000);
         assert_eq!(b.peer().unwrap().name.as_str(), "a");
+        assert_eq!(b.peer().unwrap().incarnation, 1000);
     }
 
     #[test]
     fn wrong_secret_is_refused_on_both_sides_naming_the_peer() {
-        let mut a = Handshake::new(cfg("a", b"one", None), [1; 16]);
-        let mut b = Handshake::new(cfg("b", b"two", None), [2; 16]);
+        let mut a = Handshake::new(dial("a", b"one", "b"), [1; 16]);
+        let mut b = Handshake::new(accept("b", b"two", &[]), [2; 16]);
         let (ra, rb) = run(&mut a, &mut b);
         assert!(!a.is_done() && !b.is_done());
-        assert!(
-            ra.iter()
-                .any(|r| matches!(r, Err(HandshakeError::Secret { peer }) if peer.as_str() == "b")),
-            "{ra:?}"
-        );
         assert!(
             rb.iter()
                 .any(|r| matches!(r, Err(HandshakeError::Secret { peer }) if peer.as_str() == "a")),
             "{rb:?}"
         );
+        assert!(
+            ra.iter().any(|r| matches!(
+                r,
+                Err(HandshakeError::Refused { peer: Some(p), code: RefuseCode::Secret, .. }) if p.as_str() == "b"
+            )),
+            "{ra:?}"
+        );
+    }
+
+    #[test]
+    fn the_acceptor_sends_no_proof_before_the_dialler_proves() {
+        let mut b = Handshake::new(accept("b", b"s", &[]), [2; 16]);
+        assert!(matches!(b.poll_transmit(), Some(Frame::Hello(_))));
+        b.handle(Frame::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            incarnation: 9,
+            nonce: [3; 16],
+            name: n("a"),
+        }))
+        .unwrap();
+        assert_eq!(b.poll_transmit(), None, "no AUTH before the dialler's");
+        assert!(matches!(
+            b.handle(Frame::Auth(Auth { proof: [0; 32] })),
+            Err(HandshakeError::Secret { .. })
+        ));
+        assert!(matches!(b.poll_transmit(), Some(Frame::Refuse(_))));
+        assert_eq!(b.poll_transmit(), None, "still no AUTH after a bad proof");
+    }
+
+    /// The attack of issue 9: read `b`'s challenge, get `a` to answer it (by dialling `a`
+    /// claiming to be `b` with `b`'s nonce), and hand the answer to `b` claiming to be `a`.
+    /// With role-bound proofs and an acceptor that proves last, `a` never answers, and a
+    /// dialler's proof made for `b` would not verify in the acceptor's role anyway.
+    #[test]
+    fn a_node_cannot_be_used_to_answer_another_nodes_challenge() {
+        let secret = b"cluster";
+        // The attacker dials b claiming "a" and reads b's HELLO.
+        let mut b = Handshake::new(accept("b", secret, &[]), [0xb0; 16]);
+        let Some(Frame::Hello(b_hello)) = b.poll_transmit() else {
+            panic!()
+        };
+        b.handle(Frame::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            incarnation: 1000,
+            nonce: b_hello.nonce, // anything; reuse b's nonce as the relay would
+            name: n("a"),
+        }))
+        .unwrap();
+        // The attacker dials a claiming "b", with b's nonce and incarnation.
+        let mut a = Handshake::new(accept("a", secret, &[]), [0xa0; 16]);
+        let _ = a.poll_transmit();
+        a.handle(Frame::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            incarnation: b_hello.incarnation,
+            nonce: b_hello.nonce,
+            name: n("b"),
+        }))
+        .unwrap();
+        assert_eq!(a.poll_transmit(), None, "a must not prove anything first");
+        // Even a proof a made as a dialler to b (a real connection with other nonces)
+        // does not verify here: the nonces differ. Try the best the attacker can get.
+        let mut real_a = Handshake::new(dial("a", secret, "b"), [0xa1; 16]);
+        let _ = real_a.poll_transmit();
+        real_a.handle(Frame::Hello(b_hello.clone())).unwrap();
+        let Some(Frame::Auth(stolen)) = real_a.poll_transmit() else {
+            panic!()
+        };
+        assert!(matches!(
+            b.handle(Frame::Auth(stolen)),
+            Err(HandshakeError::Secret { .. })
+        ));
+    }
+
+    #[test]
+    fn a_proof_from_one_role_does_not_verify_in_the_other() {
+        // Both sides use the same nonces and incarnations; only the label differs, so a
+        // reflected proof would pass if the role were not bound.
+        let mut acc = Handshake::new(accept("b", b"s", &[]), [5; 16]);
+        let _ = acc.poll_transmit();
+        acc.handle(Frame::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            incarnation: acc.cfg.incarnation,
+            nonce: [5; 16],
+            name: n("a"),
+        }))
+        .unwrap();
+        let reflected = acc.proof(ACCEPTOR);
+        assert!(matches!(
+            acc.handle(Frame::Auth(Auth { proof: reflected })),
+            Err(HandshakeError::Secret { .. })
+        ));
     }
 
     #[test]
     fn wrong_version_is_refused_with_a_reason_the_peer_sees() {
-        let mut a = Handshake::new(cfg("a", b"s", None), [1; 16]);
-        // A future peer: hand-craft its hello with version 2.
+        let mut a = Handshake::new(accept("a", b"s", &[]), [1; 16]);
+        // A future peer: hand-craft its hello with version 99.
         let hello = Frame::Hello(Hello {
-            version: 2,
+            version: 99,
             incarnation: 5,
             nonce: [3; 16],
-            name: Name::new("future").unwrap(),
+            name: n("future"),
         });
         let _ = a.poll_transmit();
         let err = a.handle(hello).unwrap_err();
         assert_eq!(
             err,
             HandshakeError::Version {
-                peer: Name::new("future").unwrap(),
-                ours: 1,
-                theirs: 2
+                peer: n("future"),
+                ours: PROTOCOL_VERSION,
+                theirs: 99
             }
         );
         let Some(Frame::Refuse(r)) = a.poll_transmit() else {
@@ -365,7 +555,8 @@ mod tests {
         };
         assert_eq!(r.code, RefuseCode::Version);
         assert!(
-            r.reason.contains("version 1") && r.reason.contains("version 2"),
+            r.reason.contains(&format!("version {PROTOCOL_VERSION}"))
+                && r.reason.contains("version 99"),
             "{}",
             r.reason
         );
@@ -373,8 +564,8 @@ mod tests {
 
     #[test]
     fn dialling_the_wrong_node_is_refused() {
-        let mut a = Handshake::new(cfg("a", b"s", Some("b")), [1; 16]);
-        let mut c = Handshake::new(cfg("c", b"s", None), [2; 16]);
+        let mut a = Handshake::new(dial("a", b"s", "b"), [1; 16]);
+        let mut c = Handshake::new(accept("c", b"s", &[]), [2; 16]);
         let (ra, rc) = run(&mut a, &mut c);
         assert!(matches!(&ra[0], Err(HandshakeError::WrongPeer { .. })));
         assert!(
@@ -393,15 +584,28 @@ mod tests {
     }
 
     #[test]
+    fn an_inbound_connection_claiming_a_node_we_dial_is_refused() {
+        let mut b = Handshake::new(dial("b", b"s", "a"), [1; 16]);
+        let mut a = Handshake::new(accept("a", b"s", &["b"]), [2; 16]);
+        let (rb, ra) = run(&mut b, &mut a);
+        assert_eq!(ra[0], Err(HandshakeError::WrongDirection(n("b"))));
+        let Some(Err(HandshakeError::Refused { code, reason, .. })) = rb.last() else {
+            panic!("{rb:?}")
+        };
+        assert_eq!(*code, RefuseCode::Direction);
+        assert!(reason.contains("sorts first"), "{reason}");
+    }
+
+    #[test]
     fn a_replayed_proof_fails_against_a_fresh_nonce() {
         // Record a's AUTH from one session and replay it into a session with a new nonce.
-        let mut a = Handshake::new(cfg("a", b"s", None), [1; 16]);
-        let mut b = Handshake::new(cfg("b", b"s", None), [2; 16]);
+        let mut a = Handshake::new(dial("a", b"s", "b"), [1; 16]);
+        let mut b = Handshake::new(accept("b", b"s", &[]), [2; 16]);
         let hello_a = a.poll_transmit().unwrap();
         let hello_b = b.poll_transmit().unwrap();
         a.handle(hello_b).unwrap();
         let auth_a = a.poll_transmit().unwrap();
-        let mut b2 = Handshake::new(cfg("b", b"s", None), [3; 16]);
+        let mut b2 = Handshake::new(accept("b", b"s", &[]), [3; 16]);
         let _ = b2.poll_transmit();
         b2.handle(hello_a).unwrap();
         assert!(matches!(
@@ -412,9 +616,13 @@ mod tests {
 
     #[test]
     fn messages_before_authentication_are_a_protocol_error() {
-        let mut a = Handshake::new(cfg("a", b"s", None), [1; 16]);
+        let mut a = Handshake::new(accept("a", b"s", &[]), [1; 16]);
         let _ = a.poll_transmit();
         let err = a.handle(Frame::Goodbye).unwrap_err();
         assert_eq!(err, HandshakeError::Unexpected { got: "GOODBYE" });
+        assert!(
+            a.handle(Frame::Goodbye).is_err(),
+            "a failed handshake stays failed"
+        );
     }
 }

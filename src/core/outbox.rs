@@ -114,6 +114,11 @@ impl Outbox {
         self.messages
     }
 
+    /// Control frames queued.
+    pub fn controls(&self) -> usize {
+        self.controls
+    }
+
     pub fn is_empty(&self) -> bool {
         self.bytes() == 0
     }

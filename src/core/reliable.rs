@@ -18,12 +18,44 @@ use bytes::{Bytes, BytesMut};
 
 use super::frame::{self, Message, set_first_seq};
 
-/// Why a frame's sequence number cannot be accepted.
+/// A sequence number or acknowledgement from the peer that does not add up: a protocol
+/// violation. The connection is closed; nothing is skipped, discarded or acknowledged
+/// because of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SeqError {
     /// A frame starts past the next expected message: something in between is missing.
-    #[error("sequence gap: expected message {expected}, frame starts at {got}")]
-    Gap { expected: u64, got: u64 },
+    #[error("protocol violation: sequence gap: expected message {expected}, frame starts at {got}")]
+    Gap {
+        /// The next sequence number this node expects.
+        expected: u64,
+        /// Where the frame starts.
+        got: u64,
+    },
+    /// A frame's sequence numbers run past 2^64.
+    #[error("protocol violation: a frame of {count} messages starting at {first} overflows the sequence numbers")]
+    Overflow {
+        /// Where the frame starts.
+        first: u64,
+        /// Its message count.
+        count: u32,
+    },
+    /// An ACK for messages this node never sent.
+    #[error("protocol violation: acknowledgement of everything below {ack}, but only {sent} messages were sent")]
+    AckBeyondSent {
+        /// The acknowledged number.
+        ack: u64,
+        /// How many messages were sent.
+        sent: u64,
+    },
+    /// A RESUME claiming to have received messages this node never sent.
+    #[error("protocol violation: RESUME claims everything below {next} arrived, but only {sent} messages were sent")]
+    ResumeBeyondSent {
+        /// The peer's claim.
+        next: u64,
+        /// How many messages were sent.
+        sent: u64,
+    },
 }
 
 /// Frames written, or waiting to be written, and not yet acknowledged, in one chunk.
@@ -134,8 +166,20 @@ impl SendWindow {
     }
 
     /// The peer acknowledged every message below `next`: drop the chunks it covers.
-    /// Returns the bytes freed.
-    pub fn ack(&mut self, next: u64) -> usize {
+    /// Returns the bytes freed. An acknowledgement below what was already acknowledged is
+    /// stale (acks and heartbeats may pass each other) and changes nothing; one above what
+    /// was sent is a protocol violation.
+    pub fn ack(&mut self, next: u64) -> Result<usize, SeqError> {
+        if next > self.next_seq {
+            return Err(SeqError::AckBeyondSent {
+                ack: next,
+                sent: self.next_seq,
+            });
+        }
+        Ok(self.drop_below(next))
+    }
+
+    fn drop_below(&mut self, next: u64) -> usize {
         let mut freed = 0;
         while let Some(c) = self.chunks.front() {
             if c.end_seq > next {
@@ -161,10 +205,18 @@ impl SendWindow {
 
     /// A new connection whose peer has every message below `peer_next`: drop those, and
     /// start writing from the oldest held chunk again.
-    pub fn rewind(&mut self, peer_next: u64) {
-        self.ack(peer_next);
+    /// A `peer_next` above what was sent is a protocol violation (nothing changes).
+    pub fn rewind(&mut self, peer_next: u64) -> Result<(), SeqError> {
+        if peer_next > self.next_seq {
+            return Err(SeqError::ResumeBeyondSent {
+                next: peer_next,
+                sent: self.next_seq,
+            });
+        }
+        self.drop_below(peer_next);
         self.cursor = 0;
         self.generation += 1;
+        Ok(())
     }
 
     /// Forget everything held (the peer restarted or was declared down) and return those
@@ -192,6 +244,10 @@ impl SendWindow {
 pub struct RecvWindow {
     next: u64,
     acked: u64,
+    /// The peer's RESUME said it holds nothing below this, above `next`: it gave up the
+    /// messages in between. The jump is taken only when a frame starting exactly there
+    /// arrives, so a forged RESUME cannot make this node skip real messages.
+    gap: Option<u64>,
 }
 
 impl RecvWindow {
@@ -201,23 +257,32 @@ impl RecvWindow {
     }
 
     /// A frame numbered `first .. first + count` arrived: how many of its leading messages
-    /// were delivered before (skip them). Advances past the frame.
+    /// were delivered before (skip them). Advances past the frame. A frame that starts past
+    /// the next expected message is refused, unless the peer announced exactly that gap.
     pub fn accept(&mut self, first: u64, count: u32) -> Result<u32, SeqError> {
+        let end = first
+            .checked_add(count as u64)
+            .ok_or(SeqError::Overflow { first, count })?;
         if first > self.next {
-            return Err(SeqError::Gap {
-                expected: self.next,
-                got: first,
-            });
+            if self.gap != Some(first) {
+                return Err(SeqError::Gap {
+                    expected: self.next,
+                    got: first,
+                });
+            }
+            self.next = first;
+            self.gap = None;
         }
         let skip = (self.next - first).min(count as u64) as u32;
-        self.next = self.next.max(first + count as u64);
+        self.next = self.next.max(end);
         Ok(skip)
     }
 
-    /// The peer's RESUME says it holds nothing below `base`: what is missing below it was
-    /// given up by the peer (and reported to its application), so stop waiting for it.
+    /// The peer's RESUME says it holds nothing below `base`. Below `next` that changes
+    /// nothing; above it, the peer gave up (and reported to its application) what is in
+    /// between, and its next frame must start at `base` (see [`RecvWindow::accept`]).
     pub fn resume(&mut self, base: u64) {
-        self.next = self.next.max(base);
+        self.gap = (base > self.next).then_some(base);
     }
 
     /// An acknowledgement to send, if anything arrived since the last one.
@@ -358,7 +423,7 @@ mod tests {
                 // Acknowledgements arrive (in order, on the live connection).
                 7 => {
                     for a in acks_in_flight.drain(..) {
-                        sw.ack(a);
+                        sw.ack(a).unwrap();
                     }
                 }
                 // The connection breaks at a random point: bytes in flight and acks in
@@ -375,7 +440,7 @@ mod tests {
                         next: rw.next(),
                         base: sw.base(),
                     };
-                    sw.rewind(theirs.next);
+                    sw.rewind(theirs.next).unwrap();
                     rw.resume(theirs.base);
                 }
                 _ => {}
@@ -412,11 +477,11 @@ mod tests {
         assert!(!w.has_unwritten());
         assert_eq!(
             w.ack(15),
-            c[0].len(),
+            Ok(c[0].len()),
             "only the first chunk is wholly acknowledged"
         );
         assert_eq!(w.base(), 10);
-        w.rewind(12);
+        w.rewind(12).unwrap();
         assert!(
             w.has_unwritten(),
             "after a break everything held is written again"
@@ -433,7 +498,7 @@ mod tests {
             let (c, g) = w.unwritten();
             w.mark_written(g, c.len());
             drop(c);
-            w.ack(w.next_seq());
+            w.ack(w.next_seq()).unwrap();
             assert!(w.free.len() <= FREE_BUFFERS);
         }
         assert_eq!(w.free.len(), 1, "one buffer cycles between hold and ack");
@@ -444,7 +509,7 @@ mod tests {
     fn failed_messages_come_back_with_their_payloads() {
         let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
         hold(&mut w, &mut ob, 0..5);
-        w.ack(2);
+        w.ack(2).unwrap();
         let failed = w.take_failed(true);
         let nums: Vec<u64> = failed
             .iter()
@@ -478,8 +543,63 @@ mod tests {
         assert_eq!(r.ack_due(), Some(15));
         assert_eq!(r.ack_due(), None);
         r.resume(30);
-        assert_eq!(r.next(), 30, "the sender gave up 15..30");
+        assert_eq!(r.next(), 15, "a gap is taken only when its frame arrives");
+        assert_eq!(r.accept(30, 2), Ok(0), "the sender gave up 15..30");
+        assert_eq!(r.next(), 32);
         r.reset();
         assert_eq!(r.next(), 0);
+    }
+
+    #[test]
+    fn forged_acks_and_resumes_are_violations_that_change_nothing() {
+        let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
+        hold(&mut w, &mut ob, 0..10);
+        assert_eq!(
+            w.ack(11),
+            Err(SeqError::AckBeyondSent { ack: 11, sent: 10 })
+        );
+        assert_eq!(
+            w.ack(u64::MAX),
+            Err(SeqError::AckBeyondSent {
+                ack: u64::MAX,
+                sent: 10
+            })
+        );
+        assert_eq!(
+            w.rewind(u64::MAX),
+            Err(SeqError::ResumeBeyondSent {
+                next: u64::MAX,
+                sent: 10
+            })
+        );
+        assert_eq!((w.base(), w.messages()), (0, 10), "nothing was dropped");
+        assert_eq!(w.ack(10).map(|b| b > 0), Ok(true), "the edge itself is fine");
+        assert_eq!(w.ack(3), Ok(0), "a stale ack changes nothing");
+    }
+
+    #[test]
+    fn a_forged_resume_base_cannot_make_the_receiver_skip_real_messages() {
+        let mut r = RecvWindow::default();
+        assert_eq!(r.accept(0, 5), Ok(0));
+        r.resume(u64::MAX);
+        // The real stream goes on where it was: nothing is skipped.
+        assert_eq!(r.accept(5, 5), Ok(0));
+        assert_eq!(r.next(), 10);
+        // A frame at the forged base itself overflows.
+        r.resume(u64::MAX);
+        assert_eq!(
+            r.accept(u64::MAX, 1),
+            Err(SeqError::Overflow {
+                first: u64::MAX,
+                count: 1
+            })
+        );
+        assert_eq!(r.accept(u64::MAX - 1, 1), Err(SeqError::Gap { expected: 10, got: u64::MAX - 1 }));
+        assert_eq!(r.next(), 10, "violations change nothing");
+        // Edges: the largest frame that fits is fine once announced.
+        r.resume(u64::MAX - 1);
+        assert_eq!(r.accept(u64::MAX - 1, 1), Ok(0));
+        assert_eq!(r.next(), u64::MAX);
+        assert_eq!(r.accept(u64::MAX, 0), Ok(0));
     }
 }

@@ -11,8 +11,9 @@ use tracing::{debug, info, warn};
 
 use crate::core::codec::Name;
 use crate::core::frame::{self, Frame, MessageList, Resume};
-use crate::core::handshake::{Handshake, HandshakeConfig, HandshakeError, PeerInfo};
+use crate::core::handshake::{Handshake, HandshakeConfig, HandshakeError, PeerInfo, Role};
 use crate::error::LinkError;
+use crate::stats::HandshakeFailure;
 use crate::io::detector::{declare_down, fail_window};
 use crate::io::mailbox::MailboxQueue;
 use crate::io::node::{Address, Conn, Event, Peer, PeerState, Shared};
@@ -21,7 +22,11 @@ use crate::io::tls::Link;
 /// Handshake frames are small; anything bigger than this before authentication is refused.
 const HANDSHAKE_MAX_FRAME: usize = 4096;
 
-/// Accept connections until the node shuts down; each gets a thread of its own.
+/// Accept connections until the node shuts down; each gets a thread of its own, which
+/// first runs the handshake. At most `max_handshakes` of those run at once: beyond that a
+/// new connection is closed at once and counted, so a flood of unauthenticated clients costs
+/// a bounded number of threads. Nothing here can end the loop but the node's shutdown: a
+/// failure to accept or to spawn is logged, counted and retried after a pause.
 pub(crate) fn run_acceptor(shared: &Arc<Shared>, listener: TcpListener) {
     for stream in listener.incoming() {
         // `shutdown` wakes us with a connection of its own once its writers are done; the
@@ -29,21 +34,58 @@ pub(crate) fn run_acceptor(shared: &Arc<Shared>, listener: TcpListener) {
         if shared.ticker_should_stop() {
             break;
         }
-        match stream {
-            Ok(s) => {
-                let name = format!("bw-in-{}", shared.name);
-                shared.spawn(name, move |sh| {
-                    run_connection(&sh, s, None);
-                });
-            }
+        let s = match stream {
+            Ok(s) => s,
             Err(e) => {
                 // Typically EMFILE; back off a little rather than spin.
-                warn!(node = %shared.name, error = %e, "accept failed");
+                shared.security.accept_errors.fetch_add(1, Relaxed);
+                warn!(node = %shared.name, error = %e, "accept failed; retrying in 50 ms");
                 if !shared.sleep(Duration::from_millis(50)) {
                     break;
                 }
+                continue;
+            }
+        };
+        let Some(slot) = HandshakeSlot::take(shared) else {
+            // Too many handshakes in progress: close at once (dropping the socket).
+            let n = shared.security.busy.fetch_add(1, Relaxed) + 1;
+            if n.is_power_of_two() {
+                let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                warn!(node = %shared.name, addr, refused_so_far = n, max = shared.config.max_handshakes, "too many handshakes in progress; closing new connections at once");
+            }
+            continue;
+        };
+        let name = format!("bw-in-{}", shared.name);
+        if let Err(e) = shared.spawn(name, move |sh| {
+            run_connection(&sh, s, None, Some(slot));
+        }) {
+            // The closure (socket and slot) was dropped: the connection is closed.
+            shared.security.spawn_errors.fetch_add(1, Relaxed);
+            warn!(node = %shared.name, error = %e, "cannot start a thread for a new connection; closed it, retrying in 50 ms");
+            if !shared.sleep(Duration::from_millis(50)) {
+                break;
             }
         }
+    }
+}
+
+/// One of the `max_handshakes` places for an inbound handshake; freed when dropped.
+pub(crate) struct HandshakeSlot(Arc<Shared>);
+
+impl HandshakeSlot {
+    fn take(shared: &Arc<Shared>) -> Option<HandshakeSlot> {
+        let max = shared.config.max_handshakes;
+        shared
+            .handshakes
+            .fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| HandshakeSlot(shared.clone()))
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.0.handshakes.fetch_sub(1, Relaxed);
     }
 }
 
@@ -57,7 +99,7 @@ pub(crate) fn run_dialer(shared: &Arc<Shared>, peer: &Arc<Peer>, addr: SocketAdd
         match TcpStream::connect_timeout(&addr, cfg.handshake_timeout) {
             Ok(s) => {
                 // A completed handshake resets the back-off.
-                if run_connection(shared, s, Some(peer.name.clone())) {
+                if run_connection(shared, s, Some(peer.name.clone()), None) {
                     backoff = cfg.reconnect_min;
                     failures = 0;
                 }
@@ -78,11 +120,13 @@ pub(crate) fn run_dialer(shared: &Arc<Shared>, peer: &Arc<Peer>, addr: SocketAdd
 }
 
 /// Handshake on a fresh socket, then read from it until it closes. `expect` is the peer's
-/// name when we dialled. Returns whether the handshake succeeded.
+/// name when we dialled; `slot` is the inbound handshake's place, freed once the peer is
+/// authenticated. Returns whether the handshake succeeded.
 pub(crate) fn run_connection(
     shared: &Arc<Shared>,
     stream: TcpStream,
     expect: Option<Name>,
+    slot: Option<HandshakeSlot>,
 ) -> bool {
     let addr = match stream.peer_addr() {
         Ok(a) => a,
@@ -90,52 +134,50 @@ pub(crate) fn run_connection(
     };
     // Small messages must not wait for Nagle: batching is the bundler's job.
     let _ = stream.set_nodelay(true);
+    // One deadline for everything before the connection carries messages: TLS, the
+    // batchwire handshake and the RESUME exchange.
+    let deadline = Instant::now() + shared.config.handshake_timeout;
 
-    // 1. With TLS configured: the TLS handshake first (mutual, bounded in time), then
-    //    everything else runs inside it.
-    let link = match open_link(shared, stream, expect.as_ref()) {
-        Ok(l) => Arc::new(l),
-        Err(e) => {
-            if !shared.is_shutting_down() {
-                warn!(node = %shared.name, %addr, peer = ?expect, error = %e, "TLS handshake failed; connection closed");
-                shared.emit(Event::HandshakeFailed {
-                    addr,
-                    peer: expect.map(|n| n.to_string()),
-                    reason: e.to_string(),
-                });
-            }
-            return false;
-        }
-    };
-
-    // 2. Authenticate (both sides prove the cluster secret; see core::handshake), and with
-    //    TLS check that the peer's certificate names the node it claims to be.
-    let (info, leftover) = match handshake(shared, &link, expect).and_then(|(info, buf)| {
+    // 1. With TLS configured: the TLS handshake first (mutual), then everything else runs
+    //    inside it. 2. Authenticate (both sides prove the cluster secret; see
+    //    core::handshake), and with TLS check that the peer's certificate names the node it
+    //    claims to be.
+    let setup = open_link(shared, stream, expect.as_ref(), deadline).and_then(|link| {
+        let link = Arc::new(link);
+        let (info, buf) = handshake(shared, &link, expect.clone(), deadline)?;
         check_certificate(shared, &link, &info)?;
-        Ok((info, buf))
-    }) {
+        Ok((link, info, buf))
+    });
+    let (link, info, leftover) = match setup {
         Ok(x) => x,
         Err(e) => {
             if !shared.is_shutting_down() {
+                let kind = HandshakeFailure::of(&e);
+                shared.security.count(kind);
                 let peer = match &e {
-                    LinkError::Handshake(h) => handshake_peer(h),
+                    LinkError::Handshake(h) => h.peer().map(|p| p.to_string()),
                     LinkError::Certificate { peer, .. } => Some(peer.clone()),
                     _ => None,
-                };
-                warn!(node = %shared.name, %addr, peer = ?peer, error = %e, "handshake failed; connection closed");
+                }
+                .or_else(|| expect.as_ref().map(|n| n.to_string()));
+                warn!(node = %shared.name, %addr, peer = ?peer, kind = ?kind, error = %e, "handshake failed; connection closed");
                 shared.emit(Event::HandshakeFailed {
                     addr,
                     peer,
+                    kind,
                     reason: e.to_string(),
                 });
             }
             return false;
         }
     };
+    drop(slot);
 
     // 2. Find the peer's state. A peer that restarted (a new incarnation) starts both
     //    streams from 0; what we held for its old incarnation can never be delivered.
-    let peer = shared.peer_or_insert(&info.name);
+    let Some(peer) = shared.peer_or_insert(&info.name) else {
+        return false;
+    };
     let restarted = {
         let mut inc = peer.incarnation.lock().unwrap_or_else(|e| e.into_inner());
         let r = inc.is_some_and(|i| i != info.incarnation);
@@ -154,14 +196,20 @@ pub(crate) fn run_connection(
     }
 
     // 3. RESUME each way: what each side received, and the oldest it still holds.
-    let leftover = match resume(shared, &peer, &link, leftover) {
+    let leftover = match resume(shared, &peer, &link, leftover, deadline) {
         Ok(l) => l,
         Err(e) => {
             warn!(node = %shared.name, peer = %info.name, %addr, error = %e, "connection lost while resuming");
+            if let LinkError::Sequence(_) = &e {
+                peer.stats.violations.fetch_add(1, Relaxed);
+            }
             if let LinkError::Handshake(HandshakeError::Refused { .. }) = &e {
+                let kind = HandshakeFailure::of(&e);
+                shared.security.count(kind);
                 shared.emit(Event::HandshakeFailed {
                     addr,
                     peer: Some(info.name.to_string()),
+                    kind,
                     reason: e.to_string(),
                 });
             }
@@ -199,6 +247,9 @@ pub(crate) fn run_connection(
         Ok(()) => "peer shut down".to_string(),
         Err(e) => e.to_string(),
     };
+    if let Err(LinkError::Sequence(_)) = &result {
+        peer.stats.violations.fetch_add(1, Relaxed);
+    }
     if shared.is_shutting_down() {
         debug!(node = %shared.name, peer = %info.name, reason, "connection closed during shutdown");
     } else if result.is_ok() {
@@ -216,12 +267,14 @@ pub(crate) fn run_connection(
 }
 
 /// Exchange RESUME frames on a fresh connection and set both windows from the peer's.
-/// Returns the bytes read past the peer's RESUME.
+/// Returns the bytes read past the peer's RESUME. A RESUME that claims more than was sent
+/// is a protocol violation: the connection closes and nothing changes.
 fn resume(
     shared: &Shared,
     peer: &Peer,
     stream: &Link,
     mut buf: BytesMut,
+    deadline: Instant,
 ) -> Result<BytesMut, LinkError> {
     let ours = Resume {
         next: peer.recv.lock().unwrap_or_else(|e| e.into_inner()).next(),
@@ -229,9 +282,8 @@ fn resume(
     };
     let mut out = Vec::new();
     Frame::Resume(ours).encode(&mut out);
+    stream.set_deadline(deadline)?;
     stream.write_all(&out)?;
-    let timeout = shared.config.handshake_timeout;
-    stream.set_read_timeout(Some(timeout))?;
     let theirs = loop {
         match frame::decode(&mut buf, HANDSHAKE_MAX_FRAME)? {
             Some(Frame::Resume(r)) => break r,
@@ -245,15 +297,14 @@ fn resume(
                 .into());
             }
             Some(other) => return Err(LinkError::Unexpected(other.kind_name())),
-            None => read_small(stream, &mut buf, timeout)?,
+            None => read_small(stream, &mut buf, deadline, shared.config.handshake_timeout)?,
         }
     };
-    stream.set_read_timeout(None)?;
+    stream.clear_deadline()?;
     {
         let mut w = peer.send.lock().unwrap_or_else(|e| e.into_inner());
         let before = w.messages();
-        let next = theirs.next.min(w.next_seq());
-        w.rewind(next);
+        w.rewind(theirs.next)?;
         let resent = w.messages();
         if before > 0 {
             peer.stats.resent.fetch_add(resent, Relaxed);
@@ -266,20 +317,28 @@ fn resume(
     Ok(buf)
 }
 
-/// Wrap a fresh socket: plain, or after a TLS handshake if this node has TLS.
-fn open_link(shared: &Shared, stream: TcpStream, expect: Option<&Name>) -> Result<Link, LinkError> {
+/// Wrap a fresh socket: plain, or after a TLS handshake (over by `deadline`) if this node
+/// has TLS.
+fn open_link(
+    shared: &Shared,
+    stream: TcpStream,
+    expect: Option<&Name>,
+    deadline: Instant,
+) -> Result<Link, LinkError> {
     let Some(tls) = &shared.tls else {
         return Ok(Link::Plain(stream));
     };
-    stream.set_read_timeout(Some(shared.config.handshake_timeout))?;
-    stream.set_write_timeout(Some(shared.config.handshake_timeout))?;
-    let link = Link::tls(stream, tls, expect.map(|n| n.as_str())).map_err(|e| {
+    Link::tls(stream, tls, expect.map(|n| n.as_str()), deadline).map_err(|e| {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+        ) {
+            return LinkError::HandshakeTimeout(shared.config.handshake_timeout);
+        }
         LinkError::Tls(format!(
             "{e} (does the peer run TLS with a certificate from the same CA, naming the node?)"
         ))
-    })?;
-    link.set_write_timeout(None)?;
-    Ok(link)
+    })
 }
 
 /// With TLS: the peer's certificate must name the node it claimed in the handshake. (A
@@ -313,36 +372,28 @@ fn check_certificate(shared: &Shared, link: &Link, info: &PeerInfo) -> Result<()
     })
 }
 
-fn handshake_peer(e: &HandshakeError) -> Option<String> {
-    match e {
-        HandshakeError::Version { peer, .. } | HandshakeError::Secret { peer } => {
-            Some(peer.to_string())
-        }
-        HandshakeError::WrongPeer { got, .. } => Some(got.to_string()),
-        HandshakeError::SameName(p) => Some(p.to_string()),
-        HandshakeError::Refused { peer, .. } => peer.as_ref().map(|p| p.to_string()),
-        HandshakeError::Unexpected { .. } => None,
-    }
-}
-
-/// Drive the sans-IO handshake over a blocking socket, with a deadline. Returns the peer and
-/// any bytes read past the handshake (the peer may already have sent messages).
+/// Drive the sans-IO handshake over a blocking socket, finishing by `deadline`. Returns the
+/// peer and any bytes read past the handshake (the peer may already have sent messages).
 fn handshake(
     shared: &Shared,
     stream: &Link,
     expect: Option<Name>,
+    deadline: Instant,
 ) -> Result<(PeerInfo, BytesMut), LinkError> {
-    let timeout = shared.config.handshake_timeout;
-    let deadline = Instant::now() + timeout;
-    stream.set_read_timeout(Some(timeout))?;
     let mut nonce = [0u8; 16];
     getrandom::fill(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let role = match expect {
+        Some(expect) => Role::Dial { expect },
+        None => Role::Accept {
+            refuse: shared.dials.clone(),
+        },
+    };
     let mut hs = Handshake::new(
         HandshakeConfig {
             name: shared.name.clone(),
             incarnation: shared.incarnation,
             secret: shared.secret.clone(),
-            expect_peer: expect,
+            role,
         },
         nonce,
     );
@@ -354,11 +405,12 @@ fn handshake(
             f.encode(&mut out);
         }
         if !out.is_empty() {
+            stream.set_deadline(deadline)?;
             stream.write_all(&out)?;
             out.clear();
         }
         if let Some(peer) = hs.peer() {
-            stream.set_read_timeout(None)?;
+            stream.clear_deadline()?;
             return Ok((peer, buf));
         }
         // Read until a whole frame is buffered.
@@ -385,10 +437,7 @@ fn handshake(
                     return Err(e.into());
                 }
             }
-            if Instant::now() >= deadline {
-                return Err(LinkError::HandshakeTimeout(timeout));
-            }
-            read_small(stream, &mut buf, timeout)?;
+            read_small(stream, &mut buf, deadline, shared.config.handshake_timeout)?;
         };
         // Feed it to the machine; on failure send its REFUSE (best effort) and give up.
         if let Err(e) = hs.handle(frame) {
@@ -401,9 +450,18 @@ fn handshake(
     }
 }
 
-/// One small read while the connection is being set up (the socket has a read timeout):
-/// end of stream and a timeout are errors.
-fn read_small(stream: &Link, buf: &mut BytesMut, timeout: Duration) -> Result<(), LinkError> {
+/// One small read while the connection is being set up, with what is left of `deadline`
+/// as its timeout: end of stream and running out of time are errors.
+fn read_small(
+    stream: &Link,
+    buf: &mut BytesMut,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(), LinkError> {
+    let timed_out = LinkError::HandshakeTimeout(timeout);
+    if stream.set_deadline(deadline).is_err() {
+        return Err(timed_out);
+    }
     match read_more(stream, buf, 512) {
         Ok(0) => Err(LinkError::Eof),
         Ok(_) => Ok(()),
@@ -413,7 +471,7 @@ fn read_small(stream: &Link, buf: &mut BytesMut, timeout: Duration) -> Result<()
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
             ) =>
         {
-            Err(LinkError::HandshakeTimeout(timeout))
+            Err(timed_out)
         }
         Err(e) => Err(e.into()),
     }
@@ -449,7 +507,6 @@ fn read_loop(
         peer,
         from: info.name.clone(),
         cache: None,
-        undeliverable: Vec::new(),
     };
     loop {
         // Decode and handle every whole frame already buffered.
@@ -484,10 +541,15 @@ fn read_loop(
                     }
                 }
                 Frame::Ack(next) => {
+                    // A replaced connection's late frames describe a stream that has moved on.
+                    if conn.is_closed() {
+                        return Err(LinkError::Eof);
+                    }
                     let limit = shared.config.unacked_bytes;
                     let mut w = peer.send.lock().unwrap_or_else(|e| e.into_inner());
                     let (before, base) = (w.bytes(), w.base());
-                    w.ack(next);
+                    // An ack of messages never sent closes the connection (a violation).
+                    w.ack(next)?;
                     let (after, acked) = (w.bytes(), w.base() - base);
                     drop(w);
                     peer.stats.acked.fetch_add(acked, Relaxed);
@@ -501,7 +563,11 @@ fn read_loop(
                     peer.stats
                         .undeliverable_reported
                         .fetch_add(u.count as u64, Relaxed);
-                    warn!(node = %shared.name, peer = %info.name, mailbox = %u.to, from = %u.from, count = u.count, "peer reports messages undeliverable: no such mailbox");
+                    if u.to.is_empty() {
+                        warn!(node = %shared.name, peer = %info.name, count = u.count, "peer reports messages undeliverable: no such mailbox (a summary over more mailbox names than it reports one by one)");
+                    } else {
+                        warn!(node = %shared.name, peer = %info.name, mailbox = %u.to, from = %u.from, count = u.count, "peer reports messages undeliverable: no such mailbox");
+                    }
                     shared.emit(Event::Undeliverable {
                         to: Address {
                             node: info.name.clone(),
@@ -544,7 +610,6 @@ struct Deliverer<'a> {
     from: Name,
     /// The last mailbox looked up, so a stream to one mailbox costs one lookup.
     cache: Option<Arc<MailboxQueue>>,
-    undeliverable: Vec<(Name, Name, u32)>,
 }
 
 impl Deliverer<'_> {
@@ -573,26 +638,26 @@ impl Deliverer<'_> {
                 self.count_undeliverable(to, data);
             }
         }
-        for (to, from, count) in self.undeliverable.drain(..) {
-            self.shared
-                .undeliverable(Some(self.peer), &to, &from, count);
-        }
     }
 
+    /// Report a run of messages for mailbox `to`, which does not exist: once per stretch of
+    /// consecutive messages from one sender (the node sums and bounds the notices).
     fn count_undeliverable(&mut self, to: &[u8], mut data: bytes::Bytes) {
+        // Validated with the frame: UTF-8, at most 255 bytes.
+        let to = Name::new(std::str::from_utf8(to).unwrap_or("")).unwrap_or(Name::from_static(""));
+        let mut stretch: Option<(Name, u32)> = None;
         while let Some((from, _, _)) = frame::next_message(&mut data) {
-            match self
-                .undeliverable
-                .iter_mut()
-                .find(|(t, f, _)| t.as_bytes() == to && *f == from)
-            {
-                Some(e) => e.2 += 1,
-                None => {
-                    let to = Name::new(std::str::from_utf8(to).unwrap_or(""))
-                        .unwrap_or(Name::from_static(""));
-                    self.undeliverable.push((to, from, 1));
+            match &mut stretch {
+                Some((f, n)) if *f == from => *n += 1,
+                _ => {
+                    if let Some((f, n)) = stretch.replace((from, 1)) {
+                        self.shared.undeliverable(Some(self.peer), &to, &f, n);
+                    }
                 }
             }
+        }
+        if let Some((f, n)) = stretch {
+            self.shared.undeliverable(Some(self.peer), &to, &f, n);
         }
     }
 }

@@ -29,6 +29,8 @@ pub(crate) fn run_ticker(shared: &Arc<Shared>) {
         for p in shared.all_peers() {
             let conn = p.current().filter(|c| !c.is_closed());
             if let Some(c) = &conn {
+                // Undeliverable notices that found the lane full last time.
+                p.flush_notices();
                 // The receive window is locked while a reader delivers a frame, and a
                 // reader can wait there for a full mailbox: never block on it here. A peer
                 // we are not reading from because our own mailbox is full is not silent.

@@ -30,7 +30,7 @@ use crate::error::Error;
 use crate::io::connection;
 use crate::io::mailbox::{Envelope, Mailbox, MailboxQueue};
 use crate::io::queue::{Lane, PushError};
-use crate::stats::{NodeStats, PeerCounters};
+use crate::stats::{HandshakeFailure, NodeStats, PeerCounters, SecurityCounters};
 
 /// A mailbox on a node: where a message goes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -90,12 +90,17 @@ pub enum Event {
     /// A connection to `peer` closed. Unacknowledged messages are resent on the next one.
     Disconnected { peer: String, reason: String },
     /// A handshake failed (wrong secret, wrong version, wrong node...). `peer` is the name
-    /// the other side claimed, when it got that far.
+    /// the other side claimed, when it got that far (or the node we dialled); `kind` says
+    /// why in a form to match on, `reason` in words.
     HandshakeFailed {
         addr: SocketAddr,
         peer: Option<String>,
+        kind: HandshakeFailure,
         reason: String,
     },
+    /// `count` events were dropped because this subscriber did not keep up (the queue
+    /// holds `NodeConfig::events_capacity` events); the node never waits for a subscriber.
+    EventsDropped { count: u64 },
     /// `count` messages sent from our mailbox `from` to `to` found no such mailbox.
     Undeliverable {
         to: Address,
@@ -183,7 +188,26 @@ pub(crate) struct Peer {
     pub last_read: AtomicU64,
     pub last_write: AtomicU64,
     pub disconnected_at: AtomicU64,
+    /// Undeliverable notices waiting for room in the lane (bounded; see `Notices`).
+    notices: Mutex<Notices>,
 }
+
+/// Undeliverable notices for one peer, summed per (destination, sender) pair until they can
+/// be queued. At most `NOTICE_PAIRS` pairs are kept apart; the counts of any further pairs
+/// go into one summary notice (destination "", which no mailbox can have), so a peer that
+/// sends to a million made-up names costs this node a fixed amount of memory.
+#[derive(Default)]
+struct Notices {
+    pairs: Vec<(Name, Name, u32)>,
+    summary: u32,
+}
+
+/// Distinct (destination, sender) pairs of undeliverable notices kept per peer.
+const NOTICE_PAIRS: usize = 64;
+/// Undeliverable notices queued in a lane at once; more wait (summed) in `Notices`.
+const NOTICES_QUEUED: usize = 16;
+/// Mailbox names logged as undeliverable, at most (further names are counted only).
+const LOGGED_NAMES: usize = 1024;
 
 impl Peer {
     pub fn state(&self) -> PeerState {
@@ -229,6 +253,40 @@ impl Peer {
     pub fn current(&self) -> Option<Arc<Conn>> {
         self.link.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
+
+    /// Tell the peer that `count` messages from its mailbox `from` to our mailbox `to` found
+    /// no such mailbox: summed with earlier notices, and queued as room allows.
+    pub fn report_undeliverable(&self, to: &Name, from: &Name, count: u32) {
+        let mut n = self.notices.lock().unwrap_or_else(|p| p.into_inner());
+        match n.pairs.iter().position(|(t, f, _)| t == to && f == from) {
+            Some(i) => n.pairs[i].2 = n.pairs[i].2.saturating_add(count),
+            None if n.pairs.len() < NOTICE_PAIRS => n.pairs.push((to.clone(), from.clone(), count)),
+            None => n.summary = n.summary.saturating_add(count),
+        }
+        self.flush_notices_locked(&mut n);
+    }
+
+    /// Queue waiting undeliverable notices while the lane has room for them.
+    pub fn flush_notices(&self) {
+        let mut n = self.notices.lock().unwrap_or_else(|p| p.into_inner());
+        self.flush_notices_locked(&mut n);
+    }
+
+    fn flush_notices_locked(&self, n: &mut Notices) {
+        use crate::core::frame::{Frame, Undeliverable};
+        let empty = Name::from_static("");
+        while let Some((to, from, count)) = n.pairs.last().cloned().or_else(|| {
+            (n.summary > 0).then(|| (empty.clone(), empty.clone(), n.summary))
+        }) {
+            let f = Frame::Undeliverable(Undeliverable { count, to, from });
+            if !self.lane.push_control(self.id, &f, NOTICES_QUEUED) {
+                return;
+            }
+            if n.pairs.pop().is_none() {
+                n.summary = 0;
+            }
+        }
+    }
 }
 
 /// State shared by a node's handle, its mailboxes and its threads.
@@ -241,6 +299,13 @@ pub(crate) struct Shared {
     pub idle: IdleStrategy,
     /// TLS configurations, when the node runs TLS.
     pub tls: Option<crate::io::tls::TlsConfigs>,
+    /// Peers this node dials (their names sort after ours): an inbound connection claiming
+    /// one of them is refused.
+    pub dials: Arc<[Name]>,
+    /// Inbound handshakes in progress (at most `max_handshakes`).
+    pub handshakes: std::sync::atomic::AtomicUsize,
+    /// Counters of failed and refused connections.
+    pub security: SecurityCounters,
     peers: RwLock<HashMap<Name, Arc<Peer>, NameHash>>,
     by_id: RwLock<Vec<Arc<Peer>>>,
     /// Every lane and its writer thread.
@@ -254,7 +319,9 @@ pub(crate) struct Shared {
     stop: Mutex<bool>,
     stop_cv: Condvar,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    events: Mutex<Option<mpsc::Sender<Event>>>,
+    events: Mutex<Option<EventSink>>,
+    events_dropped: AtomicU64,
+    /// Mailbox names already logged as undeliverable (at most `LOGGED_NAMES`).
     undeliverable_logged: Mutex<HashSet<Name>>,
     pub undeliverable: AtomicU64,
     local_messages: AtomicU64,
@@ -298,25 +365,64 @@ impl Shared {
         !*g
     }
 
+    /// Hand an event to the subscriber, never waiting: when its queue is full the event is
+    /// dropped and counted, and the subscriber gets one `EventsDropped` with the count as
+    /// soon as there is room again.
     pub fn emit(&self, e: Event) {
         let mut g = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(tx) = g.as_ref() {
-            if tx.send(e).is_err() {
-                *g = None;
+        let Some(sink) = g.as_mut() else { return };
+        if sink.missed > 0 {
+            match sink.tx.try_send(Event::EventsDropped { count: sink.missed }) {
+                Ok(()) => sink.missed = 0,
+                Err(mpsc::TrySendError::Full(_)) => {}
+                Err(mpsc::TrySendError::Disconnected(_)) => {
+                    *g = None;
+                    return;
+                }
             }
+        }
+        let full = if sink.missed > 0 {
+            true
+        } else {
+            match sink.tx.try_send(e) {
+                Ok(()) => false,
+                Err(mpsc::TrySendError::Full(_)) => true,
+                Err(mpsc::TrySendError::Disconnected(_)) => {
+                    *g = None;
+                    return;
+                }
+            }
+        };
+        if full {
+            sink.missed += 1;
+            self.events_dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    pub fn spawn(self: &Arc<Self>, what: String, f: impl FnOnce(Arc<Shared>) + Send + 'static) {
+    /// Start a thread running `f`. Handles of threads that have ended are dropped here (their
+    /// resources are freed), so a node that accepts connections for years holds handles
+    /// only for the threads that still run; `shutdown` joins those.
+    pub fn spawn(
+        self: &Arc<Self>,
+        what: String,
+        f: impl FnOnce(Arc<Shared>) + Send + 'static,
+    ) -> std::io::Result<()> {
         let me = self.clone();
-        let h = std::thread::Builder::new()
-            .name(what)
-            .spawn(move || f(me))
-            .expect("cannot spawn a thread");
+        let h = std::thread::Builder::new().name(what).spawn(move || f(me))?;
+        let mut g = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        g.retain(|h| !h.is_finished());
+        g.push(h);
+        Ok(())
+    }
+
+    /// Threads started with `spawn` that have not ended yet (or ended since the last spawn).
+    pub fn threads(&self) -> usize {
         self.threads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(h);
+            .iter()
+            .filter(|h| !h.is_finished())
+            .count()
     }
 
     pub fn peer(&self, name: &[u8]) -> Option<Arc<Peer>> {
@@ -328,19 +434,28 @@ impl Shared {
     }
 
     /// The peer called `name`, created (with its writer) if it connected without being in
-    /// our static list.
-    pub fn peer_or_insert(self: &Arc<Self>, name: &Name) -> Arc<Peer> {
+    /// our static list. `None` if the node already has `max_peers` peers or no writer
+    /// thread could be started.
+    pub fn peer_or_insert(self: &Arc<Self>, name: &Name) -> Option<Arc<Peer>> {
         if let Some(p) = self.peer(name.as_bytes()) {
-            return p;
+            return Some(p);
         }
         let mut g = self.peers.write().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = g.get(name.as_bytes()) {
-            return p.clone();
+            return Some(p.clone());
+        }
+        if g.len() >= self.config.max_peers {
+            warn!(node = %self.name, peer = %name, max = self.config.max_peers, "a peer not in the static list connected, but the node has max_peers peers; closing");
+            return None;
         }
         info!(node = %self.name, peer = %name, "peer not in the static list connected; adding it");
-        let p = self.add_peer(&mut g, name.clone());
-        drop(g);
-        p
+        match self.add_peer(&mut g, name.clone()) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                warn!(node = %self.name, peer = %name, error = %e, "cannot start a writer thread for a new peer; closing");
+                None
+            }
+        }
     }
 
     /// Create a peer (and, with a per-peer bundler, its lane and writer thread).
@@ -348,7 +463,7 @@ impl Shared {
         self: &Arc<Self>,
         map: &mut HashMap<Name, Arc<Peer>, NameHash>,
         name: Name,
-    ) -> Arc<Peer> {
+    ) -> std::io::Result<Arc<Peer>> {
         let mut by_id = self.by_id.write().unwrap_or_else(|p| p.into_inner());
         let lane = match &self.shared_lane {
             Some(l) => l.clone(),
@@ -360,7 +475,7 @@ impl Shared {
                     self.config.frame_bytes,
                     self.idle,
                 ));
-                self.spawn_writer(lane.clone(), LaneMembers::One(by_id.len() as Dest));
+                self.spawn_writer(lane.clone(), LaneMembers::One(by_id.len() as Dest))?;
                 lane
             }
         };
@@ -377,14 +492,15 @@ impl Shared {
             last_read: AtomicU64::new(0),
             last_write: AtomicU64::new(0),
             disconnected_at: AtomicU64::new(0),
+            notices: Mutex::new(Notices::default()),
         });
         by_id.push(p.clone());
         map.insert(name, p.clone());
-        p
+        Ok(p)
     }
 
     /// Start the writer thread of a lane.
-    fn spawn_writer(self: &Arc<Self>, lane: Arc<Lane>, members: LaneMembers) {
+    fn spawn_writer(self: &Arc<Self>, lane: Arc<Lane>, members: LaneMembers) -> std::io::Result<()> {
         let (me, l) = (self.clone(), lane.clone());
         let name = match members {
             LaneMembers::One(id) => format!("bw-write-{}-{id}", self.name),
@@ -392,12 +508,12 @@ impl Shared {
         };
         let h = std::thread::Builder::new()
             .name(name)
-            .spawn(move || crate::io::writer::run_writer(&me, &l, members))
-            .expect("cannot spawn a thread");
+            .spawn(move || crate::io::writer::run_writer(&me, &l, members))?;
         self.lanes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push((lane, Some(h)));
+        Ok(())
     }
 
     /// Close every lane (no new messages) and join its writer, which flushes it first. A
@@ -435,6 +551,16 @@ impl Shared {
         }
     }
 
+    /// Writer threads still running.
+    pub fn writers(&self) -> usize {
+        self.lanes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, h)| h.as_ref().is_some_and(|h| !h.is_finished()))
+            .count()
+    }
+
     pub fn peer_by_id(&self, id: Dest) -> Option<Arc<Peer>> {
         self.by_id
             .read()
@@ -469,30 +595,30 @@ impl Shared {
         }
     }
 
-    /// Count, log (once per mailbox name) and report back undeliverable messages.
+    /// Count, log (once per mailbox name, for the first `LOGGED_NAMES` names) and report
+    /// back undeliverable messages.
     pub fn undeliverable(&self, from_peer: Option<&Arc<Peer>>, to: &Name, from: &Name, count: u32) {
         self.undeliverable
             .fetch_add(count as u64, Ordering::Relaxed);
-        let first = self
-            .undeliverable_logged
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(to.clone());
         let sender = from_peer
             .map(|p| p.name.as_str())
             .unwrap_or(self.name.as_str());
-        if first {
-            warn!(node = %self.name, mailbox = %to, from_node = sender, "message for a mailbox that does not exist here; reporting it to the sender as undeliverable (logged once per name)");
+        {
+            let mut logged = self
+                .undeliverable_logged
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if logged.len() < LOGGED_NAMES {
+                if logged.insert(to.clone()) {
+                    warn!(node = %self.name, mailbox = %to, from_node = sender, "message for a mailbox that does not exist here; reporting it to the sender as undeliverable (logged once per name)");
+                }
+                if logged.len() == LOGGED_NAMES {
+                    warn!(node = %self.name, names = LOGGED_NAMES, "undeliverable messages for so many mailbox names that further names are no longer logged; they are still counted and reported to their senders");
+                }
+            }
         }
         match from_peer {
-            Some(p) => p.lane.push_frame(
-                p.id,
-                &crate::core::frame::Frame::Undeliverable(crate::core::frame::Undeliverable {
-                    count,
-                    to: to.clone(),
-                    from: from.clone(),
-                }),
-            ),
+            Some(p) => p.report_undeliverable(to, from, count),
             None => self.emit(Event::Undeliverable {
                 to: Address {
                     node: self.name.clone(),
@@ -634,6 +760,13 @@ impl Shared {
     }
 }
 
+/// The current event subscriber: a bounded queue, and how many events it missed since it
+/// last had room.
+pub(crate) struct EventSink {
+    tx: mpsc::SyncSender<Event>,
+    missed: u64,
+}
+
 /// A lane and its writer thread (taken when joined).
 type LaneThread = (Arc<Lane>, Option<JoinHandle<()>>);
 
@@ -718,6 +851,11 @@ impl Node {
                 idle,
             ))
         });
+        let dials: Arc<[Name]> = peer_names
+            .iter()
+            .filter(|p| name.as_str() < p.as_str())
+            .cloned()
+            .collect();
         let shared = Arc::new(Shared {
             name,
             incarnation: u64::from_le_bytes(inc),
@@ -725,6 +863,9 @@ impl Node {
             local_addr,
             idle,
             tls,
+            dials,
+            handshakes: std::sync::atomic::AtomicUsize::new(0),
+            security: SecurityCounters::default(),
             peers: RwLock::new(HashMap::default()),
             by_id: RwLock::new(Vec::new()),
             lanes: Mutex::new(Vec::new()),
@@ -736,6 +877,7 @@ impl Node {
             stop_cv: Condvar::new(),
             threads: Mutex::new(Vec::new()),
             events: Mutex::new(None),
+            events_dropped: AtomicU64::new(0),
             undeliverable_logged: Mutex::new(HashSet::new()),
             undeliverable: AtomicU64::new(0),
             local_messages: AtomicU64::new(0),
@@ -744,7 +886,7 @@ impl Node {
             config,
         });
         if let Some(l) = &shared.shared_lane {
-            shared.spawn_writer(l.clone(), LaneMembers::All);
+            shared.spawn_writer(l.clone(), LaneMembers::All)?;
         }
         {
             let mut g = shared.mailboxes.write().unwrap_or_else(|p| p.into_inner());
@@ -756,23 +898,23 @@ impl Node {
         {
             let mut g = shared.peers.write().unwrap_or_else(|p| p.into_inner());
             for pn in peer_names {
-                shared.add_peer(&mut g, pn);
+                shared.add_peer(&mut g, pn)?;
             }
         }
         info!(node = %shared.name, addr = %local_addr, bundler = %shared.config.bundler.kind, "node started");
         shared.spawn(format!("bw-tick-{}", shared.name), move |s| {
             crate::io::detector::run_ticker(&s)
-        });
+        })?;
         shared.spawn(format!("bw-accept-{}", shared.name), move |s| {
             connection::run_acceptor(&s, listener)
-        });
+        })?;
         let specs = shared.config.peers.clone();
         for spec in specs {
             let peer = shared.peer(spec.name.as_bytes()).expect("inserted above");
             if shared.name.as_str() < spec.name.as_str() {
                 shared.spawn(format!("bw-dial-{}", spec.name), move |s| {
                     connection::run_dialer(&s, &peer, spec.addr)
-                });
+                })?;
             } else {
                 debug!(node = %shared.name, peer = %spec.name, "waiting for the peer to dial (the name that sorts first dials)");
             }
@@ -853,11 +995,20 @@ impl Node {
 
     /// Subscribe to events (peer up/down, handshake failures, undeliverable reports).
     /// Only the latest subscriber receives them; before anyone subscribes they are only
-    /// logged and counted.
+    /// logged and counted. The queue holds `NodeConfig::events_capacity` events: the node
+    /// never waits for a subscriber, so one that falls behind loses events and is told how
+    /// many (`Event::EventsDropped`).
     pub fn events(&self) -> mpsc::Receiver<Event> {
-        let (tx, rx) = mpsc::channel();
-        *self.shared.events.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        let (tx, rx) = mpsc::sync_channel(self.shared.config.events_capacity);
+        *self.shared.events.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(EventSink { tx, missed: 0 });
         rx
+    }
+
+    /// Threads this node runs now (acceptor, ticker, dialers, writers, one per connection
+    /// or handshake in progress). Threads that ended are not counted.
+    pub fn threads(&self) -> usize {
+        self.shared.threads() + self.shared.writers()
     }
 
     /// Names of the peers with a live connection.
@@ -921,6 +1072,8 @@ impl Node {
             peers,
             undeliverable: self.shared.undeliverable.load(Ordering::Relaxed),
             local_messages: self.shared.local_messages.load(Ordering::Relaxed),
+            handshakes: self.shared.security.snapshot(),
+            events_dropped: self.shared.events_dropped.load(Ordering::Relaxed),
         }
     }
 

@@ -17,6 +17,9 @@ use crate::core::frame::Frame;
 use crate::core::idle::{IdleStep, IdleStrategy};
 use crate::core::outbox::{Batch, Dest, Outbox};
 
+/// Most control frames waiting in a lane.
+const MAX_CONTROLS: usize = 256;
+
 /// Why `push` did not queue a message.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum PushError {
@@ -135,11 +138,23 @@ impl Lane {
         Ok(())
     }
 
-    /// Queue a control frame for `dest`, after everything queued.
-    pub fn push_frame(&self, dest: Dest, frame: &Frame) {
+    /// Queue a control frame for `dest`, after everything queued, unless `max` control
+    /// frames are queued already (a writer that cannot write: the frame would only add to
+    /// a pile). Returns whether it was queued.
+    pub fn push_control(&self, dest: Dest, frame: &Frame, max: usize) -> bool {
         let mut g = self.lock();
+        if g.outbox.controls() >= max {
+            return false;
+        }
         g.outbox.push_frame(dest, frame);
         self.not_empty.notify_one();
+        true
+    }
+
+    /// Queue an acknowledgement or heartbeat (at most `MAX_CONTROLS` control frames wait in
+    /// a lane; a later acknowledgement supersedes a dropped one).
+    pub fn push_frame(&self, dest: Dest, frame: &Frame) {
+        self.push_control(dest, frame, MAX_CONTROLS);
     }
 
     /// Make the writer re-check its connections.

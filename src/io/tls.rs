@@ -10,7 +10,7 @@ use std::io::{IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -130,10 +130,50 @@ fn io_err(e: rustls::Error) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, format!("TLS: {e}"))
 }
 
+/// A socket whose every read and write must finish by `deadline`: each call gets the time
+/// that is left as its timeout, and none is left is a `TimedOut` error. (A per-call timeout
+/// alone lets a client that sends a byte now and then hold a connection forever.)
+pub(crate) struct DeadlineIo<'a> {
+    pub sock: &'a TcpStream,
+    pub deadline: Instant,
+}
+
+impl DeadlineIo<'_> {
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        Ok(left)
+    }
+}
+
+impl Read for DeadlineIo<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.sock.set_read_timeout(Some(self.left()?))?;
+        (&mut &*self.sock).read(buf)
+    }
+}
+
+impl Write for DeadlineIo<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.sock.set_write_timeout(Some(self.left()?))?;
+        (&mut &*self.sock).write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 impl Link {
-    /// Run the TLS handshake on `sock` (dialling `expect`, or accepting) and return the
-    /// link. The socket's read timeout bounds it.
-    pub fn tls(mut sock: TcpStream, cfg: &TlsConfigs, dial: Option<&str>) -> std::io::Result<Link> {
+    /// Run the TLS handshake on `sock` (dialling `dial`, or accepting) and return the
+    /// link. It must be over by `deadline`, however slowly the peer trickles its bytes.
+    pub fn tls(
+        sock: TcpStream,
+        cfg: &TlsConfigs,
+        dial: Option<&str>,
+        deadline: Instant,
+    ) -> std::io::Result<Link> {
         let mut conn: rustls::Connection = match dial {
             Some(name) => {
                 let sn = ServerName::try_from(name.to_string()).map_err(|_| {
@@ -151,12 +191,16 @@ impl Link {
                 .into(),
         };
         conn.set_buffer_limit(None);
+        let mut io = DeadlineIo {
+            sock: &sock,
+            deadline,
+        };
         while conn.is_handshaking() {
-            conn.complete_io(&mut sock)?;
+            conn.complete_io(&mut io)?;
         }
         // Flush anything the handshake left (e.g. session tickets).
         while conn.wants_write() {
-            conn.write_tls(&mut sock)?;
+            conn.write_tls(&mut io)?;
         }
         Ok(Link::Tls {
             sock,
@@ -300,6 +344,23 @@ impl Link {
 
     pub fn shutdown(&self, how: Shutdown) -> std::io::Result<()> {
         self.sock().shutdown(how)
+    }
+
+    /// Give the next reads and writes what is left until `deadline` as their timeout
+    /// (`TimedOut` if nothing is left).
+    pub fn set_deadline(&self, deadline: Instant) -> std::io::Result<()> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.set_read_timeout(Some(left))?;
+        self.set_write_timeout(Some(left))
+    }
+
+    /// No more deadline: reads and writes block until they are done or the socket closes.
+    pub fn clear_deadline(&self) -> std::io::Result<()> {
+        self.set_read_timeout(None)?;
+        self.set_write_timeout(None)
     }
 }
 
