@@ -80,6 +80,9 @@ pub struct NodeConfig {
     /// Most inbound handshakes in progress at once; beyond it new connections are closed at
     /// once (and counted). Each costs a thread until it ends. Default 64.
     pub max_handshakes: usize,
+    /// Most of those from one source address, so that one client cannot take every place.
+    /// Default 16.
+    pub max_handshakes_per_address: usize,
     /// Most peers a node keeps, counting those not in the static list that connect with the
     /// cluster secret. Default 1024.
     pub max_peers: usize,
@@ -149,6 +152,7 @@ impl NodeConfig {
             reconnect_max: Duration::from_secs(2),
             handshake_timeout: Duration::from_secs(5),
             max_handshakes: 64,
+            max_handshakes_per_address: 16,
             max_peers: 1024,
             events_capacity: 4096,
             shutdown_timeout: Duration::from_secs(5),
@@ -229,6 +233,10 @@ impl NodeConfig {
             ("frame_bytes", self.frame_bytes),
             ("read_bytes", self.read_bytes),
             ("max_handshakes", self.max_handshakes),
+            (
+                "max_handshakes_per_address",
+                self.max_handshakes_per_address,
+            ),
             ("max_peers", self.max_peers),
             ("events_capacity", self.events_capacity),
         ] {

@@ -18,5 +18,5 @@ pub use crate::error::{Error, RecvError};
 pub use crate::io::mailbox::{Envelope, Mailbox, RecvFuture};
 pub use crate::io::node::{Address, Event, FailedMessage, Node};
 pub use crate::io::tls::{TlsFiles, generate_certs};
-pub use crate::stats::{NodeStats, PeerStats};
+pub use crate::stats::{HandshakeFailure, HandshakeStats, NodeStats, PeerStats};
 pub use bytes::Bytes;

@@ -61,6 +61,15 @@ enum Cmd {
         /// Exit (shutting down cleanly) after this many seconds (0: run until killed).
         #[arg(long, default_value_t = 0)]
         run_for: u64,
+        /// Milliseconds a new connection has for TLS, the handshake and RESUME together.
+        #[arg(long, default_value_t = 5000)]
+        handshake_timeout_ms: u64,
+        /// Most inbound handshakes in progress; more are closed at once.
+        #[arg(long, default_value_t = 64)]
+        max_handshakes: usize,
+        /// Most inbound handshakes in progress from one source address.
+        #[arg(long, default_value_t = 16)]
+        max_handshakes_per_address: usize,
     },
     /// Generate a test CA and a certificate per node, to try mutual TLS in a minute.
     Certs {
@@ -207,6 +216,9 @@ fn main() -> ExitCode {
             tls_ca,
             stats_every,
             run_for,
+            handshake_timeout_ms,
+            max_handshakes,
+            max_handshakes_per_address,
         } => {
             init_logs(LevelFilter::INFO);
             let secret = NodeConfig::read_secret(&secret_file).map_err(|e| e.to_string());
@@ -216,6 +228,9 @@ fn main() -> ExitCode {
                     .idle_cpu_level(idle_cpu_level)
                     .mailbox("echo");
                 cfg.peers = peers;
+                cfg.handshake_timeout = Duration::from_millis(handshake_timeout_ms);
+                cfg.max_handshakes = max_handshakes;
+                cfg.max_handshakes_per_address = max_handshakes_per_address;
                 if let (Some(cert), Some(key), Some(ca)) = (tls_cert, tls_key, tls_ca) {
                     cfg = cfg.tls(batchwire::TlsFiles { cert, key, ca });
                 }

@@ -78,7 +78,7 @@ pub struct PeerStats {
     pub queue_high_water: u64,
     /// Total time senders spent blocked on the full outbound queue, in microseconds.
     pub blocked_us: u64,
-    /// Messages waiting in the outbound queue now.
+    /// Messages and control frames waiting in the outbound queue now.
     pub queued: u64,
     /// (lower bound, writes): writes that carried lower bound ..= 2 x lower bound - 1
     /// messages. Empty buckets are left out.

@@ -212,7 +212,11 @@ fn a_plaintext_node_and_a_tls_node_refuse_each_other_clearly() {
     let (_, reason) = failure(&b_events);
     assert!(reason.contains("TLS"), "{reason}");
     let (peer, reason) = failure(&a_events);
-    assert_eq!(peer.as_deref(), Some("b"), "the dialler names the node it dialled");
+    assert_eq!(
+        peer.as_deref(),
+        Some("b"),
+        "the dialler names the node it dialled"
+    );
     assert!(reason.contains("speaks TLS"), "{reason}");
     let _ = std::fs::remove_dir_all(certs);
 }

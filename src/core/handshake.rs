@@ -117,7 +117,9 @@ pub enum HandshakeError {
     SameName(Name),
     /// An inbound connection claims a node that this node dials itself (the name that
     /// sorts first dials): a misconfigured peer, or someone pretending to be it.
-    #[error("inbound connection claims to be {0:?}, a node this node dials itself (the name that sorts first dials)")]
+    #[error(
+        "inbound connection claims to be {0:?}, a node this node dials itself (the name that sorts first dials)"
+    )]
     WrongDirection(Name),
     /// The peer refused us, with its reason.
     #[error("refused by peer{}: {reason}", peer.as_ref().map(|p| format!(" {p:?}")).unwrap_or_default())]
@@ -313,9 +315,9 @@ impl Handshake {
             HandshakeError::Secret { .. } => {
                 format!("cluster secret mismatch: node {me:?} could not verify your proof")
             }
-            HandshakeError::WrongPeer { expected, got } => format!(
-                "node {me:?} dialled this address expecting node {expected:?}, not {got:?}"
-            ),
+            HandshakeError::WrongPeer { expected, got } => {
+                format!("node {me:?} dialled this address expecting node {expected:?}, not {got:?}")
+            }
             HandshakeError::WrongDirection(p) => format!(
                 "node {me:?} dials {p:?} itself (the name that sorts first dials); {p:?} must not dial {me:?}"
             ),

@@ -33,7 +33,9 @@ pub enum SeqError {
         got: u64,
     },
     /// A frame's sequence numbers run past 2^64.
-    #[error("protocol violation: a frame of {count} messages starting at {first} overflows the sequence numbers")]
+    #[error(
+        "protocol violation: a frame of {count} messages starting at {first} overflows the sequence numbers"
+    )]
     Overflow {
         /// Where the frame starts.
         first: u64,
@@ -41,7 +43,9 @@ pub enum SeqError {
         count: u32,
     },
     /// An ACK for messages this node never sent.
-    #[error("protocol violation: acknowledgement of everything below {ack}, but only {sent} messages were sent")]
+    #[error(
+        "protocol violation: acknowledgement of everything below {ack}, but only {sent} messages were sent"
+    )]
     AckBeyondSent {
         /// The acknowledged number.
         ack: u64,
@@ -49,7 +53,9 @@ pub enum SeqError {
         sent: u64,
     },
     /// A RESUME claiming to have received messages this node never sent.
-    #[error("protocol violation: RESUME claims everything below {next} arrived, but only {sent} messages were sent")]
+    #[error(
+        "protocol violation: RESUME claims everything below {next} arrived, but only {sent} messages were sent"
+    )]
     ResumeBeyondSent {
         /// The peer's claim.
         next: u64,
@@ -573,7 +579,11 @@ mod tests {
             })
         );
         assert_eq!((w.base(), w.messages()), (0, 10), "nothing was dropped");
-        assert_eq!(w.ack(10).map(|b| b > 0), Ok(true), "the edge itself is fine");
+        assert_eq!(
+            w.ack(10).map(|b| b > 0),
+            Ok(true),
+            "the edge itself is fine"
+        );
         assert_eq!(w.ack(3), Ok(0), "a stale ack changes nothing");
     }
 
@@ -594,7 +604,13 @@ mod tests {
                 count: 1
             })
         );
-        assert_eq!(r.accept(u64::MAX - 1, 1), Err(SeqError::Gap { expected: 10, got: u64::MAX - 1 }));
+        assert_eq!(
+            r.accept(u64::MAX - 1, 1),
+            Err(SeqError::Gap {
+                expected: 10,
+                got: u64::MAX - 1
+            })
+        );
         assert_eq!(r.next(), 10, "violations change nothing");
         // Edges: the largest frame that fits is fine once announced.
         r.resume(u64::MAX - 1);

@@ -1,7 +1,7 @@
 //! The connection layer: the threads that move bytes between sockets and the sans-IO core.
 //! Every step is commented, in the manner of mini-redis' `connection.rs`.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -13,11 +13,11 @@ use crate::core::codec::Name;
 use crate::core::frame::{self, Frame, MessageList, Resume};
 use crate::core::handshake::{Handshake, HandshakeConfig, HandshakeError, PeerInfo, Role};
 use crate::error::LinkError;
-use crate::stats::HandshakeFailure;
 use crate::io::detector::{declare_down, fail_window};
 use crate::io::mailbox::MailboxQueue;
 use crate::io::node::{Address, Conn, Event, Peer, PeerState, Shared};
 use crate::io::tls::Link;
+use crate::stats::HandshakeFailure;
 
 /// Handshake frames are small; anything bigger than this before authentication is refused.
 const HANDSHAKE_MAX_FRAME: usize = 4096;
@@ -46,12 +46,13 @@ pub(crate) fn run_acceptor(shared: &Arc<Shared>, listener: TcpListener) {
                 continue;
             }
         };
-        let Some(slot) = HandshakeSlot::take(shared) else {
-            // Too many handshakes in progress: close at once (dropping the socket).
+        let from = s.peer_addr().map(|a| a.ip()).ok();
+        let Some(slot) = from.and_then(|ip| HandshakeSlot::take(shared, ip)) else {
+            // Too many handshakes in progress (from that address, or in all): close at once
+            // (dropping the socket).
             let n = shared.security.busy.fetch_add(1, Relaxed) + 1;
             if n.is_power_of_two() {
-                let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                warn!(node = %shared.name, addr, refused_so_far = n, max = shared.config.max_handshakes, "too many handshakes in progress; closing new connections at once");
+                warn!(node = %shared.name, addr = ?from, refused_so_far = n, max = shared.config.max_handshakes, per_address = shared.config.max_handshakes_per_address, "too many handshakes in progress; closing new connections at once");
             }
             continue;
         };
@@ -69,23 +70,44 @@ pub(crate) fn run_acceptor(shared: &Arc<Shared>, listener: TcpListener) {
     }
 }
 
-/// One of the `max_handshakes` places for an inbound handshake; freed when dropped.
-pub(crate) struct HandshakeSlot(Arc<Shared>);
+/// One of the `max_handshakes` places for an inbound handshake, taken by one source
+/// address (which holds at most `max_handshakes_per_address`, so a flood from one address
+/// cannot take every place); freed when dropped.
+pub(crate) struct HandshakeSlot {
+    shared: Arc<Shared>,
+    ip: IpAddr,
+}
 
 impl HandshakeSlot {
-    fn take(shared: &Arc<Shared>) -> Option<HandshakeSlot> {
-        let max = shared.config.max_handshakes;
-        shared
-            .handshakes
-            .fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1))
-            .ok()
-            .map(|_| HandshakeSlot(shared.clone()))
+    fn take(shared: &Arc<Shared>, ip: IpAddr) -> Option<HandshakeSlot> {
+        let cfg = &shared.config;
+        let mut g = shared.handshakes.lock().unwrap_or_else(|p| p.into_inner());
+        let total: usize = g.values().sum();
+        let here = g.get(&ip).copied().unwrap_or(0);
+        if total >= cfg.max_handshakes || here >= cfg.max_handshakes_per_address {
+            return None;
+        }
+        *g.entry(ip).or_insert(0) += 1;
+        Some(HandshakeSlot {
+            shared: shared.clone(),
+            ip,
+        })
     }
 }
 
 impl Drop for HandshakeSlot {
     fn drop(&mut self) {
-        self.0.handshakes.fetch_sub(1, Relaxed);
+        let mut g = self
+            .shared
+            .handshakes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = g.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                g.remove(&self.ip);
+            }
+        }
     }
 }
 
@@ -203,7 +225,7 @@ pub(crate) fn run_connection(
             if let LinkError::Sequence(_) = &e {
                 peer.stats.violations.fetch_add(1, Relaxed);
             }
-            if let LinkError::Handshake(HandshakeError::Refused { .. }) = &e {
+            if !shared.is_shutting_down() {
                 let kind = HandshakeFailure::of(&e);
                 shared.security.count(kind);
                 shared.emit(Event::HandshakeFailed {

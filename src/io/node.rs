@@ -275,9 +275,12 @@ impl Peer {
     fn flush_notices_locked(&self, n: &mut Notices) {
         use crate::core::frame::{Frame, Undeliverable};
         let empty = Name::from_static("");
-        while let Some((to, from, count)) = n.pairs.last().cloned().or_else(|| {
-            (n.summary > 0).then(|| (empty.clone(), empty.clone(), n.summary))
-        }) {
+        while let Some((to, from, count)) = n
+            .pairs
+            .last()
+            .cloned()
+            .or_else(|| (n.summary > 0).then(|| (empty.clone(), empty.clone(), n.summary)))
+        {
             let f = Frame::Undeliverable(Undeliverable { count, to, from });
             if !self.lane.push_control(self.id, &f, NOTICES_QUEUED) {
                 return;
@@ -302,8 +305,9 @@ pub(crate) struct Shared {
     /// Peers this node dials (their names sort after ours): an inbound connection claiming
     /// one of them is refused.
     pub dials: Arc<[Name]>,
-    /// Inbound handshakes in progress (at most `max_handshakes`).
-    pub handshakes: std::sync::atomic::AtomicUsize,
+    /// Inbound handshakes in progress, by source address (at most `max_handshakes` in all
+    /// and `max_handshakes_per_address` each, so the map is bounded too).
+    pub handshakes: Mutex<HashMap<std::net::IpAddr, usize>>,
     /// Counters of failed and refused connections.
     pub security: SecurityCounters,
     peers: RwLock<HashMap<Name, Arc<Peer>, NameHash>>,
@@ -372,7 +376,10 @@ impl Shared {
         let mut g = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let Some(sink) = g.as_mut() else { return };
         if sink.missed > 0 {
-            match sink.tx.try_send(Event::EventsDropped { count: sink.missed }) {
+            match sink
+                .tx
+                .try_send(Event::EventsDropped { count: sink.missed })
+            {
                 Ok(()) => sink.missed = 0,
                 Err(mpsc::TrySendError::Full(_)) => {}
                 Err(mpsc::TrySendError::Disconnected(_)) => {
@@ -408,7 +415,9 @@ impl Shared {
         f: impl FnOnce(Arc<Shared>) + Send + 'static,
     ) -> std::io::Result<()> {
         let me = self.clone();
-        let h = std::thread::Builder::new().name(what).spawn(move || f(me))?;
+        let h = std::thread::Builder::new()
+            .name(what)
+            .spawn(move || f(me))?;
         let mut g = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         g.retain(|h| !h.is_finished());
         g.push(h);
@@ -500,7 +509,11 @@ impl Shared {
     }
 
     /// Start the writer thread of a lane.
-    fn spawn_writer(self: &Arc<Self>, lane: Arc<Lane>, members: LaneMembers) -> std::io::Result<()> {
+    fn spawn_writer(
+        self: &Arc<Self>,
+        lane: Arc<Lane>,
+        members: LaneMembers,
+    ) -> std::io::Result<()> {
         let (me, l) = (self.clone(), lane.clone());
         let name = match members {
             LaneMembers::One(id) => format!("bw-write-{}-{id}", self.name),
@@ -864,7 +877,7 @@ impl Node {
             idle,
             tls,
             dials,
-            handshakes: std::sync::atomic::AtomicUsize::new(0),
+            handshakes: Mutex::new(HashMap::new()),
             security: SecurityCounters::default(),
             peers: RwLock::new(HashMap::default()),
             by_id: RwLock::new(Vec::new()),
@@ -1061,7 +1074,7 @@ impl Node {
                 let mut s = p.stats.snapshot(p.name.to_string(), p.current().is_some());
                 s.queue_high_water = p.lane.high_water.load(Ordering::Relaxed);
                 s.blocked_us = p.lane.blocked_ns.load(Ordering::Relaxed) / 1000;
-                s.queued = p.lane.messages() as u64;
+                s.queued = p.lane.queued() as u64;
                 s.unacked_bytes = p.send.lock().unwrap_or_else(|e| e.into_inner()).bytes() as u64;
                 s
             })

@@ -192,8 +192,10 @@ impl Lane {
         self.not_full.notify_all();
     }
 
-    pub fn messages(&self) -> usize {
-        self.lock().outbox.messages()
+    /// Messages and control frames waiting.
+    pub fn queued(&self) -> usize {
+        let g = self.lock();
+        g.outbox.messages() + g.outbox.controls()
     }
 
     /// Wait (per the idle strategy) until the bundler says to flush, then move the frames
@@ -329,7 +331,7 @@ mod tests {
         let mut batch = Batch::default();
         l.next_batch(b.as_mut(), 0, &mut batch);
         assert!(t.join().unwrap());
-        assert_eq!(l.messages(), 1);
+        assert_eq!(l.queued(), 1);
         assert!(l.blocked_ns.load(Ordering::Relaxed) > 0);
     }
 
