@@ -7,30 +7,66 @@ use bytes::BytesMut;
 use super::codec::Name;
 use super::frame::{self, Frame};
 use super::handshake::{Handshake, HandshakeConfig, Role};
-use super::reliable::RecvWindow;
+use super::outbox::{Batch, Outbox};
+use super::reliable::{RecvWindow, SendWindow};
 
 /// The limit the targets decode with: small, so a fuzzer finds the limit checks.
 const MAX_FRAME: usize = 64 << 10;
 
 /// Decode frames from `data` as a connection reader would, walking every message list the
-/// way the reader and the receiving mailbox do.
+/// way the reader and the receiving mailbox do, and applying ACK and RESUME values to a send
+/// window that holds a few messages. Violations are errors, never panics, and never move
+/// the windows backwards.
 pub fn frames(data: &[u8]) {
     let mut buf = BytesMut::from(data);
     let mut rw = RecvWindow::default();
+    let mut sw = SendWindow::default();
+    let mut ob = Outbox::new(1 << 10);
+    for i in 0..20u8 {
+        ob.push_message(
+            0,
+            &Name::from_static("m"),
+            &Name::from_static(""),
+            &[i],
+            None,
+        );
+    }
+    let mut batch = Batch::default();
+    ob.take(usize::MAX, usize::MAX, &mut batch, None);
+    let held: Vec<_> = batch
+        .frames
+        .iter()
+        .map(|f| (&batch.buf[f.start..f.end], f.messages))
+        .collect();
+    sw.hold(&held);
     // Each iteration consumes at least one frame header, so this ends.
     while let Ok(Some(f)) = frame::decode(&mut buf, MAX_FRAME) {
-        if let Frame::Messages(list) = f {
-            let skip = rw.accept(list.first_seq, list.len() as u32).unwrap_or(0);
-            let list = list.skip(skip);
-            for (to, range, n) in list.runs() {
-                assert!(!to.is_empty() || n > 0);
-                let mut data = list.body().slice(range);
-                while frame::next_message(&mut data).is_some() {}
+        let (next, base) = (rw.next(), sw.base());
+        match f {
+            Frame::Messages(list) => {
+                let skip = rw.accept(list.first_seq, list.len() as u32).unwrap_or(0);
+                let list = list.skip(skip);
+                for (to, range, n) in list.runs() {
+                    assert!(!to.is_empty() || n > 0);
+                    let mut data = list.body().slice(range);
+                    while frame::next_message(&mut data).is_some() {}
+                }
+                for m in list.iter() {
+                    let _ = (m.to.as_str(), m.from.as_str(), m.payload.len());
+                }
             }
-            for m in list.iter() {
-                let _ = (m.to.as_str(), m.from.as_str(), m.payload.len());
+            Frame::Ack(n) => {
+                let _ = sw.ack(n);
             }
+            Frame::Resume(r) => {
+                if sw.rewind(r.next).is_ok() {
+                    rw.resume(r.base);
+                }
+            }
+            _ => {}
         }
+        assert!(rw.next() >= next, "the receive window went backwards");
+        assert!(sw.base() >= base && sw.base() <= sw.next_seq());
     }
 }
 

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Compare two builds of batchwire in one sitting, with alternating runs.
+
+    scripts/ab.py OLD_BINARY NEW_BINARY --rounds 5 -- bench throughput --bundler natural --size 100
+
+Runs `OLD ARGS --runs 1 --quiet --json F` and `NEW ARGS ...` in turn, ROUNDS times each
+(old, new, old, new, ...), and prints per result (scenario, bundler, size) the median and
+min-max of each build and the ratio of the medians. Build the old one from an earlier
+commit in a worktree, e.g.
+
+    git worktree add /tmp/prev COMMIT && (cd /tmp/prev && cargo build --release)
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def run(binary, args, out):
+    cmd = [binary] + args + ["--runs", "1", "--quiet", "--json", out]
+    res = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if res.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{res.stderr}")
+    with open(out) as f:
+        return json.load(f)["results"]
+
+
+def key(r):
+    return (r["scenario"], r["bundler"], r.get("size"))
+
+
+def fmt(v, unit):
+    if unit == "ms":
+        return f"{v:.2f}"
+    for div, suffix in ((1e6, " M"), (1e3, " k")):
+        if v >= div:
+            return f"{v / div:.2f}{suffix}"
+    return f"{v:.1f}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("--rounds", type=int, default=5)
+    argv = sys.argv[1:]
+    if "--" not in argv:
+        p.error("give the batchwire arguments after --")
+    cut = argv.index("--")
+    a = p.parse_args(argv[:cut])
+    args = argv[cut + 1:]
+    figures = {"old": {}, "new": {}}
+    units = {}
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r.json")
+        for i in range(a.rounds):
+            for which, binary in (("old", a.old), ("new", a.new)):
+                for r in run(binary, args, out):
+                    figures[which].setdefault(key(r), []).append(r["median"])
+                    units[key(r)] = r["unit"]
+                print(f"round {i + 1}/{a.rounds} {which} done", file=sys.stderr)
+    print(f"{'scenario':<12} {'bundler':<18} {'size':>6}  {'old median (min-max)':>28}  {'new median (min-max)':>28}  new/old")
+    for k in sorted(figures["old"], key=str):
+        o, n = figures["old"][k], figures["new"].get(k, [])
+        if not n:
+            continue
+        u = units[k]
+        mo, mn = statistics.median(o), statistics.median(n)
+        so = f"{fmt(mo, u)} ({fmt(min(o), u)}-{fmt(max(o), u)})"
+        sn = f"{fmt(mn, u)} ({fmt(min(n), u)}-{fmt(max(n), u)})"
+        print(f"{k[0]:<12} {k[1]:<18} {str(k[2]):>6}  {so:>28}  {sn:>28}  {mn / mo:6.2f} {u}")
+
+
+if __name__ == "__main__":
+    main()
