@@ -58,11 +58,7 @@ pub fn frames(data: &[u8]) {
             Frame::Ack(n) => {
                 let _ = sw.ack(n);
             }
-            Frame::Resume(r) => {
-                if sw.rewind(r.next).is_ok() {
-                    rw.resume(r.base);
-                }
-            }
+            Frame::Resume(r) if sw.rewind(r.next).is_ok() => rw.resume(r.base),
             _ => {}
         }
         assert!(rw.next() >= next, "the receive window went backwards");
