@@ -1,2 +1,2 @@
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| batchwire::core::fuzz::frames(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| batchwire_core::fuzz::frames(data));

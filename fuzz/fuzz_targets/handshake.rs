@@ -1,2 +1,2 @@
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| batchwire::core::fuzz::handshake(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| batchwire_core::fuzz::handshake(data));

@@ -1,0 +1,375 @@
+//! The `fan-in` scenario, after the Erlang relay post ("loads of client threads have to go
+//! through a bottleneck of a single registered process"): on node n0, S OS threads
+//! (default 1000) send N messages in all (default 200,000 of 100 B) at once to ONE mailbox
+//! on node n1, in another process, which takes them one per call (`recv_timeout`).
+//!
+//! Each payload carries (sequence, sender thread), so n1 checks the count, duplicates and
+//! each thread's order. The rate is N divided by the time from the release of all sender
+//! threads (a gate they wait at, opened once every one of them is ready) to n1's last
+//! delivery; both processes read the same wall clock on one host.
+
+use std::net::SocketAddr;
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    BenchResult, CTL, Common, Context, Ctl, Faults, Overrides, Progress, Verifier, now_ns,
+    parse_results, print_result, run_workers, share, si, u32_at, u64_at, worker_args,
+};
+use batchwire::{Address, BundlerKind, Node, NodeConfig, RecvError};
+
+/// The payload header: sequence number (u64) and sender thread (u32), little-endian.
+pub const HEADER: usize = 12;
+
+/// Arguments of the worker processes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// send or recv.
+    #[arg(long)]
+    pub role: String,
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// The other process's address.
+    #[arg(long)]
+    pub peer: SocketAddr,
+    /// Messages in all, over every sender thread.
+    #[arg(long)]
+    pub messages: u64,
+    /// Sender threads.
+    #[arg(long)]
+    pub threads: usize,
+    #[arg(long)]
+    pub size: usize,
+    #[arg(long, default_value = "natural")]
+    pub bundler: BundlerKind,
+    #[arg(long, default_value_t = 1)]
+    pub idle_cpu_level: u8,
+}
+
+/// What the sending worker reports.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SendReport {
+    /// Wall clock (ns since the epoch) when the sender threads were released.
+    pub start_ns: u128,
+}
+
+/// Where the sender threads wait until every one of them is ready.
+struct Gate {
+    state: Mutex<(usize, Option<bool>)>,
+    cv: Condvar,
+}
+
+impl Gate {
+    /// Arrive and wait for the verdict: true to go, false to give up.
+    fn arrive_and_wait(&self) -> bool {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 += 1;
+        self.cv.notify_all();
+        loop {
+            if let Some(go) = g.1 {
+                return go;
+            }
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Wait until `n` threads arrived.
+    fn wait_for(&self, n: usize) {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while g.0 < n {
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn open(&self, go: bool) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = Some(go);
+        self.cv.notify_all();
+    }
+}
+
+/// Run a worker role; prints its report line on stdout.
+pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
+    match a.role.as_str() {
+        "recv" => recv(a, secret),
+        "send" => send(a, secret),
+        other => Err(format!("unknown fan-in role {other:?}")),
+    }
+}
+
+fn recv(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
+    let cfg = NodeConfig::new("n1", a.listen, secret)
+        .peer("n0", a.peer)
+        .mailbox("sink")
+        .mailbox(CTL)
+        .bundler(a.bundler)
+        .idle_cpu_level(a.idle_cpu_level);
+    let node = Node::start(super::with_bench_tls(cfg, None)).ctx("starting node n1")?;
+    let ctl = Ctl::new(&node, 1, 2)?;
+    let mb = node.mailbox("sink").ctx("mailbox sink")?;
+    let mut v = Verifier::new(a.threads, share(a.messages, a.threads, 0));
+    // Generous for the first message (the sender may start late), then 10 s idle.
+    let mut wait = Duration::from_secs(60);
+    while v.distinct < a.messages {
+        match mb.recv_timeout(wait) {
+            Ok(e) => {
+                match (u64_at(&e.payload, 0), u32_at(&e.payload, 8)) {
+                    (Some(seq), Some(t)) => v.see(t as usize, seq),
+                    _ => v.malformed(),
+                }
+                wait = Duration::from_secs(10);
+            }
+            Err(RecvError::Timeout | RecvError::Closed) => break,
+            Err(RecvError::Empty) => {}
+        }
+    }
+    let end_ns = now_ns();
+    super::finish_receiver(node, ctl, mb, &v, end_ns)
+}
+
+fn send(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
+    let cfg = NodeConfig::new("n0", a.listen, secret)
+        .peer("n1", a.peer)
+        .mailbox(CTL)
+        .bundler(a.bundler)
+        .idle_cpu_level(a.idle_cpu_level);
+    let node = Node::start(super::with_bench_tls(cfg, None)).ctx("starting node n0")?;
+    let ctl = Ctl::new(&node, 0, 2)?;
+    if !node.wait_for_peers(&["n1"], Duration::from_secs(30)) {
+        return Err("receiver did not come up within 30 s".into());
+    }
+    let to = Address::new("n1", "sink").ctx("address")?;
+    let size = a.size.max(HEADER);
+    let gate = Gate {
+        state: Mutex::new((0, None)),
+        cv: Condvar::new(),
+    };
+    let (node_ref, gate_ref, to_ref) = (&node, &gate, &to);
+    let outcome = std::thread::scope(|s| -> Result<u128, String> {
+        let mut handles = Vec::with_capacity(a.threads);
+        let mut spawn_error = None;
+        for t in 0..a.threads {
+            let n = share(a.messages, a.threads, t);
+            let h = std::thread::Builder::new()
+                .name(format!("fan-in-{t}"))
+                .stack_size(128 << 10)
+                .spawn_scoped(s, move || -> Result<(), String> {
+                    // Payloads are built before the gate opens: only sending is timed.
+                    let mut chunk = BytesMut::with_capacity(n as usize * size);
+                    let mut payloads = Vec::with_capacity(n as usize);
+                    for seq in 0..n {
+                        chunk.put_u64_le(seq);
+                        chunk.put_u32_le(t as u32);
+                        chunk.put_bytes(0, size - HEADER);
+                        payloads.push(chunk.split().freeze());
+                    }
+                    if !gate_ref.arrive_and_wait() {
+                        return Ok(());
+                    }
+                    for p in payloads {
+                        node_ref
+                            .send(to_ref, p)
+                            .map_err(|e| format!("sender thread {t}: {e}"))?;
+                    }
+                    Ok(())
+                });
+            match h {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    spawn_error = Some(format!("cannot start sender thread {t}: {e}"));
+                    break;
+                }
+            }
+        }
+        let start_ns = match &spawn_error {
+            None => {
+                gate_ref.wait_for(a.threads);
+                let t = now_ns();
+                gate_ref.open(true);
+                t
+            }
+            Some(_) => {
+                gate_ref.open(false);
+                0
+            }
+        };
+        let mut first_error = spawn_error;
+        for h in handles {
+            let r = h
+                .join()
+                .unwrap_or_else(|_| Err("a sender thread panicked".into()));
+            if let Err(e) = r {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(start_ns),
+        }
+    });
+    let start_ns = outcome?;
+    ctl.finish(Duration::from_secs(300))?;
+    node.shutdown();
+    print_result(&SendReport { start_ns })
+}
+
+/// One measured run.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOutcome {
+    pub rate: f64,
+    pub faults: Faults,
+}
+
+/// Options of the scenario, defaults applied.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub sizes: Vec<usize>,
+    pub messages: u64,
+    pub threads: usize,
+}
+
+impl Options {
+    /// The full-size defaults (200,000 messages of 100 B from 1000 threads), or the quick
+    /// ones; the command line overrides either.
+    pub fn resolve(c: &Common, o: &Overrides) -> Result<Options, String> {
+        if let Some(n) = o.nodes.filter(|n| *n != 2) {
+            return Err(format!(
+                "fan-in runs 2 nodes (senders on one, the mailbox on the other); --nodes {n} applies to mperf and rpc"
+            ));
+        }
+        let messages = o
+            .messages
+            .unwrap_or(if c.quick { 100_000 } else { 200_000 });
+        let threads = o.threads_or(1000, "fan-in")?;
+        if messages < threads as u64 {
+            return Err(format!(
+                "fan-in: --messages {messages} is fewer than the {threads} sender threads"
+            ));
+        }
+        Ok(Options {
+            sizes: o.sizes_or(&[100], HEADER, "fan-in")?,
+            messages,
+            threads,
+        })
+    }
+}
+
+/// Start the two worker processes for one run and collect the outcome.
+pub fn one_run(
+    bundler: BundlerKind,
+    idle: u8,
+    size: usize,
+    o: &Options,
+    base_port: u16,
+) -> Result<RunOutcome, String> {
+    let send_addr = super::node_addr(base_port, 0)?;
+    let recv_addr = super::node_addr(base_port, 1)?;
+    let args = |role: &str, listen: SocketAddr, peer: SocketAddr| {
+        worker_args(
+            "fan-in",
+            role,
+            &[
+                ("listen", listen.to_string()),
+                ("peer", peer.to_string()),
+                ("messages", o.messages.to_string()),
+                ("threads", o.threads.to_string()),
+                ("size", size.to_string()),
+                ("bundler", bundler.name().to_string()),
+                ("idle-cpu-level", idle.to_string()),
+            ],
+        )
+    };
+    let lines = run_workers(
+        &[
+            args("recv", recv_addr, send_addr),
+            args("send", send_addr, recv_addr),
+        ],
+        Duration::from_secs(300),
+    )?;
+    let (r, s) = (&lines[..1], &lines[1..]);
+    let r: Vec<super::RecvReport> = parse_results(r)?;
+    let s: Vec<SendReport> = parse_results(s)?;
+    let (r, s) = (&r[0], &s[0]);
+    let secs = r.end_ns.saturating_sub(s.start_ns) as f64 / 1e9;
+    Ok(RunOutcome {
+        rate: if secs > 0.0 {
+            r.distinct as f64 / secs
+        } else {
+            0.0
+        },
+        faults: Faults {
+            lost: o.messages.saturating_sub(r.distinct),
+            duplicated: r.duplicated,
+            reordered: r.reordered,
+        },
+    })
+}
+
+/// Run the scenario: for each size, `runs` rounds of every (bundler, idle level) pair.
+pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
+    c.refuse_remote("fan-in")?;
+    c.require_bundlers("fan-in")?;
+    let o = Options::resolve(c, ov)?;
+    let combos = c.combos();
+    let progress = Progress::new(
+        (o.sizes.len() * c.runs * combos.len()) as u64,
+        "fan-in",
+        c.quiet,
+    );
+    let mut results = Vec::new();
+    for &size in &o.sizes {
+        let mut rates = vec![Vec::new(); combos.len()];
+        let mut faults = vec![Faults::default(); combos.len()];
+        for run in 0..c.runs {
+            for (i, &(b, idle)) in combos.iter().enumerate() {
+                let what = format!(
+                    "fan-in {size} B {:<20} run {}/{}",
+                    super::row_label(b.name(), Some(idle), c.show_idle()),
+                    run + 1,
+                    c.runs
+                );
+                progress.running(what.clone());
+                let out = one_run(b, idle, size, &o, c.base_port)?;
+                progress.done(format!("  {what}: {}msg/s", si(out.rate)));
+                rates[i].push(out.rate);
+                faults[i] += out.faults;
+            }
+        }
+        let first = results.len();
+        for (i, &(b, idle)) in combos.iter().enumerate() {
+            let mut r = BenchResult::new(
+                "fan-in",
+                b.name(),
+                Some(idle),
+                size,
+                rates[i].clone(),
+                "msgs/s",
+            )
+            .with_faults(faults[i]);
+            r.messages = o.messages;
+            r.threads = o.threads;
+            results.push(r);
+        }
+        print!("{}", table(&results[first..], &o, c));
+    }
+    Ok(results)
+}
+
+/// The table of one size.
+fn table(rows: &[BenchResult], o: &Options, c: &Common) -> String {
+    let Some(first) = rows.first() else {
+        return String::new();
+    };
+    let t = super::rate_table(rows, c.runs, c.show_idle(), "MB/s");
+    format!(
+        "\nfan-in: {} x {} B from {} threads on n0 to ONE mailbox on n1, received one message per call; \
+         msgs/s from the threads' release to the last delivery, median of {} alternating runs\n{}",
+        o.messages,
+        first.size,
+        o.threads,
+        c.runs,
+        t.render()
+    )
+}

@@ -1,0 +1,270 @@
+//! The `mperf` scenario, after JGroups' MPerf (the multicast table of JGRP-1540): N node
+//! processes (default 4) each send M messages (default 100,000 of 1000 B) with `send_all`
+//! to mailbox "mperf" on every member, itself included, so each node receives N x M.
+//!
+//! Each payload carries (sequence, sending node), so every node checks the count,
+//! duplicates and each sender's order. The nodes start together (a barrier over their
+//! "ctl" mailboxes); a node's rate is what it received divided by the time from that
+//! barrier to its last delivery (its own clock only). A run's figure is the mean of the
+//! nodes' rates, in messages per second per node, as in the JGroups table.
+
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, BytesMut};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    BenchResult, CTL, Common, Context, Ctl, Faults, Overrides, Progress, Verifier, mesh_config,
+    parse_results, print_result, run_workers, si, u32_at, u64_at, worker_args,
+};
+use batchwire::{BundlerKind, RecvError};
+
+/// The payload header: sequence number (u64) and sending node (u32), little-endian.
+pub const HEADER: usize = 12;
+
+/// The mailbox every node sends to.
+pub const MAILBOX: &str = "mperf";
+
+const READY: u8 = 1;
+
+/// Arguments of the worker processes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// node (the only role).
+    #[arg(long)]
+    pub role: String,
+    /// This node's index (it listens on base-port + index).
+    #[arg(long)]
+    pub index: usize,
+    #[arg(long)]
+    pub nodes: usize,
+    #[arg(long)]
+    pub base_port: u16,
+    /// Messages this node sends.
+    #[arg(long)]
+    pub messages: u64,
+    #[arg(long)]
+    pub size: usize,
+    #[arg(long, default_value = "natural")]
+    pub bundler: BundlerKind,
+    #[arg(long, default_value_t = 1)]
+    pub idle_cpu_level: u8,
+}
+
+/// What a node reports.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NodeReport {
+    pub distinct: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    /// From the start barrier to the last delivery.
+    pub secs: f64,
+}
+
+/// Run a worker; prints its report line on stdout.
+pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
+    if a.role != "node" {
+        return Err(format!("unknown mperf role {:?}", a.role));
+    }
+    let (i, n) = (a.index, a.nodes);
+    let cfg = mesh_config(
+        i,
+        n,
+        a.base_port,
+        secret,
+        a.bundler,
+        a.idle_cpu_level,
+        &[MAILBOX.to_string(), CTL.to_string()],
+    )?;
+    let (node, _) = super::start_cluster_node(cfg, i, n)?;
+    let mut ctl = Ctl::new(&node, i, n)?;
+    let mb = node.mailbox(MAILBOX).ctx("mailbox mperf")?;
+    ctl.barrier(READY, Duration::from_secs(60))?;
+    let t0 = Instant::now();
+    let size = a.size.max(HEADER);
+    let node_ref = &node;
+    let (v, secs) = std::thread::scope(|s| -> Result<(Verifier, f64), String> {
+        let sender = s.spawn(move || -> Result<(), String> {
+            let mut chunk = BytesMut::new();
+            for seq in 0..a.messages {
+                if chunk.capacity() < size {
+                    chunk = BytesMut::with_capacity((1 << 20).max(size));
+                }
+                chunk.put_u64_le(seq);
+                chunk.put_u32_le(i as u32);
+                chunk.put_bytes(0, size - HEADER);
+                node_ref
+                    .send_all(MAILBOX, chunk.split().freeze())
+                    .map_err(|e| format!("send_all: {e}"))?;
+            }
+            Ok(())
+        });
+        let expected = n as u64 * a.messages;
+        let mut v = Verifier::new(n, a.messages);
+        let mut batch = Vec::with_capacity(8192);
+        let mut wait = Duration::from_secs(60);
+        while v.distinct < expected {
+            match mb.recv_batch_into(&mut batch, 8192, wait) {
+                Ok(_) => {
+                    for e in batch.drain(..) {
+                        match (u64_at(&e.payload, 0), u32_at(&e.payload, 8)) {
+                            (Some(seq), Some(from)) => v.see(from as usize, seq),
+                            _ => v.malformed(),
+                        }
+                    }
+                    wait = Duration::from_secs(10);
+                }
+                Err(RecvError::Timeout | RecvError::Closed) => break,
+                Err(RecvError::Empty) => {}
+            }
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        sender
+            .join()
+            .unwrap_or_else(|_| Err("the sender thread panicked".into()))?;
+        Ok((v, secs))
+    })?;
+    // Stay up until every node has everything: the others may still be reading from us.
+    drop(mb);
+    ctl.finish(Duration::from_secs(300))?;
+    node.shutdown();
+    print_result(&NodeReport {
+        distinct: v.distinct,
+        duplicated: v.duplicated,
+        reordered: v.reordered,
+        secs,
+    })
+}
+
+/// Options of the scenario, defaults applied.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub sizes: Vec<usize>,
+    /// Messages each node sends.
+    pub messages: u64,
+    pub nodes: usize,
+}
+
+impl Options {
+    pub fn resolve(c: &Common, o: &Overrides) -> Result<Options, String> {
+        if let Some(t) = o.threads.filter(|t| *t != 1) {
+            return Err(format!(
+                "mperf sends from one thread per node; --threads {t} applies to fan-in and rpc"
+            ));
+        }
+        Ok(Options {
+            sizes: o.sizes_or(&[1000], HEADER, "mperf")?,
+            messages: o.messages.unwrap_or(if c.quick { 25_000 } else { 100_000 }),
+            nodes: o.nodes_or(4, "mperf")?,
+        })
+    }
+}
+
+/// One measured run: the mean of the nodes' rates, and the faults of all nodes.
+pub fn one_run(
+    bundler: BundlerKind,
+    idle: u8,
+    size: usize,
+    o: &Options,
+    base_port: u16,
+) -> Result<(f64, Faults), String> {
+    let args: Vec<Vec<String>> = (0..o.nodes)
+        .map(|i| {
+            worker_args(
+                "mperf",
+                "node",
+                &[
+                    ("index", i.to_string()),
+                    ("nodes", o.nodes.to_string()),
+                    ("base-port", base_port.to_string()),
+                    ("messages", o.messages.to_string()),
+                    ("size", size.to_string()),
+                    ("bundler", bundler.name().to_string()),
+                    ("idle-cpu-level", idle.to_string()),
+                ],
+            )
+        })
+        .collect();
+    let reports: Vec<NodeReport> = parse_results(&run_workers(&args, Duration::from_secs(600))?)?;
+    let expected = o.nodes as u64 * o.messages;
+    let mut faults = Faults::default();
+    let mut sum = 0.0;
+    for r in &reports {
+        faults += Faults {
+            lost: expected.saturating_sub(r.distinct),
+            duplicated: r.duplicated,
+            reordered: r.reordered,
+        };
+        if r.secs > 0.0 {
+            sum += r.distinct as f64 / r.secs;
+        }
+    }
+    Ok((sum / reports.len().max(1) as f64, faults))
+}
+
+/// Run the scenario: for each size, `runs` rounds of every (bundler, idle level) pair.
+pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
+    c.refuse_remote("mperf")?;
+    c.require_bundlers("mperf")?;
+    let o = Options::resolve(c, ov)?;
+    let combos = c.combos();
+    let progress = Progress::new(
+        (o.sizes.len() * c.runs * combos.len()) as u64,
+        "mperf",
+        c.quiet,
+    );
+    let mut results = Vec::new();
+    for &size in &o.sizes {
+        let mut rates = vec![Vec::new(); combos.len()];
+        let mut faults = vec![Faults::default(); combos.len()];
+        for run in 0..c.runs {
+            for (i, &(b, idle)) in combos.iter().enumerate() {
+                let name = if c.show_idle() {
+                    format!("{b} (idle {idle})")
+                } else {
+                    b.to_string()
+                };
+                let what = format!("mperf {size} B {name:<20} run {}/{}", run + 1, c.runs);
+                progress.running(what.clone());
+                let (rate, f) = one_run(b, idle, size, &o, c.base_port)?;
+                progress.done(format!("  {what}: {}msg/s/node", si(rate)));
+                rates[i].push(rate);
+                faults[i] += f;
+            }
+        }
+        let first = results.len();
+        for (i, &(b, idle)) in combos.iter().enumerate() {
+            let mut r = BenchResult::new(
+                "mperf",
+                b.name(),
+                Some(idle),
+                size,
+                rates[i].clone(),
+                "msgs/s/node",
+            )
+            .with_faults(faults[i]);
+            r.messages = o.messages;
+            r.nodes = o.nodes;
+            results.push(r);
+        }
+        print!("{}", table(&results[first..], &o, c));
+    }
+    Ok(results)
+}
+
+/// The table of one size, as JGroups prints MPerf: one column per run.
+fn table(rows: &[BenchResult], o: &Options, c: &Common) -> String {
+    let Some(first) = rows.first() else {
+        return String::new();
+    };
+    let t = super::rate_table(rows, c.runs, c.show_idle(), "MB/s/node");
+    format!(
+        "\nmperf: {} nodes, each sends {} x {} B to every member (itself included) with send_all; \
+         msgs/s received per node (mean over the nodes) of {} alternating runs\n{}",
+        o.nodes,
+        o.messages,
+        first.size,
+        c.runs,
+        t.render()
+    )
+}

@@ -1,0 +1,676 @@
+//! The `rpc` scenario, after JGroups' UnicastTestRpc (the unicast table of JGRP-1540): N
+//! node processes (default 4), T threads on each (default 16), each thread making
+//! synchronous calls: send a request to mailbox "rpc" of a random other node, wait for the
+//! reply on the thread's own mailbox, repeat, for a fixed count of calls per node (default
+//! 20,000). Every node runs a server thread on "rpc" that sends each request back to its
+//! sender (`e.from`), as `batchwire node`'s "echo" mailbox does, so `--peers` measures the
+//! same exchange against nodes running elsewhere.
+//!
+//! A reply must carry the id of the call its thread waits for (one call is outstanding per
+//! thread, so this checks order, duplicates and loss). Reported: calls per second per
+//! calling node, and latency percentiles from an HDR histogram of every call.
+//!
+//! In the same run, for comparison, one outstanding call: 2 nodes, 1 thread on n0 calling
+//! n1 (per bundler), and its floor, a plain TCP ping-pong of the same size between two
+//! processes (std `TcpStream`, `TCP_NODELAY`, one request in flight).
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, BytesMut};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    BenchResult, CTL, Common, Context, Ctl, Faults, Overrides, Progress, Rng, Table, add_pairs,
+    hist_to_pairs, median_percentiles, mesh_config, new_histogram, node_addr, parse_results,
+    percentiles_us, print_result, run_workers, share, si, u64_at, us, worker_args,
+};
+use batchwire::{Address, BundlerKind, Mailbox, RecvError};
+
+/// The payload header: the call id (u64, little-endian).
+pub const HEADER: usize = 8;
+
+/// The mailbox every node serves calls on.
+pub const MAILBOX: &str = "rpc";
+
+/// The name of the TCP floor in tables and JSON.
+pub const TCP_FLOOR: &str = "tcp-ping-pong";
+
+/// How long a call may wait for its reply before the rest of its calls count as lost.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+const READY: u8 = 1;
+
+/// Arguments of the worker processes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// node, tcp-server or tcp-client.
+    #[arg(long)]
+    pub role: String,
+    /// This node's index (it listens on base-port + index).
+    #[arg(long, default_value_t = 0)]
+    pub index: usize,
+    #[arg(long, default_value_t = 2)]
+    pub nodes: usize,
+    /// Nodes 0..clients make calls; the others only serve.
+    #[arg(long)]
+    pub clients: Option<usize>,
+    #[arg(long)]
+    pub base_port: u16,
+    /// Calling threads per calling node.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Calls per calling node, over its threads.
+    #[arg(long)]
+    pub calls: u64,
+    #[arg(long)]
+    pub size: usize,
+    #[arg(long, default_value = "natural")]
+    pub bundler: BundlerKind,
+    #[arg(long, default_value_t = 1)]
+    pub idle_cpu_level: u8,
+}
+
+/// What a node (or the TCP client) reports. A node that only serves reports no calls.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct CallReport {
+    /// Calls answered correctly.
+    pub calls: u64,
+    pub faults: Faults,
+    /// From the start barrier until the node's last thread finished its calls.
+    pub secs: f64,
+    /// The latency histogram (ns) as (value, count) pairs.
+    pub hist: Vec<(u64, u64)>,
+}
+
+/// Make `calls` synchronous calls from `mb` to random `targets`, recording each call's
+/// latency in `hist`. A reply that does not carry the awaited id counts as a fault; a call
+/// unanswered within [`CALL_TIMEOUT`] ends the loop and the remaining calls count as lost.
+pub fn call_loop(
+    mb: &Mailbox,
+    targets: &[Address],
+    calls: u64,
+    size: usize,
+    seed: u64,
+    hist: &mut Histogram<u64>,
+) -> Result<(u64, Faults), String> {
+    let mut rng = Rng::new(seed);
+    let mut chunk = BytesMut::new();
+    let mut f = Faults::default();
+    let size = size.max(HEADER);
+    for id in 0..calls {
+        if chunk.capacity() < size {
+            chunk = BytesMut::with_capacity((256 << 10).max(size));
+        }
+        chunk.put_u64_le(id);
+        chunk.put_bytes(0, size - HEADER);
+        let to = &targets[rng.below(targets.len())];
+        let t = Instant::now();
+        mb.send(to, chunk.split().freeze())
+            .map_err(|e| format!("call to {to}: {e}"))?;
+        let deadline = t + CALL_TIMEOUT;
+        loop {
+            match mb.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(e) => match u64_at(&e.payload, 0) {
+                    Some(x) if x == id => {
+                        hist.saturating_record(t.elapsed().as_nanos() as u64);
+                        break;
+                    }
+                    Some(x) if x < id => f.duplicated += 1,
+                    _ => f.reordered += 1,
+                },
+                Err(RecvError::Empty) => {}
+                Err(RecvError::Timeout | RecvError::Closed) => {
+                    f.lost += calls - id;
+                    return Ok((id, f));
+                }
+            }
+        }
+    }
+    Ok((calls, f))
+}
+
+/// Serve calls on `mb` (send every request back to its sender) until `stop` is set and
+/// nothing is left.
+fn serve(mb: &Mailbox, stop: &AtomicBool) -> Result<(), String> {
+    let mut batch = Vec::with_capacity(1024);
+    loop {
+        match mb.recv_batch_into(&mut batch, 1024, Duration::from_millis(20)) {
+            Ok(_) => {
+                for e in batch.drain(..) {
+                    mb.send(&e.from, e.payload)
+                        .map_err(|err| format!("reply to {}: {err}", e.from))?;
+                }
+            }
+            Err(RecvError::Timeout | RecvError::Empty) if stop.load(Ordering::Acquire) => {
+                return Ok(());
+            }
+            Err(RecvError::Timeout | RecvError::Empty) => {}
+            Err(RecvError::Closed) => return Ok(()),
+        }
+    }
+}
+
+/// Run one calling thread per mailbox in `mbs` (`c0`, `c1`, ...), sharing `calls` between
+/// them, and fold what they saw into one report (the time is that of the slowest thread).
+fn run_callers(
+    mbs: &[Mailbox],
+    targets: &[Address],
+    calls: u64,
+    size: usize,
+    seed: u64,
+) -> Result<CallReport, String> {
+    let t0 = Instant::now();
+    let outs = std::thread::scope(|s| {
+        let hs: Vec<_> = mbs
+            .iter()
+            .enumerate()
+            .map(|(t, mb)| {
+                let n = share(calls, mbs.len(), t);
+                s.spawn(move || -> Result<(u64, Faults, Histogram<u64>), String> {
+                    let mut h = new_histogram()?;
+                    let (ok, f) = call_loop(mb, targets, n, size, seed * 1000 + t as u64, &mut h)?;
+                    Ok((ok, f, h))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a calling thread panicked".into()))
+            })
+            .collect::<Result<Vec<_>, String>>()
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    let mut hist = new_histogram()?;
+    let mut rep = CallReport {
+        secs,
+        ..CallReport::default()
+    };
+    for (ok, f, h) in outs {
+        rep.calls += ok;
+        rep.faults += f;
+        hist.add(&h).ctx("merging histograms")?;
+    }
+    rep.hist = hist_to_pairs(&hist);
+    Ok(rep)
+}
+
+/// The mailbox names of `threads` calling threads.
+fn caller_mailboxes(threads: usize) -> Vec<String> {
+    (0..threads).map(|t| format!("c{t}")).collect()
+}
+
+/// Run a worker role; prints its report line on stdout.
+pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
+    match a.role.as_str() {
+        "node" => node_worker(a, secret),
+        "tcp-server" => tcp_server(a),
+        "tcp-client" => tcp_client(a),
+        other => Err(format!("unknown rpc role {other:?}")),
+    }
+}
+
+fn node_worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
+    let (i, n) = (a.index, a.nodes);
+    let calling = i < a.clients.unwrap_or(n);
+    let mut boxes = vec![MAILBOX.to_string(), CTL.to_string()];
+    let callers = caller_mailboxes(if calling { a.threads } else { 0 });
+    boxes.extend(callers.iter().cloned());
+    let cfg = mesh_config(
+        i,
+        n,
+        a.base_port,
+        secret,
+        a.bundler,
+        a.idle_cpu_level,
+        &boxes,
+    )?;
+    let (node, others) = super::start_cluster_node(cfg, i, n)?;
+    let targets = others
+        .iter()
+        .map(|o| Address::new(o, MAILBOX).ctx("address"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut ctl = Ctl::new(&node, i, n)?;
+    let server = node.mailbox(MAILBOX).ctx("mailbox rpc")?;
+    let mbs = callers
+        .iter()
+        .map(|c| node.mailbox(c).ctx("caller mailbox"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let stop = AtomicBool::new(false);
+    let report = std::thread::scope(|s| -> Result<CallReport, String> {
+        let srv = s.spawn(|| serve(&server, &stop));
+        let res = ctl.barrier(READY, Duration::from_secs(60)).and_then(|()| {
+            if mbs.is_empty() {
+                Ok(CallReport::default())
+            } else {
+                run_callers(&mbs, &targets, a.calls, a.size, i as u64 + 1)
+            }
+        });
+        // Serve until every node made all its calls.
+        let done = match &res {
+            Ok(_) => ctl.finish(Duration::from_secs(300)),
+            Err(e) => Err(e.clone()),
+        };
+        stop.store(true, Ordering::Release);
+        let served = srv
+            .join()
+            .unwrap_or_else(|_| Err("the server thread panicked".into()));
+        done?;
+        served?;
+        res
+    })?;
+    drop((mbs, server));
+    node.shutdown();
+    print_result(&report)
+}
+
+fn tcp_server(a: &WorkerArgs) -> Result<(), String> {
+    let addr = node_addr(a.base_port, 1)?;
+    let l = TcpListener::bind(addr).ctx(&format!("tcp listen on {addr}"))?;
+    let (mut s, _) = l.accept().ctx("tcp accept")?;
+    let _ = s.set_nodelay(true);
+    let mut buf = vec![0u8; a.size.max(HEADER)];
+    let mut served = 0u64;
+    loop {
+        match s.read_exact(&mut buf) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => break,
+            Err(e) => return Err(format!("tcp read: {e}")),
+        }
+        s.write_all(&buf).ctx("tcp write")?;
+        served += 1;
+    }
+    print_result(&CallReport {
+        calls: served,
+        ..CallReport::default()
+    })
+}
+
+fn tcp_client(a: &WorkerArgs) -> Result<(), String> {
+    let addr = node_addr(a.base_port, 1)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut s = loop {
+        match TcpStream::connect(addr) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > deadline => return Err(format!("tcp connect: {e}")),
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    };
+    s.set_nodelay(true).ctx("TCP_NODELAY")?;
+    s.set_read_timeout(Some(CALL_TIMEOUT)).ctx("read timeout")?;
+    let size = a.size.max(HEADER);
+    let (mut req, mut resp) = (vec![0u8; size], vec![0u8; size]);
+    let mut hist = new_histogram()?;
+    let mut rep = CallReport::default();
+    let t0 = Instant::now();
+    for id in 0..a.calls {
+        req[..8].copy_from_slice(&id.to_le_bytes());
+        let t = Instant::now();
+        s.write_all(&req).ctx("tcp write")?;
+        if let Err(e) = s.read_exact(&mut resp) {
+            tracing::warn!(error = %e, "tcp ping-pong: no reply");
+            rep.faults.lost += a.calls - id;
+            break;
+        }
+        hist.saturating_record(t.elapsed().as_nanos() as u64);
+        if u64_at(&resp, 0) == Some(id) {
+            rep.calls += 1;
+        } else {
+            rep.faults.reordered += 1;
+        }
+    }
+    rep.secs = t0.elapsed().as_secs_f64();
+    rep.hist = hist_to_pairs(&hist);
+    print_result(&rep)
+}
+
+/// Options of the scenario, defaults applied.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub sizes: Vec<usize>,
+    pub nodes: usize,
+    pub threads: usize,
+    /// Calls per calling node with `threads` threads.
+    pub calls: u64,
+    /// Calls in the one-outstanding-call rows (and the TCP floor): a tenth of `calls`.
+    pub single_calls: u64,
+}
+
+impl Options {
+    pub fn resolve(c: &Common, o: &Overrides) -> Result<Options, String> {
+        let calls = o.messages.unwrap_or(if c.quick { 10_000 } else { 20_000 });
+        if calls == 0 {
+            return Err("rpc: --messages must be at least 1".into());
+        }
+        let nodes = match &c.remote {
+            Some(r) => r.peers.len() + 1,
+            None => o.nodes_or(4, "rpc")?,
+        };
+        Ok(Options {
+            sizes: o.sizes_or(&[100], HEADER, "rpc")?,
+            nodes,
+            threads: o.threads_or(16, "rpc")?,
+            calls,
+            // A tenth: one outstanding call through `linger` takes ~2 ms.
+            single_calls: (calls / 10).max(1),
+        })
+    }
+}
+
+/// One run's outcome of a row: the rate per calling node, the merged histogram, the faults.
+struct RowRun {
+    rate: f64,
+    hist: Histogram<u64>,
+    faults: Faults,
+}
+
+/// Fold the reports of one run's calling processes into a row run.
+fn fold(reports: &[CallReport], expected_per_caller: u64) -> Result<RowRun, String> {
+    let mut hist = new_histogram()?;
+    let mut faults = Faults::default();
+    let (mut sum, mut callers) = (0.0, 0usize);
+    for r in reports.iter().filter(|r| r.secs > 0.0) {
+        add_pairs(&mut hist, &r.hist)?;
+        faults += r.faults;
+        faults.lost += expected_per_caller.saturating_sub(r.calls + r.faults.lost);
+        sum += r.calls as f64 / r.secs;
+        callers += 1;
+    }
+    if callers == 0 {
+        return Err("no calling node reported".into());
+    }
+    Ok(RowRun {
+        rate: sum / callers as f64,
+        hist,
+        faults,
+    })
+}
+
+/// A cluster of `nodes` processes, nodes 0..clients calling with `threads` threads each.
+#[allow(clippy::too_many_arguments)]
+fn cluster_run(
+    bundler: BundlerKind,
+    idle: u8,
+    size: usize,
+    nodes: usize,
+    clients: usize,
+    threads: usize,
+    calls: u64,
+    base_port: u16,
+) -> Result<RowRun, String> {
+    let args: Vec<Vec<String>> = (0..nodes)
+        .map(|i| {
+            worker_args(
+                "rpc",
+                "node",
+                &[
+                    ("index", i.to_string()),
+                    ("nodes", nodes.to_string()),
+                    ("clients", clients.to_string()),
+                    ("base-port", base_port.to_string()),
+                    ("threads", threads.to_string()),
+                    ("calls", calls.to_string()),
+                    ("size", size.to_string()),
+                    ("bundler", bundler.name().to_string()),
+                    ("idle-cpu-level", idle.to_string()),
+                ],
+            )
+        })
+        .collect();
+    let reports: Vec<CallReport> = parse_results(&run_workers(&args, Duration::from_secs(600))?)?;
+    fold(&reports, calls)
+}
+
+/// The TCP ping-pong floor: a server and a client process.
+fn tcp_run(size: usize, calls: u64, base_port: u16) -> Result<RowRun, String> {
+    let args = |role: &str| {
+        worker_args(
+            "rpc",
+            role,
+            &[
+                ("base-port", base_port.to_string()),
+                ("calls", calls.to_string()),
+                ("size", size.to_string()),
+            ],
+        )
+    };
+    let lines = run_workers(
+        &[args("tcp-server"), args("tcp-client")],
+        Duration::from_secs(300),
+    )?;
+    let reports: Vec<CallReport> = parse_results(&lines[1..])?;
+    fold(&reports, calls)
+}
+
+/// With `--peers`: this process is the only caller; the remote nodes' "echo" mailboxes
+/// answer.
+fn remote_run(
+    c: &Common,
+    bundler: BundlerKind,
+    idle: u8,
+    size: usize,
+    threads: usize,
+    calls: u64,
+) -> Result<RowRun, String> {
+    let remote = c.remote.as_ref().ok_or("no --peers")?;
+    let boxes = caller_mailboxes(threads);
+    let node = remote.start_client(bundler, idle, &boxes)?;
+    let targets = remote.echo_addresses()?;
+    let mbs = boxes
+        .iter()
+        .map(|b| node.mailbox(b).ctx("caller mailbox"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let rep = run_callers(&mbs, &targets, calls, size, 1)?;
+    drop(mbs);
+    super::settle();
+    node.shutdown();
+    fold(&[rep], calls)
+}
+
+/// Accumulates one row's runs.
+#[derive(Default)]
+struct Row {
+    rates: Vec<f64>,
+    pcts: Vec<[f64; 4]>,
+    faults: Faults,
+}
+
+impl Row {
+    fn add(&mut self, r: &RowRun) -> String {
+        self.rates.push(r.rate);
+        self.faults += r.faults;
+        let p = percentiles_us(&r.hist);
+        if let Some(p) = p {
+            self.pcts.push(p);
+        }
+        format!(
+            "{}calls/s, p50 {} µs, p99 {} µs",
+            si(r.rate),
+            p.map(|p| us(p[0])).unwrap_or_default(),
+            p.map(|p| us(p[2])).unwrap_or_default()
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn result(
+        &self,
+        bundler: &str,
+        idle: Option<u8>,
+        size: usize,
+        calls: u64,
+        nodes: usize,
+        threads: usize,
+        unit: &str,
+    ) -> BenchResult {
+        let mut r = BenchResult::new("rpc", bundler, idle, size, self.rates.clone(), unit)
+            .with_faults(self.faults)
+            .with_latency(median_percentiles(&self.pcts));
+        r.messages = calls;
+        r.nodes = nodes;
+        r.threads = threads;
+        r
+    }
+}
+
+/// Run the scenario: for each size, `runs` rounds; in each round every (bundler, idle
+/// level) pair with N nodes x T threads, then with one outstanding call, then the TCP floor.
+pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
+    c.require_bundlers("rpc")?;
+    let o = Options::resolve(c, ov)?;
+    let combos = c.combos();
+    let remote = c.remote.is_some();
+    let per_round = 2 * combos.len() + usize::from(!remote);
+    let progress = Progress::new((o.sizes.len() * c.runs * per_round) as u64, "rpc", c.quiet);
+    let mut results = Vec::new();
+    for &size in &o.sizes {
+        let mut multi: Vec<Row> = combos.iter().map(|_| Row::default()).collect();
+        let mut single: Vec<Row> = combos.iter().map(|_| Row::default()).collect();
+        let mut tcp = Row::default();
+        for run in 0..c.runs {
+            let of = format!("run {}/{}", run + 1, c.runs);
+            for (i, &(b, idle)) in combos.iter().enumerate() {
+                let name = super::row_label(b.name(), Some(idle), c.show_idle());
+                let what = format!("rpc {size} B {name:<20} {}x{} {of}", o.nodes, o.threads);
+                progress.running(what.clone());
+                let r = if remote {
+                    remote_run(c, b, idle, size, o.threads, o.calls)?
+                } else {
+                    cluster_run(
+                        b,
+                        idle,
+                        size,
+                        o.nodes,
+                        o.nodes,
+                        o.threads,
+                        o.calls,
+                        c.base_port,
+                    )?
+                };
+                progress.done(format!("  {what}: {}", multi[i].add(&r)));
+            }
+            for (i, &(b, idle)) in combos.iter().enumerate() {
+                let name = super::row_label(b.name(), Some(idle), c.show_idle());
+                let what = format!("rpc {size} B {name:<20} 1 call {of}");
+                progress.running(what.clone());
+                let r = if remote {
+                    remote_run(c, b, idle, size, 1, o.single_calls)?
+                } else {
+                    cluster_run(b, idle, size, 2, 1, 1, o.single_calls, c.base_port)?
+                };
+                progress.done(format!("  {what}: {}", single[i].add(&r)));
+            }
+            if !remote {
+                let what = format!("rpc {size} B {TCP_FLOOR:<20} 1 call {of}");
+                progress.running(what.clone());
+                let r = tcp_run(size, o.single_calls, c.base_port)?;
+                progress.done(format!("  {what}: {}", tcp.add(&r)));
+            }
+        }
+        let first = results.len();
+        for (i, &(b, idle)) in combos.iter().enumerate() {
+            results.push(multi[i].result(
+                b.name(),
+                Some(idle),
+                size,
+                o.calls,
+                o.nodes,
+                o.threads,
+                "calls/s/node",
+            ));
+        }
+        let mid = results.len();
+        let single_nodes = if remote { o.nodes } else { 2 };
+        for (i, &(b, idle)) in combos.iter().enumerate() {
+            results.push(single[i].result(
+                b.name(),
+                Some(idle),
+                size,
+                o.single_calls,
+                single_nodes,
+                1,
+                "calls/s",
+            ));
+        }
+        if !remote {
+            results.push(tcp.result(TCP_FLOOR, None, size, o.single_calls, 2, 1, "calls/s"));
+        }
+        print!(
+            "{}",
+            tables(&results[first..mid], &results[mid..], &o, c, size)
+        );
+    }
+    Ok(results)
+}
+
+/// A row's name in the tables.
+fn row_name(r: &BenchResult, show_idle: bool) -> String {
+    if r.bundler == TCP_FLOOR {
+        "tcp ping-pong (floor)".into()
+    } else {
+        r.label(show_idle)
+    }
+}
+
+/// One table of rows with a rate per run and latency percentiles.
+fn table(rows: &[BenchResult], runs: usize, show_idle: bool) -> String {
+    let mut head = vec!["bundler".to_string(), "calls".to_string()];
+    head.extend((1..=runs).map(|i| format!("run {i}")));
+    head.extend(["median", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs"].map(String::from));
+    let mut t = Table::new(head);
+    for r in rows {
+        let lead = vec![row_name(r, show_idle), r.messages.to_string()];
+        if r.failed() {
+            t.failed_row(lead, r.failure());
+            continue;
+        }
+        let mut cells = lead;
+        cells.extend(r.runs.iter().map(|v| si(*v)));
+        cells.push(si(r.median));
+        for p in [r.p50_us, r.p90_us, r.p99_us, r.p999_us] {
+            cells.push(p.map(us).unwrap_or_else(|| "-".into()));
+        }
+        t.row(cells);
+    }
+    t.render()
+}
+
+fn tables(
+    multi: &[BenchResult],
+    single: &[BenchResult],
+    o: &Options,
+    c: &Common,
+    size: usize,
+) -> String {
+    let who = match &c.remote {
+        Some(r) => format!(
+            "{} threads in this process (node {}) making synchronous calls ({size} B request, \
+             echoed back) to the echo mailbox of a random one of {} remote nodes",
+            o.threads,
+            super::CLIENT_NAME,
+            r.peers.len()
+        ),
+        None => format!(
+            "{} nodes x {} threads, each thread making synchronous calls ({size} B request, \
+             echoed back) to a random other node",
+            o.nodes, o.threads
+        ),
+    };
+    let one = match &c.remote {
+        Some(_) => "1 thread in this process calling the remote nodes".to_string(),
+        None => "2 nodes, 1 thread on n0 calling n1; the floor is a plain TCP ping-pong of \
+                 the same size between two processes"
+            .to_string(),
+    };
+    format!(
+        "\nrpc: {who}; calls/s per calling node, median of {} alternating runs; latency: \
+         median over the runs of each run's percentile\n{}\
+         \nrpc, one outstanding call: {one}; calls/s and latency as above\n{}",
+        c.runs,
+        table(multi, c.runs, c.show_idle()),
+        table(single, c.runs, c.show_idle()),
+    )
+}

@@ -1,0 +1,42 @@
+//! `batchwire certs`: a throwaway CA and one certificate per node, to try mutual TLS in a
+//! minute (and for `bench --tls`).
+
+use std::path::Path;
+
+use rustls_pki_types::ServerName;
+
+fn tls_err(what: &str, path: &Path, e: impl std::fmt::Display) -> String {
+    format!("{what} {}: {e}", path.display())
+}
+
+/// Generate a test CA and one certificate per node into `dir`: `ca.pem`, `ca-key.pem`,
+/// `NAME.pem` and `NAME-key.pem` (the layout [`TlsFiles::in_dir`] reads).
+pub fn generate_certs(dir: &Path, nodes: &[&str]) -> Result<(), String> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let g = |e: rcgen::Error| format!("generating certificates: {e}");
+    std::fs::create_dir_all(dir).map_err(|e| tls_err("cannot create", dir, e))?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(g)?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "batchwire test CA");
+    let ca_key = KeyPair::generate().map_err(g)?;
+    let ca = ca_params.self_signed(&ca_key).map_err(g)?;
+    let write = |name: &str, text: String| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(|e| tls_err("cannot write", &p, e))
+    };
+    write("ca.pem", ca.pem())?;
+    write("ca-key.pem", ca_key.serialize_pem())?;
+    for n in nodes {
+        ServerName::try_from(n.to_string())
+            .map_err(|_| format!("node name {n:?} is not a valid DNS name"))?;
+        let mut p = CertificateParams::new(vec![n.to_string()]).map_err(g)?;
+        p.distinguished_name.push(DnType::CommonName, *n);
+        let key = KeyPair::generate().map_err(g)?;
+        let cert = p.signed_by(&key, &ca, &ca_key).map_err(g)?;
+        write(&format!("{n}.pem"), cert.pem())?;
+        write(&format!("{n}-key.pem"), key.serialize_pem())?;
+    }
+    Ok(())
+}

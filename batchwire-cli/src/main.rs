@@ -1,0 +1,455 @@
+//! The `batchwire` command: run a node, or benchmark the bundlers.
+
+mod bench;
+mod certs;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use crate::bench::{Common, Overrides, Remote, fanin, mperf, plot, roundtrip, rpc, throughput};
+use batchwire::{BundlerKind, Node, NodeConfig, PeerSpec, RecvError};
+use clap::{Parser, Subcommand};
+use tracing::level_filters::LevelFilter;
+
+#[derive(Parser)]
+#[command(
+    name = "batchwire",
+    version,
+    about = "Fast node-to-node messaging with message bundling"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a standalone node. It serves a mailbox "echo" that sends every message back to
+    /// its sender, and prints its counters every --stats-every seconds.
+    Node {
+        /// This node's name, unique in the cluster.
+        #[arg(long)]
+        name: String,
+        /// Address to listen on, e.g. 127.0.0.1:7001.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// A peer, NAME=HOST:PORT; repeat for each peer.
+        #[arg(long = "peer")]
+        peers: Vec<PeerSpec>,
+        /// File holding the cluster secret.
+        #[arg(long)]
+        secret_file: PathBuf,
+        /// Bundler: none, natural, per-destination, transfer-queue or linger.
+        #[arg(long, default_value = "natural")]
+        bundler: BundlerKind,
+        /// How transport threads idle, 1 (park at once) ..= 10 (busy-spin).
+        #[arg(long, default_value_t = 1)]
+        idle_cpu_level: u8,
+        /// Mutual TLS: this node's certificate (PEM; it must name the node).
+        #[arg(long, requires_all = ["tls_key", "tls_ca"])]
+        tls_cert: Option<PathBuf>,
+        /// Mutual TLS: this node's private key (PEM).
+        #[arg(long, requires_all = ["tls_cert", "tls_ca"])]
+        tls_key: Option<PathBuf>,
+        /// Mutual TLS: the CA that signed every node's certificate (PEM).
+        #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+        tls_ca: Option<PathBuf>,
+        /// Print counters every this many seconds (0: never).
+        #[arg(long, default_value_t = 10)]
+        stats_every: u64,
+        /// Exit (shutting down cleanly) after this many seconds (0: run until killed).
+        #[arg(long, default_value_t = 0)]
+        run_for: u64,
+        /// Milliseconds a new connection has for TLS, the handshake and RESUME together.
+        #[arg(long, default_value_t = 5000)]
+        handshake_timeout_ms: u64,
+        /// Most inbound handshakes in progress; more are closed at once.
+        #[arg(long, default_value_t = 64)]
+        max_handshakes: usize,
+        /// Most inbound handshakes in progress from one source address.
+        #[arg(long, default_value_t = 16)]
+        max_handshakes_per_address: usize,
+    },
+    /// Generate a test CA and a certificate per node, to try mutual TLS in a minute.
+    Certs {
+        /// Folder to write ca.pem, ca-key.pem, NAME.pem and NAME-key.pem into.
+        #[arg(long)]
+        out: PathBuf,
+        /// Node names, comma-separated (each becomes the certificate's DNS name).
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<String>,
+    },
+    /// Benchmark: start node processes on loopback, verify delivery, print medians.
+    Bench(BenchArgs),
+    /// Internal: a process started by `bench`.
+    #[command(hide = true)]
+    BenchWorker {
+        #[command(subcommand)]
+        scenario: WorkerCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum WorkerCmd {
+    Throughput(throughput::WorkerArgs),
+    FanIn(fanin::WorkerArgs),
+    Mperf(mperf::WorkerArgs),
+    Rpc(rpc::WorkerArgs),
+    Roundtrip(roundtrip::WorkerArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Scenario to run (default: a quick version of every scenario).
+    #[arg(value_enum)]
+    scenario: Option<Scenario>,
+    /// Bundlers to compare: comma-separated names, `raw` (throughput's TCP ceiling), or `all`.
+    #[arg(long, default_value = "all")]
+    bundler: String,
+    /// Idle levels (1..=10) to run each bundler with, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    idle_cpu_level: Vec<u8>,
+    /// Message sizes in bytes, comma-separated (default per scenario: throughput and
+    /// roundtrip 100,1000,10000; fan-in 100; mperf 1000; rpc 100).
+    #[arg(long, value_delimiter = ',')]
+    size: Option<Vec<usize>>,
+    /// Nodes (mperf: 4, rpc: 4; the other scenarios run 2).
+    #[arg(long)]
+    nodes: Option<usize>,
+    /// Threads: fan-in's sender threads (1000), rpc's calling threads per node (16).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Messages per run: throughput per run (by size), fan-in in all (200,000), mperf per
+    /// node (100,000), rpc calls per node (20,000), roundtrip per batch (1000).
+    #[arg(long)]
+    messages: Option<u64>,
+    /// Runs per bundler; runs of different bundlers alternate (default 5; 3 when quick).
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Node i listens on base-port + i.
+    #[arg(long, default_value_t = 27100)]
+    base_port: u16,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Also draw the results as an SVG chart here (.svg only).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Run against `batchwire node` processes already running (rpc and roundtrip only):
+    /// NAME=HOST:PORT, comma-separated. This process is the client node.
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<PeerSpec>,
+    /// With --peers: the file holding their cluster secret.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// Run every node with mutual TLS (a throwaway CA in a temporary folder). In
+    /// throughput, `--bundler natural,natural/tls` compares both in one run instead.
+    #[arg(long)]
+    tls: bool,
+    /// throughput: print sent / delivered / lost / duplicated / reordered for every run
+    /// (every run is verified either way; this shows the counts).
+    #[arg(long)]
+    verify: bool,
+    /// throughput: close the sending node's connections every this many milliseconds
+    /// while it streams (chaos; reliable delivery must lose and repeat nothing).
+    #[arg(long, default_value_t = 0)]
+    break_every: u64,
+    /// No progress bar or per-run lines.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Scenario {
+    Throughput,
+    FanIn,
+    Mperf,
+    Rpc,
+    Roundtrip,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Throughput => "throughput",
+            Scenario::FanIn => "fan-in",
+            Scenario::Mperf => "mperf",
+            Scenario::Rpc => "rpc",
+            Scenario::Roundtrip => "roundtrip",
+        }
+    }
+
+    /// The quick default order: the cheap, informative ones first.
+    const ALL: [Scenario; 5] = [
+        Scenario::Throughput,
+        Scenario::FanIn,
+        Scenario::Mperf,
+        Scenario::Rpc,
+        Scenario::Roundtrip,
+    ];
+}
+
+fn init_logs(default: LevelFilter) {
+    let level = std::env::var("BATCHWIRE_LOG")
+        .ok()
+        .and_then(|s| s.parse::<LevelFilter>().ok())
+        .unwrap_or(default);
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Node {
+            name,
+            listen,
+            peers,
+            secret_file,
+            bundler,
+            idle_cpu_level,
+            tls_cert,
+            tls_key,
+            tls_ca,
+            stats_every,
+            run_for,
+            handshake_timeout_ms,
+            max_handshakes,
+            max_handshakes_per_address,
+        } => {
+            init_logs(LevelFilter::INFO);
+            let secret = NodeConfig::read_secret(&secret_file).map_err(|e| e.to_string());
+            secret.and_then(|secret| {
+                let mut cfg = NodeConfig::new(name, listen, secret)
+                    .bundler(bundler)
+                    .idle_cpu_level(idle_cpu_level)
+                    .mailbox("echo");
+                cfg.peers = peers;
+                cfg.handshake_timeout = Duration::from_millis(handshake_timeout_ms);
+                cfg.max_handshakes = max_handshakes;
+                cfg.max_handshakes_per_address = max_handshakes_per_address;
+                if let (Some(cert), Some(key), Some(ca)) = (tls_cert, tls_key, tls_ca) {
+                    cfg = cfg.tls(batchwire::TlsFiles { cert, key, ca });
+                }
+                run_node(cfg, stats_every, run_for)
+            })
+        }
+        Cmd::Bench(a) => {
+            init_logs(LevelFilter::WARN);
+            run_bench(a)
+        }
+        Cmd::Certs { out, nodes } => {
+            let names: Vec<&str> = nodes.iter().map(|s| s.as_str()).collect();
+            certs::generate_certs(&out, &names)
+                .map(|()| {
+                    println!(
+                        "wrote {}: ca.pem, ca-key.pem, and NAME.pem + NAME-key.pem for {}",
+                        out.display(),
+                        names.join(", ")
+                    );
+                    println!(
+                        "use: batchwire node --name {n} --tls-cert {d}/{n}.pem --tls-key {d}/{n}-key.pem --tls-ca {d}/ca.pem ...",
+                        n = names.first().copied().unwrap_or("a"),
+                        d = out.display()
+                    );
+                })
+        }
+        Cmd::BenchWorker { scenario } => {
+            // Nodes coming and going is the normal course of a bench run: only errors show
+            // (BATCHWIRE_LOG=warn shows more); what arrived is verified anyway.
+            init_logs(LevelFilter::ERROR);
+            let secret =
+                std::env::var(bench::SECRET_ENV).unwrap_or_else(|_| "batchwire-bench".into());
+            let secret = secret.as_bytes();
+            match scenario {
+                WorkerCmd::Throughput(a) => throughput::worker(&a, secret),
+                WorkerCmd::FanIn(a) => fanin::worker(&a, secret),
+                WorkerCmd::Mperf(a) => mperf::worker(&a, secret),
+                WorkerCmd::Rpc(a) => rpc::worker(&a, secret),
+                WorkerCmd::Roundtrip(a) => roundtrip::worker(&a, secret),
+            }
+        }
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("batchwire: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_node(cfg: NodeConfig, stats_every: u64, run_for: u64) -> Result<(), String> {
+    let node = Node::start(cfg).map_err(|e| e.to_string())?;
+    let echo = node.mailbox("echo").map_err(|e| e.to_string())?;
+    println!("node {} listening on {}", node.name(), node.local_addr());
+    let start = Instant::now();
+    let mut last_stats = Instant::now();
+    let mut batch = Vec::new();
+    loop {
+        match echo.recv_batch_into(&mut batch, 4096, Duration::from_millis(200)) {
+            Ok(_) => {
+                for e in batch.drain(..) {
+                    if let Err(err) = echo.send(&e.from, e.payload) {
+                        tracing::warn!(to = %e.from, error = %err, "echo failed");
+                    }
+                }
+            }
+            Err(RecvError::Timeout | RecvError::Empty) => {}
+            Err(RecvError::Closed) => break,
+        }
+        if stats_every > 0 && last_stats.elapsed() >= Duration::from_secs(stats_every) {
+            print!("{}", node.stats());
+            last_stats = Instant::now();
+        }
+        if run_for > 0 && start.elapsed() >= Duration::from_secs(run_for) {
+            break;
+        }
+    }
+    print!("{}", node.stats());
+    drop(echo);
+    node.shutdown();
+    Ok(())
+}
+
+fn run_bench(a: BenchArgs) -> Result<(), String> {
+    let started = Instant::now();
+    let entries = throughput::Entry::parse_list(&a.bundler)?;
+    for l in &a.idle_cpu_level {
+        batchwire_core::idle::IdleStrategy::from_level(*l)?;
+    }
+    if a.runs == Some(0) {
+        return Err("--runs must be at least 1".into());
+    }
+    if a.tls {
+        if !a.peers.is_empty() {
+            return Err("--tls starts local nodes with throwaway certificates; it does not apply to --peers".into());
+        }
+        let dir = bench::enable_tls()?;
+        if !a.quiet {
+            eprintln!(
+                "mutual TLS on every node (certificates in {})",
+                dir.display()
+            );
+        }
+    }
+    if let Some(p) = &a.plot {
+        plot::check_path(p)?;
+    }
+    let quick = a.scenario.is_none();
+    let remote = match (a.peers.is_empty(), &a.secret_file) {
+        (true, None) => None,
+        (true, Some(_)) => return Err("--secret-file is for --peers".into()),
+        (false, None) => {
+            return Err("--peers needs --secret-file (the peers' cluster secret)".into());
+        }
+        (false, Some(f)) => Some(Remote {
+            peers: a.peers.clone(),
+            secret: NodeConfig::read_secret(f).map_err(|e| e.to_string())?,
+        }),
+    };
+    let only_raw = entries.iter().all(|e| *e == throughput::Entry::Raw);
+    let scenarios: Vec<Scenario> = match a.scenario {
+        Some(s) => vec![s],
+        // With --peers only the scenarios that can use them.
+        None if remote.is_some() => vec![Scenario::Rpc, Scenario::Roundtrip],
+        // `raw` is throughput's ceiling; the other scenarios compare bundlers only.
+        None if only_raw => vec![Scenario::Throughput],
+        None => Scenario::ALL.to_vec(),
+    };
+    let common = Common {
+        bundlers: entries
+            .iter()
+            .filter_map(|e| match e {
+                throughput::Entry::Bundler(b) => Some(*b),
+                throughput::Entry::Unsequenced(_)
+                | throughput::Entry::Tls(_)
+                | throughput::Entry::Raw => None,
+            })
+            .collect(),
+        idle_levels: a.idle_cpu_level.clone(),
+        runs: a.runs.unwrap_or(if quick { 3 } else { 5 }),
+        base_port: a.base_port,
+        quiet: a.quiet,
+        quick,
+        remote,
+    };
+    let over = Overrides {
+        sizes: a.size.clone(),
+        messages: a.messages,
+        nodes: a.nodes,
+        threads: a.threads,
+    };
+    let mut results = Vec::new();
+    for s in scenarios {
+        let t0 = Instant::now();
+        // In the quick run of every scenario, --nodes and --threads go only where they
+        // apply; a named scenario refuses them if they do not.
+        let mut over = over.clone();
+        if quick {
+            if !matches!(s, Scenario::Mperf | Scenario::Rpc) {
+                over.nodes = None;
+            }
+            if !matches!(s, Scenario::FanIn | Scenario::Rpc) {
+                over.threads = None;
+            }
+        }
+        let res = match s {
+            Scenario::Throughput => {
+                common.refuse_remote("throughput")?;
+                if over.nodes.is_some_and(|n| n != 2) || over.threads.is_some_and(|t| t != 1) {
+                    return Err("throughput runs one sender thread on one of 2 nodes; \
+                                --nodes and --threads apply to fan-in, mperf and rpc"
+                        .into());
+                }
+                let o = throughput::Options {
+                    sizes: a.size.clone().unwrap_or_else(|| vec![100, 1000, 10_000]),
+                    entries: entries.clone(),
+                    idle_levels: a.idle_cpu_level.clone(),
+                    messages: a.messages,
+                    runs: common.runs,
+                    base_port: a.base_port,
+                    quiet: a.quiet,
+                    quick,
+                    chaos: throughput::Chaos {
+                        break_every_ms: a.break_every,
+                    },
+                    verify: a.verify,
+                };
+                throughput::run(&o)
+            }
+            Scenario::FanIn => fanin::run(&common, &over),
+            Scenario::Mperf => mperf::run(&common, &over),
+            Scenario::Rpc => rpc::run(&common, &over),
+            Scenario::Roundtrip => roundtrip::run(&common, &over),
+        };
+        results.extend(res?);
+        if !a.quiet {
+            eprintln!("{} took {:.0} s", s.name(), t0.elapsed().as_secs_f64());
+        }
+    }
+    if let Some(path) = &a.json {
+        bench::write_json(path, &results)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("\nwrote {}", path.display());
+    }
+    if let Some(path) = &a.plot {
+        plot::write_svg(path, &results)?;
+        println!("wrote {}", path.display());
+    }
+    if !a.quiet {
+        eprintln!("bench took {:.0} s", started.elapsed().as_secs_f64());
+    }
+    let failed: Vec<_> = results.iter().filter(|r| r.failed()).collect();
+    if !failed.is_empty() {
+        return Err(format!(
+            "{} result(s) FAILED verification (lost, duplicated or reordered messages)",
+            failed.len()
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,670 @@
+//! Real `batchwire` processes: standalone nodes, and the benchmark at a tiny size.
+
+// The library's test helpers (free ports, small clusters, the test certificates).
+#[path = "../../batchwire/tests/common/mod.rs"]
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use batchwire::{Address, Node, NodeConfig};
+use common::*;
+
+const EXE: &str = env!("CARGO_BIN_EXE_batchwire");
+
+/// Kills the child process when dropped, so a failing test leaves nothing running.
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("batchwire-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn node_processes_echo_messages_back_in_order() {
+    let dir = temp_dir("nodes");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, format!("{}\n", String::from_utf8_lossy(SECRET))).unwrap();
+    let addrs = free_addrs(3);
+    let (a, b, c) = (addrs[0], addrs[1], addrs[2]);
+    let spawn = |name: &str, listen: std::net::SocketAddr, peers: &[String]| {
+        let mut cmd = Command::new(EXE);
+        cmd.args(["node", "--name", name, "--listen", &listen.to_string()])
+            .args([
+                "--secret-file",
+                secret.to_str().unwrap(),
+                "--stats-every",
+                "0",
+            ]);
+        for p in peers {
+            cmd.args(["--peer", p]);
+        }
+        Proc(
+            cmd.stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let _b = spawn("b", b, &[format!("a={a}"), format!("c={c}")]);
+    let _c = spawn("c", c, &[format!("a={a}"), format!("b={b}")]);
+    let node = Node::start(NodeConfig::new("a", a, SECRET).peer("b", b).peer("c", c)).unwrap();
+    assert!(
+        node.wait_for_peers(&["b", "c"], Duration::from_secs(20)),
+        "{:?}",
+        node.connected_peers()
+    );
+    let me = node.mailbox("me").unwrap();
+    const N: u64 = 2000;
+    for i in 0..N {
+        for peer in ["b", "c"] {
+            me.send(
+                &Address::new(peer, "echo").unwrap(),
+                i.to_le_bytes().to_vec(),
+            )
+            .unwrap();
+        }
+    }
+    let mut next =
+        std::collections::HashMap::from([("b".to_string(), 0u64), ("c".to_string(), 0u64)]);
+    for _ in 0..2 * N {
+        let e = me.recv_timeout(Duration::from_secs(20)).expect("echo lost");
+        let seq = u64::from_le_bytes(e.payload[..].try_into().unwrap());
+        let n = next.get_mut(e.from.node()).unwrap();
+        assert_eq!(seq, *n, "echo from {} out of order", e.from);
+        *n += 1;
+        assert_eq!(e.from.mailbox(), "echo");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn node_process_refuses_a_wrong_secret_file() {
+    let dir = temp_dir("badsecret");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "other-secret").unwrap();
+    let addrs = free_addrs(2);
+    let _b = Proc(
+        Command::new(EXE)
+            .args(["node", "--name", "b", "--listen", &addrs[1].to_string()])
+            .args([
+                "--peer",
+                &format!("a={}", addrs[0]),
+                "--secret-file",
+                secret.to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let node = Node::start(NodeConfig::new("a", addrs[0], SECRET).peer("b", addrs[1])).unwrap();
+    let events = node.events();
+    let ev = wait_event(&events, Duration::from_secs(20), |e| {
+        matches!(e, batchwire::Event::HandshakeFailed { .. })
+    });
+    let Some(batchwire::Event::HandshakeFailed { peer, reason, .. }) = ev else {
+        panic!("no handshake failure: {ev:?}")
+    };
+    assert_eq!(peer.as_deref(), Some("b"));
+    assert!(reason.contains("secret"), "{reason}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn missing_secret_file_is_a_clear_error() {
+    let out = Command::new(EXE)
+        .args([
+            "node",
+            "--name",
+            "a",
+            "--listen",
+            "127.0.0.1:0",
+            "--secret-file",
+            "/nonexistent/secret",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot read secret file /nonexistent/secret"),
+        "{err}"
+    );
+}
+
+/// A base port with `n` consecutive free ports from it (node i listens on base + i).
+fn free_base(n: u16) -> u16 {
+    for _ in 0..100 {
+        let base = free_addrs(1)[0].port();
+        if base.checked_add(n).is_none() {
+            continue;
+        }
+        let all_free = (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free ports");
+}
+
+/// Run `batchwire bench ARGS --runs 1 --quiet --base-port P --json FILE` and return the
+/// parsed JSON report and stdout; panics (with the output) if the command fails.
+fn bench(tag: &str, ports: u16, args: &[&str]) -> (serde_json::Value, String) {
+    let dir = temp_dir(tag);
+    let json = dir.join("out.json");
+    let started = std::time::Instant::now();
+    let out = Command::new(EXE)
+        .arg("bench")
+        .args(args)
+        .args(["--runs", "1", "--quiet", "--base-port"])
+        .arg(free_base(ports).to_string())
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "bench {args:?} took {:?}",
+        started.elapsed()
+    );
+    (v, stdout)
+}
+
+/// The report's envelope, and the keys every result has; returns the results.
+fn check_report(v: &serde_json::Value, scenario: &str) -> Vec<serde_json::Value> {
+    let m = &v["machine"];
+    assert!(m["cores"].as_u64().unwrap() >= 1, "{v}");
+    assert!(m["kernel"].is_string() && m["cpu"].is_string(), "{v}");
+    assert!(!v["commit"].as_str().unwrap().is_empty(), "{v}");
+    let rows = v["results"].as_array().unwrap().clone();
+    assert!(!rows.is_empty());
+    for r in &rows {
+        for key in [
+            "scenario",
+            "bundler",
+            "idle_cpu_level",
+            "size",
+            "messages",
+            "runs",
+            "median",
+            "min",
+            "max",
+            "unit",
+            "lost",
+            "duplicated",
+            "reordered",
+            "nodes",
+            "threads",
+            "p50_us",
+            "p90_us",
+            "p99_us",
+            "p999_us",
+        ] {
+            assert!(r.get(key).is_some(), "missing {key} in {r}");
+        }
+        assert_eq!(r["scenario"], scenario, "{r}");
+        assert_eq!(
+            (&r["lost"], &r["duplicated"], &r["reordered"]),
+            (&0.into(), &0.into(), &0.into()),
+            "{r}"
+        );
+        assert_eq!(r["runs"].as_array().unwrap().len(), 1, "{r}");
+        assert!(r["median"].as_f64().unwrap() > 0.0, "{r}");
+        if scenario != "rpc" {
+            assert!(r["p50_us"].is_null(), "{r}");
+        }
+    }
+    rows
+}
+
+#[test]
+fn bench_throughput_runs_every_entry_at_a_tiny_size_and_writes_json() {
+    let (v, stdout) = bench(
+        "bench-throughput",
+        2,
+        &[
+            "throughput",
+            "--bundler",
+            "all",
+            "--size",
+            "100,1000",
+            "--messages",
+            "3000",
+        ],
+    );
+    assert!(
+        stdout.contains("throughput: 100 B") && stdout.contains("natural"),
+        "{stdout}"
+    );
+    let rows = check_report(&v, "throughput");
+    assert_eq!(rows.len(), 2 * (batchwire::BundlerKind::ALL.len() + 1));
+    assert!(
+        rows.iter()
+            .any(|r| r["bundler"] == "raw" && r["idle_cpu_level"].is_null())
+    );
+    assert!(
+        rows.iter()
+            .all(|r| r["nodes"] == 2 && r["unit"] == "msgs/s")
+    );
+}
+
+#[test]
+fn bench_fan_in_runs_every_bundler_with_a_few_threads() {
+    let (v, stdout) = bench(
+        "bench-fanin",
+        2,
+        &["fan-in", "--messages", "2000", "--threads", "8"],
+    );
+    assert!(stdout.contains("from 8 threads"), "{stdout}");
+    let rows = check_report(&v, "fan-in");
+    assert_eq!(rows.len(), batchwire::BundlerKind::ALL.len());
+    for r in &rows {
+        assert_eq!(
+            (&r["threads"], &r["messages"], &r["size"]),
+            (&8.into(), &2000.into(), &100.into())
+        );
+    }
+}
+
+#[test]
+fn bench_mperf_runs_three_nodes() {
+    let (v, stdout) = bench(
+        "bench-mperf",
+        3,
+        &["mperf", "--nodes", "3", "--messages", "500", "--size", "64"],
+    );
+    assert!(stdout.contains("mperf: 3 nodes"), "{stdout}");
+    let rows = check_report(&v, "mperf");
+    assert_eq!(rows.len(), batchwire::BundlerKind::ALL.len());
+    assert!(
+        rows.iter()
+            .all(|r| r["nodes"] == 3 && r["unit"] == "msgs/s/node")
+    );
+}
+
+#[test]
+fn bench_rpc_reports_latency_beside_the_tcp_floor_and_plots_it() {
+    let dir = temp_dir("bench-rpc-plot");
+    let svg = dir.join("rpc.svg");
+    let (v, stdout) = bench(
+        "bench-rpc",
+        3,
+        &[
+            "rpc",
+            "--nodes",
+            "3",
+            "--threads",
+            "2",
+            "--messages",
+            "200",
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+    );
+    assert!(stdout.contains("tcp ping-pong (floor)"), "{stdout}");
+    let rows = check_report(&v, "rpc");
+    let n = batchwire::BundlerKind::ALL.len();
+    assert_eq!(rows.len(), 2 * n + 1);
+    for r in &rows {
+        for k in ["p50_us", "p90_us", "p99_us", "p999_us"] {
+            assert!(r[k].as_f64().unwrap() > 0.0, "{k} in {r}");
+        }
+        assert!(r["p50_us"].as_f64() <= r["p999_us"].as_f64(), "{r}");
+    }
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r["nodes"] == 3 && r["threads"] == 2)
+            .count(),
+        n
+    );
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r["nodes"] == 2 && r["threads"] == 1)
+            .count(),
+        n + 1
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r["bundler"] == "tcp-ping-pong" && r["idle_cpu_level"].is_null())
+    );
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("latency percentiles") && svg.contains("natural"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bench_roundtrip_reports_ms_per_batch_by_size() {
+    let (v, stdout) = bench(
+        "bench-roundtrip",
+        2,
+        &[
+            "roundtrip",
+            "--messages",
+            "20",
+            "--size",
+            "100,1000",
+            "--idle-cpu-level",
+            "1,2",
+        ],
+    );
+    assert!(stdout.contains("natural (idle 2)"), "{stdout}");
+    let rows = check_report(&v, "roundtrip");
+    assert_eq!(rows.len(), 2 * 2 * batchwire::BundlerKind::ALL.len());
+    for r in &rows {
+        assert_eq!(r["unit"], "ms/batch");
+        // 100 batches of 100 B, 50 of 1000 B (the post's plan), 20 messages each.
+        let want = if r["size"] == 100 { 2000 } else { 1000 };
+        assert_eq!(r["messages"], want, "{r}");
+    }
+}
+
+#[test]
+fn bench_refuses_what_it_cannot_do_before_running() {
+    let run = |args: &[&str]| {
+        let out = Command::new(EXE).arg("bench").args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let e = run(&["rpc", "--plot", "/tmp/batchwire-never.png"]);
+    assert!(e.contains("only .svg is supported"), "{e}");
+    let dir = temp_dir("bench-refuse");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "s").unwrap();
+    let e = run(&[
+        "mperf",
+        "--peers",
+        "a=127.0.0.1:9",
+        "--secret-file",
+        secret.to_str().unwrap(),
+    ]);
+    assert!(e.contains("mperf cannot run against --peers"), "{e}");
+    let e = run(&["rpc", "--peers", "a=127.0.0.1:9"]);
+    assert!(e.contains("--secret-file"), "{e}");
+    let e = run(&["fan-in", "--nodes", "3"]);
+    assert!(e.contains("--nodes 3 applies to mperf and rpc"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bench_rpc_and_roundtrip_run_against_running_nodes_with_peers() {
+    let dir = temp_dir("bench-peers");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "peer-secret\n").unwrap();
+    let addrs = free_addrs(2);
+    let spawn = |name: &str, me: std::net::SocketAddr, other: (&str, std::net::SocketAddr)| {
+        Proc(
+            Command::new(EXE)
+                .args(["node", "--name", name, "--listen", &me.to_string()])
+                .args(["--peer", &format!("{}={}", other.0, other.1)])
+                .args([
+                    "--secret-file",
+                    secret.to_str().unwrap(),
+                    "--stats-every",
+                    "0",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let _a = spawn("a", addrs[0], ("b", addrs[1]));
+    let _b = spawn("b", addrs[1], ("a", addrs[0]));
+    let peers = format!("a={},b={}", addrs[0], addrs[1]);
+    let common = [
+        "--peers",
+        peers.as_str(),
+        "--secret-file",
+        secret.to_str().unwrap(),
+        "--bundler",
+        "natural",
+    ];
+    let mut args = vec!["rpc", "--threads", "2", "--messages", "100"];
+    args.extend(common);
+    let (v, stdout) = bench("bench-peers-rpc", 1, &args);
+    assert!(stdout.contains("echo mailbox"), "{stdout}");
+    let rows = check_report(&v, "rpc");
+    assert_eq!(rows.len(), 2, "no TCP floor with --peers");
+    assert!(rows.iter().all(|r| r["nodes"] == 3));
+    let mut args = vec!["roundtrip", "--messages", "10", "--size", "100"];
+    args.extend(common);
+    let (v, _) = bench("bench-peers-roundtrip", 1, &args);
+    assert_eq!(check_report(&v, "roundtrip").len(), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_killed_node_is_declared_down_in_time_and_every_pending_message_is_reported() {
+    use batchwire::Event;
+    let dir = temp_dir("sigkill");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let addrs = free_addrs(2);
+    let mut b = Proc(
+        Command::new(EXE)
+            .args(["node", "--name", "b", "--listen", &addrs[1].to_string()])
+            .args([
+                "--peer",
+                &format!("a={}", addrs[0]),
+                "--secret-file",
+                secret.to_str().unwrap(),
+            ])
+            .args(["--stats-every", "0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let timeout = Duration::from_millis(1000);
+    let mut cfg = NodeConfig::new("a", addrs[0], SECRET).peer("b", addrs[1]);
+    cfg.peer_timeout = timeout;
+    cfg.heartbeat_interval = Duration::from_millis(100);
+    let node = Node::start(cfg).unwrap();
+    let events = node.events();
+    assert!(node.wait_for_peers(&["b"], Duration::from_secs(20)));
+    let to = Address::new("b", "echo").unwrap();
+    let (accepted, killed_at) = std::thread::scope(|s| {
+        let sender = s.spawn(|| {
+            // Stream until sends fail fast (b declared down), at most 2M messages / 30 s.
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let mut accepted = 0u64;
+            for i in 0..2_000_000u64 {
+                match node.send(&to, [&i.to_le_bytes()[..], &[0u8; 92][..]].concat()) {
+                    Ok(()) => accepted += 1,
+                    Err(batchwire::Error::PeerDown(p)) => {
+                        assert_eq!(p, "b");
+                        break;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+                if std::time::Instant::now() > deadline {
+                    break;
+                }
+            }
+            accepted
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = b.0.kill(); // SIGKILL
+        let killed_at = std::time::Instant::now();
+        (sender.join().unwrap(), killed_at)
+    });
+    // Declared down within the timeout (plus slack for a loaded 2-core machine).
+    let mut down_after = None;
+    let mut failed = 0u64;
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < until {
+        match events.recv_timeout(Duration::from_millis(300)) {
+            Ok(Event::PeerDown { peer, .. }) if peer == "b" => {
+                down_after = Some(killed_at.elapsed())
+            }
+            Ok(Event::SendFailed {
+                peer,
+                count,
+                messages,
+                ..
+            }) if peer == "b" => {
+                assert_eq!(count as usize, messages.len());
+                failed += count;
+            }
+            Ok(_) => {}
+            Err(_) if down_after.is_some() => break,
+            Err(_) => {}
+        }
+    }
+    let down_after = down_after.expect("b was never declared down");
+    assert!(
+        down_after < timeout + Duration::from_millis(1500),
+        "declared down after {down_after:?}"
+    );
+    let st = node.stats();
+    let b_stats = st.peers.iter().find(|p| p.peer == "b").unwrap();
+    assert!(
+        failed > 0,
+        "nothing was pending when b died? accepted {accepted}"
+    );
+    assert_eq!(
+        b_stats.acked + failed,
+        accepted,
+        "every accepted message is either acknowledged or handed back: {b_stats:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn tls_cluster_of_node_processes_from_the_certs_command() {
+    let dir = temp_dir("tls-nodes");
+    let certs = dir.join("certs");
+    let out = Command::new(EXE)
+        .args([
+            "certs",
+            "--out",
+            certs.to_str().unwrap(),
+            "--nodes",
+            "a,b,c",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let secret = dir.join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let addrs = free_addrs(3);
+    let spawn = |name: &str, i: usize| {
+        let mut cmd = Command::new(EXE);
+        cmd.args(["node", "--name", name, "--listen", &addrs[i].to_string()])
+            .args([
+                "--secret-file",
+                secret.to_str().unwrap(),
+                "--stats-every",
+                "0",
+            ])
+            .args([
+                "--tls-cert",
+                certs.join(format!("{name}.pem")).to_str().unwrap(),
+            ])
+            .args([
+                "--tls-key",
+                certs.join(format!("{name}-key.pem")).to_str().unwrap(),
+            ])
+            .args(["--tls-ca", certs.join("ca.pem").to_str().unwrap()]);
+        for (j, p) in ["a", "b", "c"].iter().enumerate() {
+            if j != i {
+                cmd.args(["--peer", &format!("{p}={}", addrs[j])]);
+            }
+        }
+        Proc(
+            cmd.stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let _b = spawn("b", 1);
+    let _c = spawn("c", 2);
+    let cfg = NodeConfig::new("a", addrs[0], SECRET)
+        .peer("b", addrs[1])
+        .peer("c", addrs[2])
+        .tls(batchwire::TlsFiles::in_dir(&certs, "a"));
+    let node = Node::start(cfg).unwrap();
+    assert!(
+        node.wait_for_peers(&["b", "c"], Duration::from_secs(20)),
+        "{:?}",
+        node.connected_peers()
+    );
+    let me = node.mailbox("me").unwrap();
+    for i in 0..500u64 {
+        for p in ["b", "c"] {
+            me.send(&Address::new(p, "echo").unwrap(), i.to_le_bytes().to_vec())
+                .unwrap();
+        }
+    }
+    for _ in 0..1000 {
+        me.recv_timeout(Duration::from_secs(20))
+            .expect("echo over TLS lost");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bench_runs_every_scenario_over_tls_at_a_tiny_size() {
+    let port = free_addrs(1)[0].port();
+    let out = Command::new(EXE)
+        .args([
+            "bench",
+            "--tls",
+            "--bundler",
+            "natural,natural/tls",
+            "--nodes",
+            "3",
+            "--threads",
+            "2",
+        ])
+        .args([
+            "--messages",
+            "300",
+            "--runs",
+            "1",
+            "--quiet",
+            "--base-port",
+            &port.to_string(),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for s in [
+        "throughput:",
+        "fan-in:",
+        "mperf:",
+        "rpc:",
+        "roundtrip:",
+        "natural/tls",
+    ] {
+        assert!(stdout.contains(s), "{s} missing in\n{stdout}");
+    }
+}

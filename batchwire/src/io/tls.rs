@@ -1,0 +1,375 @@
+//! The byte transport under a connection: plain TCP, or TCP with mutually authenticated
+//! TLS (rustls). The batchwire handshake, frames and bundling run unchanged on top.
+//!
+//! With TLS one rustls connection serves two threads (the reader and the writer), so it
+//! sits behind a mutex that is never held across a socket call: the writer encrypts under
+//! the lock and writes the records after releasing it (a second lock keeps records in
+//! order on the wire); the reader reads ciphertext without the lock and decrypts under it.
+
+use std::io::{IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+
+use crate::error::Error;
+
+/// Where a node's TLS material is (PEM files): its certificate chain, its private key, and
+/// the CA that signed every node's certificate. Each node's certificate must name the node
+/// (a DNS subject alternative name equal to the node name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+impl TlsFiles {
+    /// The files `batchwire certs --out DIR` writes for node `name`.
+    pub fn in_dir(dir: &Path, name: &str) -> TlsFiles {
+        TlsFiles {
+            cert: dir.join(format!("{name}.pem")),
+            key: dir.join(format!("{name}-key.pem")),
+            ca: dir.join("ca.pem"),
+        }
+    }
+}
+
+/// rustls configurations for both roles, built once per node.
+pub(crate) struct TlsConfigs {
+    pub client: Arc<ClientConfig>,
+    pub server: Arc<ServerConfig>,
+}
+
+fn tls_err(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Tls(format!("{what} {}: {e}", path.display()))
+}
+
+impl TlsConfigs {
+    /// Load the PEM files and build mutual-TLS configurations: both sides present a
+    /// certificate and verify the other's against the CA.
+    pub fn load(files: &TlsFiles, node_name: &str) -> Result<TlsConfigs, Error> {
+        ServerName::try_from(node_name.to_string()).map_err(|_| {
+            Error::Tls(format!(
+                "node name {node_name:?} is not a valid DNS name, which TLS certificates need"
+            ))
+        })?;
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
+            .map_err(|e| tls_err("cannot read certificate", &files.cert, e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| tls_err("bad certificate", &files.cert, e))?;
+        if certs.is_empty() {
+            return Err(tls_err("no certificate in", &files.cert, "empty"));
+        }
+        let key = PrivateKeyDer::from_pem_file(&files.key)
+            .map_err(|e| tls_err("cannot read private key", &files.key, e))?;
+        let mut roots = RootCertStore::empty();
+        for ca in CertificateDer::pem_file_iter(&files.ca)
+            .map_err(|e| tls_err("cannot read CA", &files.ca, e))?
+        {
+            let ca = ca.map_err(|e| tls_err("bad CA certificate", &files.ca, e))?;
+            roots
+                .add(ca)
+                .map_err(|e| tls_err("bad CA certificate", &files.ca, e))?;
+        }
+        if roots.is_empty() {
+            return Err(tls_err("no CA certificate in", &files.ca, "empty"));
+        }
+        let roots = Arc::new(roots);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let client_verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            roots.clone(),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| Error::Tls(format!("client verifier: {e}")))?;
+        let server = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Tls(e.to_string()))?
+            .with_client_cert_verifier(client_verifier)
+            .with_single_cert(certs.clone(), key.clone_key())
+            .map_err(|e| tls_err("certificate and key do not match", &files.key, e))?;
+        let client = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Tls(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(certs, key)
+            .map_err(|e| tls_err("certificate and key do not match", &files.key, e))?;
+        Ok(TlsConfigs {
+            client: Arc::new(client),
+            server: Arc::new(server),
+        })
+    }
+}
+
+pub(crate) struct TlsState {
+    conn: rustls::Connection,
+    /// Ciphertext read from the socket and not yet handed to rustls.
+    pending: Vec<u8>,
+}
+
+/// A connection's transport, shared by its reader and its writer.
+// One per connection and always behind an `Arc`: the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Link {
+    Plain(TcpStream),
+    Tls {
+        sock: TcpStream,
+        state: Mutex<TlsState>,
+        /// Held while records are written, so records reach the wire in the order rustls
+        /// produced them.
+        wire: Mutex<()>,
+    },
+}
+
+fn io_err(e: rustls::Error) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("TLS: {e}"))
+}
+
+/// A socket whose every read and write must finish by `deadline`: each call gets the time
+/// that is left as its timeout, and none is left is a `TimedOut` error. (A per-call timeout
+/// alone lets a client that sends a byte now and then hold a connection forever.)
+pub(crate) struct DeadlineIo<'a> {
+    pub sock: &'a TcpStream,
+    pub deadline: Instant,
+}
+
+impl DeadlineIo<'_> {
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        Ok(left)
+    }
+}
+
+impl Read for DeadlineIo<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.sock.set_read_timeout(Some(self.left()?))?;
+        (&mut &*self.sock).read(buf)
+    }
+}
+
+impl Write for DeadlineIo<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.sock.set_write_timeout(Some(self.left()?))?;
+        (&mut &*self.sock).write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Link {
+    /// Run the TLS handshake on `sock` (dialling `dial`, or accepting) and return the
+    /// link. It must be over by `deadline`, however slowly the peer trickles its bytes.
+    pub fn tls(
+        sock: TcpStream,
+        cfg: &TlsConfigs,
+        dial: Option<&str>,
+        deadline: Instant,
+    ) -> std::io::Result<Link> {
+        let mut conn: rustls::Connection = match dial {
+            Some(name) => {
+                let sn = ServerName::try_from(name.to_string()).map_err(|_| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        format!("{name:?} is not a valid DNS name for TLS"),
+                    )
+                })?;
+                rustls::ClientConnection::new(cfg.client.clone(), sn)
+                    .map_err(io_err)?
+                    .into()
+            }
+            None => rustls::ServerConnection::new(cfg.server.clone())
+                .map_err(io_err)?
+                .into(),
+        };
+        conn.set_buffer_limit(None);
+        let mut io = DeadlineIo {
+            sock: &sock,
+            deadline,
+        };
+        while conn.is_handshaking() {
+            conn.complete_io(&mut io)?;
+        }
+        // Flush anything the handshake left (e.g. session tickets).
+        while conn.wants_write() {
+            conn.write_tls(&mut io)?;
+        }
+        Ok(Link::Tls {
+            sock,
+            state: Mutex::new(TlsState {
+                conn,
+                pending: Vec::new(),
+            }),
+            wire: Mutex::new(()),
+        })
+    }
+
+    pub fn sock(&self) -> &TcpStream {
+        match self {
+            Link::Plain(s) => s,
+            Link::Tls { sock, .. } => sock,
+        }
+    }
+
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Link::Tls { .. })
+    }
+
+    fn lock(state: &Mutex<TlsState>) -> MutexGuard<'_, TlsState> {
+        state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The peer's end-entity certificate (TLS only).
+    pub fn peer_certificate(&self) -> Option<CertificateDer<'static>> {
+        match self {
+            Link::Plain(_) => None,
+            Link::Tls { state, .. } => Self::lock(state)
+                .conn
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .map(|c| c.clone().into_owned()),
+        }
+    }
+
+    /// Write every buffer, in order, with as few system calls as possible.
+    pub fn write_all_vectored(&self, bufs: &[&[u8]]) -> std::io::Result<usize> {
+        let total = bufs.iter().map(|b| b.len()).sum();
+        match self {
+            Link::Plain(s) => {
+                let mut slices: Vec<IoSlice> = bufs.iter().map(|b| IoSlice::new(b)).collect();
+                let mut rest = &mut slices[..];
+                let mut s = s;
+                while !rest.is_empty() {
+                    match s.write_vectored(rest) {
+                        Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                        Ok(n) => IoSlice::advance_slices(&mut rest, n),
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Link::Tls { sock, state, wire } => {
+                // Encrypt under the state lock, write after releasing it (keeping the
+                // wire lock so records stay in order).
+                let mut out = Vec::with_capacity(total + 64);
+                let mut st = Self::lock(state);
+                for b in bufs {
+                    st.conn.writer().write_all(b)?;
+                }
+                while st.conn.wants_write() {
+                    st.conn.write_tls(&mut out)?;
+                }
+                let _w = wire.lock().unwrap_or_else(|p| p.into_inner());
+                drop(st);
+                (&*sock).write_all(&out)?;
+            }
+        }
+        Ok(total)
+    }
+
+    pub fn write_all(&self, buf: &[u8]) -> std::io::Result<()> {
+        self.write_all_vectored(&[buf]).map(|_| ())
+    }
+
+    /// Read some bytes of the stream into `out`; 0 at its end.
+    pub fn read(&self, out: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Link::Plain(s) => {
+                let mut s = s;
+                s.read(out)
+            }
+            Link::Tls { sock, state, wire } => {
+                loop {
+                    {
+                        let mut st = Self::lock(state);
+                        let TlsState { conn, pending } = &mut *st;
+                        // 1. Plaintext already decrypted goes out first (rustls refuses more
+                        //    ciphertext while its plaintext buffer is full).
+                        match conn.reader().read(out) {
+                            Ok(n) => return Ok(n),
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(e) => return Err(e),
+                        }
+                        // 2. Then feed buffered ciphertext, one call at a time.
+                        if !pending.is_empty() {
+                            let n = conn.read_tls(&mut &pending[..])?;
+                            pending.drain(..n);
+                            if let Err(e) = conn.process_new_packets() {
+                                // Tell the peer why (an alert), best effort.
+                                let mut alert = Vec::new();
+                                let _ = conn.write_tls(&mut alert);
+                                let _ = (&*sock).write_all(&alert);
+                                return Err(io_err(e));
+                            }
+                            // Protocol replies (key updates) go out in order with data.
+                            if conn.wants_write() {
+                                let mut o = Vec::new();
+                                while conn.wants_write() {
+                                    conn.write_tls(&mut o)?;
+                                }
+                                let _w = wire.lock().unwrap_or_else(|p| p.into_inner());
+                                drop(st);
+                                (&*sock).write_all(&o)?;
+                            }
+                            continue;
+                        }
+                    }
+                    // 3. Nothing buffered: read ciphertext from the socket, without the lock,
+                    //    into `out` (free until plaintext is written into it).
+                    let n = (&*sock).read(out)?;
+                    if n == 0 {
+                        return Ok(0);
+                    }
+                    Self::lock(state).pending.extend_from_slice(&out[..n]);
+                }
+            }
+        }
+    }
+
+    pub fn set_read_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
+        self.sock().set_read_timeout(d)
+    }
+
+    pub fn set_write_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
+        self.sock().set_write_timeout(d)
+    }
+
+    pub fn shutdown(&self, how: Shutdown) -> std::io::Result<()> {
+        self.sock().shutdown(how)
+    }
+
+    /// Give the next reads and writes what is left until `deadline` as their timeout
+    /// (`TimedOut` if nothing is left).
+    pub fn set_deadline(&self, deadline: Instant) -> std::io::Result<()> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.set_read_timeout(Some(left))?;
+        self.set_write_timeout(Some(left))
+    }
+
+    /// No more deadline: reads and writes block until they are done or the socket closes.
+    pub fn clear_deadline(&self) -> std::io::Result<()> {
+        self.set_read_timeout(None)?;
+        self.set_write_timeout(None)
+    }
+}
+
+/// Check that `cert` names `node` (a DNS subject alternative name).
+pub(crate) fn cert_names(cert: &CertificateDer<'_>, node: &str) -> Result<(), String> {
+    let ee = webpki::EndEntityCert::try_from(cert)
+        .map_err(|e| format!("unreadable certificate: {e}"))?;
+    let sn = ServerName::try_from(node.to_string())
+        .map_err(|_| format!("{node:?} is not a DNS name"))?;
+    ee.verify_is_valid_for_subject_name(&sn)
+        .map_err(|_| format!("the peer's certificate does not name {node:?}"))
+}

@@ -1,0 +1,344 @@
+//! Counters kept per connection and per node. Updated once per batch or frame, never per
+//! message, and readable at any time with `Node::stats`.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use batchwire_core::bundler::FlushReason;
+
+#[derive(Debug, Default)]
+pub(crate) struct PeerCounters {
+    pub messages_sent: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub frames_sent: AtomicU64,
+    pub writes: AtomicU64,
+    pub send_failed: AtomicU64,
+    pub messages_received: AtomicU64,
+    pub bytes_received: AtomicU64,
+    pub frames_received: AtomicU64,
+    pub undeliverable_reported: AtomicU64,
+    pub connects: AtomicU64,
+    /// Connections closed because the peer broke the protocol (forged acks, gaps...).
+    pub violations: AtomicU64,
+    pub acked: AtomicU64,
+    pub resent: AtomicU64,
+    /// Flushes by reason, indexed by `reason_index`.
+    pub flushes: [AtomicU64; 4],
+    /// Writes by messages per write: bucket i counts writes of 2^i ..= 2^(i+1)-1 messages.
+    pub per_write: [AtomicU64; HIST_BUCKETS],
+}
+
+/// Buckets of the messages-per-write histogram (up to 2^24 messages per write).
+pub const HIST_BUCKETS: usize = 25;
+
+pub(crate) fn reason_index(r: FlushReason) -> usize {
+    match r {
+        FlushReason::Drained => 0,
+        FlushReason::SizeReached => 1,
+        FlushReason::Timer => 2,
+        FlushReason::Single => 3,
+    }
+}
+
+/// A snapshot of one peer's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PeerStats {
+    pub peer: String,
+    pub connected: bool,
+    /// Messages and bytes (encoded, frame headers included) written to the socket.
+    pub messages_sent: u64,
+    pub bytes_sent: u64,
+    pub frames_sent: u64,
+    /// `write` calls that carried messages (one per flushed batch).
+    pub writes: u64,
+    /// Messages whose write failed when the connection broke (see the README's
+    /// reliability notes).
+    pub send_failed: u64,
+    pub messages_received: u64,
+    pub bytes_received: u64,
+    pub frames_received: u64,
+    /// Messages this peer reported it could not deliver (no such mailbox).
+    pub undeliverable_reported: u64,
+    /// Times a connection to this peer was established.
+    pub connects: u64,
+    /// Connections closed because the peer broke the protocol: an acknowledgement or
+    /// RESUME for messages never sent, a sequence gap or overflow.
+    pub protocol_violations: u64,
+    /// Messages the peer acknowledged.
+    pub acked: u64,
+    /// Messages written again on a new connection after a break.
+    pub resent: u64,
+    /// Bytes held for the peer until it acknowledges them.
+    pub unacked_bytes: u64,
+    /// Flushes by reason: drained, size reached, timer, single.
+    pub flushes_drained: u64,
+    pub flushes_size: u64,
+    pub flushes_timer: u64,
+    pub flushes_single: u64,
+    /// Most bytes ever waiting in the outbound queue.
+    pub queue_high_water: u64,
+    /// Total time senders spent blocked on the full outbound queue, in microseconds.
+    pub blocked_us: u64,
+    /// Messages and control frames waiting in the outbound queue now.
+    pub queued: u64,
+    /// (lower bound, writes): writes that carried lower bound ..= 2 x lower bound - 1
+    /// messages. Empty buckets are left out.
+    pub messages_per_write_histogram: Vec<(u64, u64)>,
+}
+
+impl PeerStats {
+    /// Mean messages per write.
+    pub fn messages_per_write(&self) -> f64 {
+        if self.writes == 0 {
+            0.0
+        } else {
+            self.messages_sent as f64 / self.writes as f64
+        }
+    }
+}
+
+impl PeerCounters {
+    /// Count one write of `messages` messages (once per write, not per message).
+    pub fn record_write(&self, messages: u64) {
+        self.writes.fetch_add(1, Relaxed);
+        let b = (63 - messages.max(1).leading_zeros() as usize).min(HIST_BUCKETS - 1);
+        self.per_write[b].fetch_add(1, Relaxed);
+    }
+
+    pub fn snapshot(&self, peer: String, connected: bool) -> PeerStats {
+        let f = |i: usize| self.flushes[i].load(Relaxed);
+        PeerStats {
+            peer,
+            connected,
+            messages_sent: self.messages_sent.load(Relaxed),
+            bytes_sent: self.bytes_sent.load(Relaxed),
+            frames_sent: self.frames_sent.load(Relaxed),
+            writes: self.writes.load(Relaxed),
+            send_failed: self.send_failed.load(Relaxed),
+            messages_received: self.messages_received.load(Relaxed),
+            bytes_received: self.bytes_received.load(Relaxed),
+            frames_received: self.frames_received.load(Relaxed),
+            undeliverable_reported: self.undeliverable_reported.load(Relaxed),
+            connects: self.connects.load(Relaxed),
+            protocol_violations: self.violations.load(Relaxed),
+            acked: self.acked.load(Relaxed),
+            resent: self.resent.load(Relaxed),
+            flushes_drained: f(0),
+            flushes_size: f(1),
+            flushes_timer: f(2),
+            flushes_single: f(3),
+            messages_per_write_histogram: self
+                .per_write
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (1u64 << i, c.load(Relaxed)))
+                .filter(|(_, c)| *c > 0)
+                .collect(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A snapshot of a node's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct NodeStats {
+    pub node: String,
+    pub peers: Vec<PeerStats>,
+    /// Messages that arrived for a mailbox that does not exist here.
+    pub undeliverable: u64,
+    /// Messages delivered without leaving this node.
+    pub local_messages: u64,
+    /// Connections that never got past the handshake, and why.
+    pub handshakes: HandshakeStats,
+    /// Events dropped because the subscriber did not keep up (see `Node::events`).
+    pub events_dropped: u64,
+}
+
+/// Why a connection failed before it carried messages. Counted per node
+/// ([`HandshakeStats`]) and given with every `Event::HandshakeFailed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum HandshakeFailure {
+    /// The peer's proof of the cluster secret did not verify.
+    Secret,
+    /// Another protocol version.
+    Version,
+    /// The wrong node at a dialled address, or a node claiming this node's name.
+    Name,
+    /// An inbound connection claiming a node that this node dials itself.
+    Direction,
+    /// Not the batchwire protocol: garbage, a malformed or unexpected frame, a length
+    /// above the limit, or a RESUME that does not add up.
+    Protocol,
+    /// The handshake did not finish within `handshake_timeout`.
+    Timeout,
+    /// The TLS handshake failed (no certificate, another CA, TLS on one side only...).
+    Tls,
+    /// The peer's certificate does not name the node it claims to be.
+    Certificate,
+    /// The peer refused this node (its reason is in the event).
+    Refused,
+    /// The connection closed or failed before the handshake ended.
+    Closed,
+}
+
+impl HandshakeFailure {
+    /// The failure a connection-setup error stands for.
+    pub(crate) fn of(e: &crate::error::LinkError) -> HandshakeFailure {
+        use crate::error::LinkError as L;
+        use batchwire_core::handshake::HandshakeError as H;
+        match e {
+            L::Handshake(H::Secret { .. }) => HandshakeFailure::Secret,
+            L::Handshake(H::Version { .. }) => HandshakeFailure::Version,
+            L::Handshake(H::WrongPeer { .. } | H::SameName(_)) => HandshakeFailure::Name,
+            L::Handshake(H::WrongDirection(_)) => HandshakeFailure::Direction,
+            L::Handshake(H::Refused { .. }) => HandshakeFailure::Refused,
+            L::Handshake(H::Unexpected { .. })
+            | L::Frame(_)
+            | L::Unexpected(_)
+            | L::Sequence(_) => HandshakeFailure::Protocol,
+            L::HandshakeTimeout(_) => HandshakeFailure::Timeout,
+            L::Io(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                ) =>
+            {
+                HandshakeFailure::Timeout
+            }
+            L::Tls(_) | L::PeerSpeaksTls => HandshakeFailure::Tls,
+            L::Certificate { .. } => HandshakeFailure::Certificate,
+            L::Io(_) | L::Eof => HandshakeFailure::Closed,
+        }
+    }
+
+    const ALL: [HandshakeFailure; 10] = [
+        HandshakeFailure::Secret,
+        HandshakeFailure::Version,
+        HandshakeFailure::Name,
+        HandshakeFailure::Direction,
+        HandshakeFailure::Protocol,
+        HandshakeFailure::Timeout,
+        HandshakeFailure::Tls,
+        HandshakeFailure::Certificate,
+        HandshakeFailure::Refused,
+        HandshakeFailure::Closed,
+    ];
+}
+
+/// Counters of connections refused or failed before they carried messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HandshakeStats {
+    /// Handshakes that failed, by why (kinds with a zero count are left out).
+    pub failed: Vec<(HandshakeFailure, u64)>,
+    /// Inbound connections closed at once because `max_handshakes` were in progress.
+    pub busy: u64,
+    /// Errors accepting a connection (e.g. out of file descriptors).
+    pub accept_errors: u64,
+    /// Inbound connections closed because no thread could be started for them.
+    pub spawn_errors: u64,
+}
+
+impl HandshakeStats {
+    /// Handshakes that failed for any reason (not counting `busy`).
+    pub fn failed_total(&self) -> u64 {
+        self.failed.iter().map(|(_, n)| n).sum()
+    }
+
+    /// How many failed for `kind`.
+    pub fn failed(&self, kind: HandshakeFailure) -> u64 {
+        self.failed
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// The node's counters of unauthenticated clients.
+#[derive(Debug, Default)]
+pub(crate) struct SecurityCounters {
+    failed: [AtomicU64; HandshakeFailure::ALL.len()],
+    pub busy: AtomicU64,
+    pub accept_errors: AtomicU64,
+    pub spawn_errors: AtomicU64,
+}
+
+impl SecurityCounters {
+    pub fn count(&self, kind: HandshakeFailure) {
+        if let Some(i) = HandshakeFailure::ALL.iter().position(|k| *k == kind) {
+            self.failed[i].fetch_add(1, Relaxed);
+        }
+    }
+
+    pub fn snapshot(&self) -> HandshakeStats {
+        HandshakeStats {
+            failed: HandshakeFailure::ALL
+                .iter()
+                .zip(&self.failed)
+                .map(|(k, n)| (*k, n.load(Relaxed)))
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+            busy: self.busy.load(Relaxed),
+            accept_errors: self.accept_errors.load(Relaxed),
+            spawn_errors: self.spawn_errors.load(Relaxed),
+        }
+    }
+}
+
+impl std::fmt::Display for NodeStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "node {}: {} local messages, {} undeliverable here",
+            self.node, self.local_messages, self.undeliverable
+        )?;
+        let h = &self.handshakes;
+        if h.failed_total() + h.busy + h.accept_errors + h.spawn_errors + self.events_dropped > 0 {
+            let why: Vec<String> = h.failed.iter().map(|(k, n)| format!("{k:?} {n}")).collect();
+            writeln!(
+                f,
+                "  handshakes failed: {} ({}); closed at once (too many in progress): {}; accept errors {}; spawn errors {}; events dropped {}",
+                h.failed_total(),
+                why.join(", "),
+                h.busy,
+                h.accept_errors,
+                h.spawn_errors,
+                self.events_dropped,
+            )?;
+        }
+        for p in &self.peers {
+            writeln!(
+                f,
+                "  {:<12} {:<4} sent {} msgs / {} B in {} frames, {} writes ({:.1} msgs/write; flushes drained {} size {} timer {} single {}), recv {} msgs / {} B in {} frames, queue high-water {} B, senders blocked {} us, failed {}, undeliverable at peer {}, protocol violations {}",
+                p.peer,
+                if p.connected { "up" } else { "down" },
+                p.messages_sent,
+                p.bytes_sent,
+                p.frames_sent,
+                p.writes,
+                p.messages_per_write(),
+                p.flushes_drained,
+                p.flushes_size,
+                p.flushes_timer,
+                p.flushes_single,
+                p.messages_received,
+                p.bytes_received,
+                p.frames_received,
+                p.queue_high_water,
+                p.blocked_us,
+                p.send_failed,
+                p.undeliverable_reported,
+                p.protocol_violations,
+            )?;
+            if !p.messages_per_write_histogram.is_empty() {
+                let h: Vec<String> = p
+                    .messages_per_write_histogram
+                    .iter()
+                    .map(|(lo, n)| format!("{lo}+:{n}"))
+                    .collect();
+                writeln!(f, "  {:<12}      messages per write: {}", "", h.join(" "))?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,461 @@
+//! The attacks of issue 9, each played against real nodes on 127.0.0.1 (the one that
+//! needs a node process of its own, connection churn, is in batchwire-cli/tests/churn.rs) by a client with a
+//! socket (and, for the forged values, with the secret, as a compromised or buggy peer
+//! would have it). Every test is bounded in time.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use batchwire::{Address, Event, HandshakeFailure, Node, NodeConfig};
+use batchwire_core::codec::Name;
+use batchwire_core::frame::{self, Frame, Hello, MessageList, Resume};
+use batchwire_core::handshake::{Handshake, HandshakeConfig, Role};
+use bytes::BytesMut;
+use common::*;
+
+const T: Duration = Duration::from_secs(10);
+
+/// A raw client speaking frames.
+struct Raw {
+    s: TcpStream,
+    buf: BytesMut,
+}
+
+impl Raw {
+    fn connect(addr: SocketAddr) -> Raw {
+        let s = TcpStream::connect_timeout(&addr, T).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        Raw {
+            s,
+            buf: BytesMut::new(),
+        }
+    }
+
+    fn send(&mut self, f: &Frame) {
+        let mut out = Vec::new();
+        f.encode(&mut out);
+        self.s.write_all(&out).unwrap();
+    }
+
+    /// The next frame, or `None` once the node closes the connection (or `wait` passes).
+    fn recv(&mut self, wait: Duration) -> Option<Frame> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Ok(Some(f)) = frame::decode(&mut self.buf, 1 << 20) {
+                return Some(f);
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            self.s
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .unwrap();
+            let mut chunk = [0u8; 4096];
+            match self.s.read(&mut chunk) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// Read until the node closes; `false` if it is still open after `wait`.
+    fn closed_within(&mut self, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        let mut chunk = [0u8; 4096];
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            self.s
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .unwrap();
+            match self.s.read(&mut chunk) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+}
+
+fn hello(name: &str, incarnation: u64, nonce: [u8; 16]) -> Frame {
+    Frame::Hello(Hello {
+        version: batchwire_core::frame::PROTOCOL_VERSION,
+        incarnation,
+        nonce,
+        name: Name::new(name).unwrap(),
+    })
+}
+
+/// A node's incarnation, as its HELLO tells anyone who connects.
+fn incarnation_of(addr: SocketAddr) -> u64 {
+    let mut r = Raw::connect(addr);
+    match r.recv(T) {
+        Some(Frame::Hello(h)) => h.incarnation,
+        other => panic!("no HELLO: {other:?}"),
+    }
+}
+
+/// Log in to the node at `addr` as `name` (dialling, with the secret), as a real peer
+/// would. Returns the connection after the handshake.
+fn login(addr: SocketAddr, name: &str, expect: &str, incarnation: u64) -> Raw {
+    let mut r = Raw::connect(addr);
+    let mut hs = Handshake::new(
+        HandshakeConfig {
+            name: Name::new(name).unwrap(),
+            incarnation,
+            secret: Arc::from(SECRET),
+            role: Role::Dial {
+                expect: Name::new(expect).unwrap(),
+            },
+        },
+        [0x42; 16],
+    );
+    loop {
+        while let Some(f) = hs.poll_transmit() {
+            r.send(&f);
+        }
+        if hs.is_done() {
+            return r;
+        }
+        let f = r.recv(T).expect("the node closed during the handshake");
+        hs.handle(f).expect("handshake");
+    }
+}
+
+fn failures(events: &std::sync::mpsc::Receiver<Event>, wait: Duration) -> Vec<Event> {
+    let deadline = Instant::now() + wait;
+    let mut v = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match events.recv_timeout(left) {
+            Ok(e @ Event::HandshakeFailed { .. }) => v.push(e),
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    v
+}
+
+fn echo_works(a: &Node, to: &str) {
+    let mb = a.mailbox("probe").unwrap();
+    mb.send(&Address::new(to, "inbox").unwrap(), &b"ping"[..])
+        .unwrap();
+    drop(mb);
+}
+
+/// Attack 1: use node a to sign the answer to node b's challenge. Both refuse, a before it
+/// proves anything, and b keeps its real connection to a.
+#[test]
+fn relay_and_reflection_are_refused_on_both_sides() {
+    let nodes = start(mesh(&["a", "b"]));
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let (a_events, b_events) = (a.events(), b.events());
+    let inbox = b.mailbox("inbox").unwrap();
+
+    // 1. Dial b claiming to be "a", and read b's challenge.
+    let mut to_b = Raw::connect(b.local_addr());
+    to_b.send(&hello("a", 7, [1; 16]));
+    let Some(Frame::Hello(b_hello)) = to_b.recv(T) else {
+        panic!("b sent no HELLO")
+    };
+    assert_eq!(
+        to_b.recv(Duration::from_millis(300)),
+        None,
+        "b proves nothing to an unproven dialler"
+    );
+
+    // 2. Dial a claiming to be "b" with b's nonce: a dials b itself, so it refuses at once.
+    let mut to_a = Raw::connect(a.local_addr());
+    to_a.send(&hello("b", b_hello.incarnation, b_hello.nonce));
+    let mut got = Vec::new();
+    while let Some(f) = to_a.recv(T) {
+        got.push(f);
+    }
+    assert!(
+        matches!(&got[..], [Frame::Hello(_), Frame::Refuse(r)] if r.reason.contains("sorts first")),
+        "a must answer with its HELLO and a refusal, and no proof: {got:?}"
+    );
+
+    // 3. Claiming a name a does not dial, a still waits for the dialler's proof.
+    let mut to_a = Raw::connect(a.local_addr());
+    to_a.send(&hello("c", b_hello.incarnation, b_hello.nonce));
+    assert!(matches!(to_a.recv(T), Some(Frame::Hello(_))));
+    assert_eq!(
+        to_a.recv(Duration::from_millis(500)),
+        None,
+        "no AUTH from the acceptor first"
+    );
+    drop(to_a);
+
+    // 4. The best the attacker has for b: a made-up proof. Refused, naming "a".
+    to_b.send(&Frame::Auth(batchwire_core::frame::Auth { proof: [0; 32] }));
+    let mut refused = false;
+    while let Some(f) = to_b.recv(T) {
+        refused |= matches!(f, Frame::Refuse(ref r) if r.reason.contains("secret"));
+    }
+    assert!(refused, "b refuses with a reason");
+
+    let bf = failures(&b_events, Duration::from_secs(2));
+    assert!(
+        bf.iter().any(|e| matches!(e, Event::HandshakeFailed { peer: Some(p), kind: HandshakeFailure::Secret, addr, .. } if p == "a" && addr.ip().is_loopback())),
+        "{bf:?}"
+    );
+    let af = failures(&a_events, Duration::from_millis(200));
+    assert!(
+        af.iter().any(|e| matches!(e, Event::HandshakeFailed { peer: Some(p), kind: HandshakeFailure::Direction, .. } if p == "b")),
+        "{af:?}"
+    );
+    assert_eq!(b.stats().handshakes.failed(HandshakeFailure::Secret), 1);
+    assert_eq!(a.stats().handshakes.failed(HandshakeFailure::Direction), 1);
+    // The real connection was never replaced, and still carries messages.
+    assert_eq!(b.stats().peers[0].connects, 1);
+    echo_works(a, "b");
+    assert_eq!(&inbox.recv_timeout(T).unwrap().payload[..], b"ping");
+}
+
+/// Attack 2: a peer with the secret (compromised, or buggy) sends acknowledgements and
+/// RESUME values for messages that were never sent, and a frame past a gap. Each closes
+/// its connection as a counted protocol violation; nothing is skipped, and the real
+/// stream from a arrives complete, once and in order.
+#[test]
+fn forged_acks_and_resumes_close_the_connection_and_skip_nothing() {
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.mailbox("inbox"))
+        .collect();
+    let nodes = start(cfgs);
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let inbox = b.mailbox("inbox").unwrap();
+    let a_inc = incarnation_of(a.local_addr());
+    const N: u64 = 100_000;
+    let to = Address::new("b", "inbox").unwrap();
+    let forged: [&dyn Fn(&mut Raw); 4] = [
+        &|r| {
+            r.send(&Frame::Resume(Resume {
+                next: u64::MAX,
+                base: 0,
+            }))
+        },
+        &|r| {
+            r.send(&Frame::Resume(Resume {
+                next: 1 << 40,
+                base: 0,
+            }))
+        },
+        &|r| {
+            r.send(&Frame::Resume(Resume {
+                next: 0,
+                base: u64::MAX,
+            }));
+            r.send(&Frame::Ack(u64::MAX));
+        },
+        &|r| {
+            r.send(&Frame::Resume(Resume { next: 0, base: 0 }));
+            let mut list = MessageList::from_messages(&[]);
+            list.first_seq = u64::MAX - 1;
+            r.send(&Frame::Messages(list));
+        },
+    ];
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..N {
+                a.send(&to, i.to_le_bytes().to_vec()).unwrap();
+            }
+        });
+        for (i, attack) in forged.iter().enumerate() {
+            let before = b.stats().peers[0].protocol_violations;
+            // The real a may win the race to reconnect; try a few times.
+            let mut closed_as_violation = false;
+            for _ in 0..5 {
+                let mut r = login(b.local_addr(), "a", "b", a_inc);
+                attack(&mut r);
+                assert!(r.closed_within(T), "attack {i}: b kept the connection open");
+                if b.stats().peers[0].protocol_violations > before {
+                    closed_as_violation = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(
+                closed_as_violation,
+                "attack {i} was not counted as a violation"
+            );
+        }
+        let mut next = 0;
+        while next < N {
+            let e = inbox.recv_timeout(T).expect("the real stream stalled");
+            assert_eq!(u64::from_le_bytes(e.payload[..8].try_into().unwrap()), next);
+            next += 1;
+        }
+    });
+    assert!(
+        inbox.recv_timeout(Duration::from_millis(200)).is_err(),
+        "a duplicate"
+    );
+    assert_eq!(a.stats().peers[0].send_failed, 0);
+    assert!(b.stats().peers[0].protocol_violations >= 4);
+}
+
+/// Attack 4: a client that sends one byte now and then is cut at the handshake deadline,
+/// over plaintext and over TLS alike.
+#[test]
+fn slow_loris_is_cut_at_the_deadline_with_and_without_tls() {
+    let certs = test_certs("main");
+    for tls in [false, true] {
+        let mut cfg = NodeConfig::new("b", free_addrs(1)[0], SECRET);
+        cfg.handshake_timeout = Duration::from_millis(1000);
+        if tls {
+            cfg = cfg.tls(batchwire::TlsFiles::in_dir(&certs, "b"));
+        }
+        let b = Node::start(cfg).unwrap();
+        let events = b.events();
+        let mut s = TcpStream::connect(b.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        // A HELLO (or a TLS record) that never quite arrives: one byte every 200 ms.
+        let mut trickle: Vec<u8> = if tls {
+            vec![0x16, 0x03, 0x01, 0x02, 0x00]
+        } else {
+            let mut v = Vec::new();
+            hello("loris", 1, [0; 16]).encode(&mut v);
+            v
+        };
+        trickle.resize(64, 0);
+        let t0 = Instant::now();
+        let mut cut = None;
+        for byte in trickle {
+            if s.write_all(&[byte]).is_err() {
+                cut = Some(t0.elapsed());
+                break;
+            }
+            let mut sink = [0u8; 512];
+            match s.read(&mut sink) {
+                Ok(0) => {
+                    cut = Some(t0.elapsed());
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    cut = Some(t0.elapsed());
+                    break;
+                }
+                _ => {}
+            }
+            if t0.elapsed() > Duration::from_secs(8) {
+                break;
+            }
+        }
+        let cut = cut.unwrap_or_else(|| panic!("tls {tls}: still open after 8 s"));
+        assert!(
+            cut >= Duration::from_millis(900) && cut < Duration::from_millis(2500),
+            "tls {tls}: cut after {cut:?}"
+        );
+        let f = failures(&events, Duration::from_secs(2));
+        assert!(
+            f.iter().any(|e| matches!(
+                e,
+                Event::HandshakeFailed {
+                    kind: HandshakeFailure::Timeout,
+                    ..
+                }
+            )),
+            "tls {tls}: {f:?}"
+        );
+        assert_eq!(b.stats().handshakes.failed(HandshakeFailure::Timeout), 1);
+    }
+}
+
+/// A client socket from `ip` (any loopback address works on Linux).
+fn connect_from(ip: &str, to: SocketAddr) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    s.bind(&SocketAddr::new(ip.parse().unwrap(), 0).into())?;
+    s.connect_timeout(&to.into(), T)?;
+    Ok(s.into())
+}
+
+/// Attack 5 (the handshake cap): 300 silent connections from one address hold at most
+/// `max_handshakes_per_address` places; the rest are closed at once and counted, and a real
+/// peer (from another address) connects and delivers while they sit there.
+#[test]
+fn a_flood_of_handshakes_does_not_keep_a_real_peer_out() {
+    let mut cfgs = mesh(&["a", "b"]);
+    cfgs[1].handshake_timeout = Duration::from_secs(20);
+    cfgs[1].max_handshakes = 16;
+    cfgs[1].max_handshakes_per_address = 8;
+    let b_addr = cfgs[1].listen;
+    let b = Node::start(cfgs.pop().unwrap()).unwrap();
+    let inbox = b.mailbox("inbox").unwrap();
+    let flood: Vec<TcpStream> = (0..300)
+        .filter_map(|_| connect_from("127.0.0.2", b_addr).ok())
+        .collect();
+    assert!(
+        flood.len() >= 250,
+        "only {} connections opened",
+        flood.len()
+    );
+    // The ones beyond the cap were closed at once.
+    let deadline = Instant::now() + T;
+    while b.stats().handshakes.busy < 250 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        b.stats().handshakes.busy >= 250,
+        "{:?}",
+        b.stats().handshakes
+    );
+    assert!(b.threads() <= 8 + 8, "threads: {}", b.threads());
+    // A real peer gets in while the flood holds its places.
+    let a = Node::start(cfgs.pop().unwrap()).unwrap();
+    assert!(a.wait_for_peers(&["b"], T), "the real peer was kept out");
+    a.send(&Address::new("b", "inbox").unwrap(), &b"through"[..])
+        .unwrap();
+    assert_eq!(&inbox.recv_timeout(T).unwrap().payload[..], b"through");
+    drop(flood);
+}
+
+/// Queues that network input fills are bounded: a peer with the secret that sends messages
+/// to 100,000 made-up mailbox names and never reads gets a bounded number of notices.
+#[test]
+fn undeliverable_floods_cost_bounded_memory() {
+    let b = Node::start(NodeConfig::new("b", free_addrs(1)[0], SECRET)).unwrap();
+    let mut r = login(b.local_addr(), "a", "b", 99);
+    let _ = r.recv(T); // b's RESUME
+    r.send(&Frame::Resume(Resume { next: 0, base: 0 }));
+    let mut seq = 0;
+    for chunk in 0..100 {
+        let msgs: Vec<_> = (0..1000)
+            .map(|i| batchwire_core::frame::Message {
+                to: Name::new(&format!("nobody-{chunk}-{i}")).unwrap(),
+                from: Name::new("x").unwrap(),
+                payload: bytes::Bytes::from_static(b"?"),
+            })
+            .collect();
+        let mut list = MessageList::from_messages(&msgs);
+        list.first_seq = seq;
+        seq += 1000;
+        r.send(&Frame::Messages(list));
+    }
+    // Everything is counted...
+    let deadline = Instant::now() + T;
+    while b.stats().undeliverable < 100_000 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let st = b.stats();
+    assert_eq!(st.undeliverable, 100_000);
+    // ...but what waits for the peer (which does not read) is bounded.
+    let queued = st.peers.iter().find(|p| p.peer == "a").unwrap().queued;
+    assert!(
+        queued < 300,
+        "{queued} frames queued for a peer that does not read"
+    );
+    // Reading now, the notices add up to what was sent (the excess in one summary).
+    let mut counted = 0u64;
+    let deadline = Instant::now() + T;
+    while counted < 100_000 && Instant::now() < deadline {
+        if let Some(Frame::Undeliverable(u)) = r.recv(Duration::from_secs(1)) {
+            counted += u.count as u64;
+        }
+    }
+    assert_eq!(counted, 100_000);
+}

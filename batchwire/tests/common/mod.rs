@@ -1,0 +1,81 @@
+//! Helpers for the integration tests: free ports and small clusters in one process.
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use batchwire::{Event, Node, NodeConfig};
+
+pub const SECRET: &[u8] = b"test-cluster-secret";
+
+/// The committed test certificates of CA `set` ("main": a, b, c, zz; "other": a).
+pub fn test_certs(set: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/certs")
+        .join(set)
+}
+
+/// Free loopback addresses (bound then released; the kernel does not hand them out again
+/// immediately).
+pub fn free_addrs(n: usize) -> Vec<SocketAddr> {
+    let ls: Vec<_> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    ls.iter().map(|l| l.local_addr().unwrap()).collect()
+}
+
+/// Configs for a full mesh of nodes with the given names.
+pub fn mesh(names: &[&str]) -> Vec<NodeConfig> {
+    let addrs = free_addrs(names.len());
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let mut c = NodeConfig::new(*n, addrs[i], SECRET);
+            for (j, m) in names.iter().enumerate() {
+                if i != j {
+                    c = c.peer(*m, addrs[j]);
+                }
+            }
+            c
+        })
+        .collect()
+}
+
+/// Start every config and wait until the mesh is connected.
+pub fn start(cfgs: Vec<NodeConfig>) -> Vec<Node> {
+    let names: Vec<String> = cfgs.iter().map(|c| c.name.clone()).collect();
+    let nodes: Vec<Node> = cfgs.into_iter().map(|c| Node::start(c).unwrap()).collect();
+    for n in &nodes {
+        let others: Vec<&str> = names
+            .iter()
+            .filter(|m| *m != n.name())
+            .map(|s| s.as_str())
+            .collect();
+        assert!(
+            n.wait_for_peers(&others, Duration::from_secs(10)),
+            "{} did not connect to {others:?}: {:?}",
+            n.name(),
+            n.connected_peers()
+        );
+    }
+    nodes
+}
+
+/// Wait (bounded) for an event matching `pred`.
+pub fn wait_event(
+    rx: &Receiver<Event>,
+    timeout: Duration,
+    pred: impl Fn(&Event) -> bool,
+) -> Option<Event> {
+    let deadline = Instant::now() + timeout;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(e) if pred(&e) => return Some(e),
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+    None
+}

@@ -1,0 +1,132 @@
+//! Raw TCP clients that speak the protocol badly: each gets a clear refusal or a closed
+//! connection, and the node keeps serving its real peers.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use batchwire::{Address, Event};
+use batchwire_core::codec::Name;
+use batchwire_core::frame::{self, Frame, Hello, RefuseCode};
+use bytes::BytesMut;
+use common::*;
+
+const T: Duration = Duration::from_secs(10);
+
+/// Read frames until the server closes; return them.
+fn read_all_frames(s: &mut TcpStream) -> Vec<Frame> {
+    s.set_read_timeout(Some(T)).unwrap();
+    let mut buf = BytesMut::new();
+    let mut frames = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+        while let Ok(Some(f)) = frame::decode(&mut buf, 1 << 20) {
+            frames.push(f);
+        }
+    }
+    frames
+}
+
+/// A node "b" with a real peer "a", and a check that they still talk afterwards.
+fn with_cluster(f: impl FnOnce(std::net::SocketAddr, &std::sync::mpsc::Receiver<Event>)) {
+    let nodes = start(mesh(&["a", "b"]));
+    let events = nodes[1].events();
+    f(nodes[1].local_addr(), &events);
+    let inbox = nodes[1].mailbox("inbox").unwrap();
+    nodes[0]
+        .send(&Address::new("b", "inbox").unwrap(), &b"still fine"[..])
+        .unwrap();
+    assert_eq!(&inbox.recv_timeout(T).unwrap().payload[..], b"still fine");
+    assert_eq!(nodes[0].connected_peers(), ["b"]);
+}
+
+#[test]
+fn wrong_protocol_version_gets_a_refusal_naming_both_versions() {
+    with_cluster(|addr, events| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let mut out = Vec::new();
+        Frame::Hello(Hello {
+            version: 99,
+            incarnation: 1,
+            nonce: [0; 16],
+            name: Name::new("future-node").unwrap(),
+        })
+        .encode(&mut out);
+        s.write_all(&out).unwrap();
+        let frames = read_all_frames(&mut s);
+        let refuse = frames.iter().find_map(|f| match f {
+            Frame::Refuse(r) => Some(r.clone()),
+            _ => None,
+        });
+        let r = refuse.expect("no REFUSE frame");
+        assert_eq!(r.code, RefuseCode::Version);
+        assert!(
+            r.reason.contains("version 2") && r.reason.contains("version 99"),
+            "{}",
+            r.reason
+        );
+        let ev = wait_event(events, T, |e| matches!(e, Event::HandshakeFailed { .. })).unwrap();
+        let Event::HandshakeFailed { peer, reason, .. } = ev else {
+            unreachable!()
+        };
+        assert_eq!(peer.as_deref(), Some("future-node"));
+        assert!(reason.contains("version"), "{reason}");
+    });
+}
+
+#[test]
+fn garbage_instead_of_a_hello_is_refused() {
+    with_cluster(|addr, events| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let frames = read_all_frames(&mut s);
+        assert!(
+            frames
+                .iter()
+                .any(|f| matches!(f, Frame::Refuse(r) if r.code == RefuseCode::Protocol)),
+            "{frames:?}"
+        );
+        let ev = wait_event(events, T, |e| matches!(e, Event::HandshakeFailed { .. })).unwrap();
+        let Event::HandshakeFailed { reason, .. } = ev else {
+            unreachable!()
+        };
+        assert!(reason.contains("frame"), "{reason}");
+    });
+}
+
+#[test]
+fn huge_length_prefix_is_refused_without_allocating() {
+    with_cluster(|addr, events| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        // Claims a 4 GiB frame; the node must refuse from the header alone.
+        s.write_all(&[0xff, 0xff, 0xff, 0xff, 1]).unwrap();
+        let _ = read_all_frames(&mut s);
+        let ev = wait_event(events, T, |e| matches!(e, Event::HandshakeFailed { .. })).unwrap();
+        let Event::HandshakeFailed { reason, .. } = ev else {
+            unreachable!()
+        };
+        assert!(reason.contains("exceeds the maximum"), "{reason}");
+    });
+}
+
+#[test]
+fn silent_client_times_out_in_the_handshake() {
+    let mut cfgs = mesh(&["a", "b"]);
+    for c in &mut cfgs {
+        c.handshake_timeout = Duration::from_millis(300);
+    }
+    let nodes = start(cfgs);
+    let events = nodes[1].events();
+    let _s = TcpStream::connect(nodes[1].local_addr()).unwrap();
+    let ev = wait_event(&events, T, |e| matches!(e, Event::HandshakeFailed { .. })).unwrap();
+    let Event::HandshakeFailed { reason, .. } = ev else {
+        unreachable!()
+    };
+    assert!(reason.contains("timed out"), "{reason}");
+}
