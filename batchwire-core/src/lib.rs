@@ -9,3 +9,4 @@ pub mod handshake;
 pub mod idle;
 pub mod outbox;
 pub mod reliable;
+pub mod session;

@@ -209,6 +209,18 @@ impl SendWindow {
         freed
     }
 
+    /// Drop what was written (the unsequenced mode keeps nothing once it is on the wire).
+    /// Returns the bytes freed.
+    pub fn release_written(&mut self) -> usize {
+        match self.chunks.get(self.cursor.wrapping_sub(1)) {
+            Some(c) if self.cursor > 0 => {
+                let end = c.end_seq;
+                self.drop_below(end)
+            }
+            _ => 0,
+        }
+    }
+
     /// A new connection whose peer has every message below `peer_next`: drop those, and
     /// start writing from the oldest held chunk again.
     /// A `peer_next` above what was sent is a protocol violation (nothing changes).
@@ -266,7 +278,15 @@ impl RecvWindow {
     /// were delivered before (skip them). Advances past the frame. A frame that starts past
     /// the next expected message is refused, unless the peer announced exactly that gap.
     pub fn accept(&mut self, first: u64, count: u32) -> Result<u32, SeqError> {
-        let end = first
+        let skip = self.check(first, count)?;
+        self.commit(first, first + count as u64);
+        Ok(skip)
+    }
+
+    /// Like [`RecvWindow::accept`] without advancing: how many leading messages to skip.
+    /// Deliver the rest, then [`RecvWindow::commit`] what was delivered.
+    pub fn check(&self, first: u64, count: u32) -> Result<u32, SeqError> {
+        first
             .checked_add(count as u64)
             .ok_or(SeqError::Overflow { first, count })?;
         if first > self.next {
@@ -276,12 +296,21 @@ impl RecvWindow {
                     got: first,
                 });
             }
+            return Ok(0);
+        }
+        Ok((self.next - first).min(count as u64) as u32)
+    }
+
+    /// Every message of a checked frame that starts at `first` is delivered up to (not
+    /// including) `upto`; a frame at an announced gap takes the jump even if none was.
+    pub fn commit(&mut self, first: u64, upto: u64) {
+        if first > self.next && self.gap == Some(first) {
             self.next = first;
             self.gap = None;
         }
-        let skip = (self.next - first).min(count as u64) as u32;
-        self.next = self.next.max(end);
-        Ok(skip)
+        if upto > self.next {
+            self.next = upto;
+        }
     }
 
     /// The peer's RESUME says it holds nothing below `base`. Below `next` that changes

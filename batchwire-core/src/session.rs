@@ -1,0 +1,666 @@
+//! One peer's protocol state as a sans-IO state machine: sequencing, acknowledgements,
+//! RESUME reconciliation, liveness (heartbeats and the failure detector) and the goodbye
+//! sequence. Every input takes `now`; outputs are pulled.
+//!
+//! The methods come in four groups, in the manner of quinn-proto's `Connection`:
+//! - **getters**: [`Session::state`], [`Session::window_full`], [`Session::current`], ...
+//! - **inputs**, `handle_*`: a connection authenticated the peer ([`Session::handle_connect`]),
+//!   its RESUME arrived ([`Session::handle_resume`]), the connection ended, an ACK or GOODBYE
+//!   arrived, bytes were heard, a frame of messages is being delivered
+//!   ([`Session::begin_delivery`] / [`Session::end_delivery`]), the local consumer paused the
+//!   reader ([`Session::set_paused`]), time passed ([`Session::handle_timeout`]);
+//! - **the send path**: [`Session::hold`] numbers a batch and keeps it until acknowledged,
+//!   [`Session::unwritten`] / [`Session::mark_written`] feed the connection;
+//! - **outputs**, `poll_*`: control frames for the connection ([`Session::poll_control`]:
+//!   acknowledgements and heartbeats, never behind data), events ([`Session::poll_event`]),
+//!   the next deadline ([`Session::poll_timeout`]) and the goodbye ([`Session::poll_close`]).
+//!
+//! The order to call them: after any input, drain `poll_event` (and act on `Close`), and
+//! give the writer a chance to `poll_control`; after any input that may move a deadline,
+//! re-read `poll_timeout`.
+//!
+//! Rules kept here:
+//! - **Control before data.** An acknowledgement or heartbeat is due whatever the state of
+//!   the send window: a full window stops data, never control.
+//! - **Liveness is not progress.** The peer is declared down only if nothing was heard from
+//!   it for `peer_timeout` while this node was listening. While the local consumer is full
+//!   and the reader waits for it ([`Session::set_paused`]), silence is not counted.
+//! - **Values from the peer are checked.** Acknowledgements and RESUME values beyond what was
+//!   sent, gaps and overflows are [`SeqError`]s: the caller closes the connection, and
+//!   nothing in the windows changes.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::frame::{Frame, Message, Resume};
+use crate::reliable::{RecvWindow, SendWindow, SeqError};
+
+/// The session's knobs (a node's configuration passes them on).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Keep what was written until acknowledged and resend after a break. Off, written
+    /// data is dropped at once (the unsequenced baseline).
+    pub reliable: bool,
+    /// Most bytes held for the peer (written and unacknowledged, or not yet written).
+    pub unacked_bytes: usize,
+    /// Acknowledge after this many messages delivered...
+    pub ack_every: u64,
+    /// ...or this many bytes...
+    pub ack_every_bytes: usize,
+    /// ...or this long after the first unacknowledged delivery.
+    pub ack_delay: Duration,
+    /// Send a heartbeat when nothing was written for this long.
+    pub heartbeat_interval: Duration,
+    /// Declare the peer down when nothing was heard for this long (while listening), or
+    /// when it was unreachable for this long.
+    pub peer_timeout: Duration,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            reliable: true,
+            unacked_bytes: 16 << 20,
+            ack_every: 4096,
+            ack_every_bytes: 1 << 20,
+            ack_delay: Duration::from_millis(5),
+            heartbeat_interval: Duration::from_millis(500),
+            peer_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Where the peer stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerState {
+    /// Never connected yet: what is sent waits for the first connection.
+    Connecting,
+    /// Connected, or briefly disconnected and not yet declared down.
+    Up,
+    /// Declared down: what was pending was handed back; sends fail until it is back.
+    Down,
+}
+
+/// One connection of a session. Frames from a connection that is no longer current are
+/// ignored (their content is resent on the current one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(u64);
+
+/// Why a peer was declared down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DownReason {
+    /// Connected, but nothing was heard from it for `after` (while this node listened).
+    Silent {
+        /// The `peer_timeout` that passed.
+        after: Duration,
+    },
+    /// Not connected for `after`.
+    Unreachable {
+        /// The `peer_timeout` that passed.
+        after: Duration,
+    },
+    /// It said goodbye (it shut down).
+    Left,
+}
+
+impl std::fmt::Display for DownReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DownReason::Silent { after } => write!(f, "silent for more than {after:?}"),
+            DownReason::Unreachable { after } => write!(f, "unreachable for more than {after:?}"),
+            DownReason::Left => write!(f, "the peer shut down"),
+        }
+    }
+}
+
+/// Why messages are handed back as failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailReason {
+    /// The peer was declared down before acknowledging them.
+    Down(DownReason),
+    /// The peer restarted (a new incarnation) before acknowledging them.
+    Restarted,
+    /// This node shut down before the peer acknowledged them.
+    ShutDown,
+    /// Unsequenced mode: the connection broke before they were written.
+    ConnectionLost,
+}
+
+impl std::fmt::Display for FailReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FailReason::Down(r) => write!(f, "the peer was declared down ({r})"),
+            FailReason::Restarted => {
+                write!(
+                    f,
+                    "the peer restarted (new incarnation) before acknowledging"
+                )
+            }
+            FailReason::ShutDown => write!(f, "this node shut down before the peer acknowledged"),
+            FailReason::ConnectionLost => {
+                write!(
+                    f,
+                    "the connection broke before they were written (unsequenced mode)"
+                )
+            }
+        }
+    }
+}
+
+/// Something the IO layer must act on or report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SessionEvent {
+    /// The peer is up (first connection, or back after being declared down).
+    Up {
+        /// Its incarnation.
+        incarnation: u64,
+    },
+    /// The peer restarted: numbering starts again both ways.
+    Restarted {
+        /// Its new incarnation.
+        incarnation: u64,
+    },
+    /// The peer was declared down. Fail what is still queued for it.
+    Down {
+        /// Why.
+        reason: DownReason,
+    },
+    /// These messages will never be delivered (none was delivered twice; some may have
+    /// been delivered once before the peer stopped acknowledging).
+    Failed {
+        /// The messages, with their payloads.
+        messages: Vec<Message>,
+        /// Why.
+        reason: FailReason,
+    },
+    /// Close this connection (the peer was declared down while it was current).
+    Close {
+        /// The connection.
+        conn: ConnId,
+    },
+}
+
+/// What a successful RESUME did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Resumed {
+    /// The connection this one replaces (close it).
+    pub replaced: Option<ConnId>,
+    /// Messages that will be written again.
+    pub resent: u64,
+}
+
+/// A frame of messages being delivered: what to skip, and where it ends. Hand it back to
+/// [`Session::end_delivery`] with how far delivery got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    epoch: u64,
+    /// The frame's first sequence number.
+    pub first: u64,
+    /// Leading messages delivered before: skip them.
+    pub skip: u32,
+    /// One past the frame's last sequence number.
+    pub end: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Current {
+    id: ConnId,
+    last_heard: Instant,
+    last_sent: Instant,
+}
+
+/// One peer's protocol state. See the module documentation.
+#[derive(Debug)]
+pub struct Session {
+    cfg: SessionConfig,
+    state: PeerState,
+    incarnation: Option<u64>,
+    send: SendWindow,
+    recv: RecvWindow,
+    /// Bumped when the peer's numbering restarts: a delivery begun before is void.
+    recv_epoch: u64,
+    next_conn: u64,
+    current: Option<Current>,
+    /// When the last connection ended (or the session began), while not connected.
+    disconnected_since: Instant,
+    /// Readers waiting for a local consumer (silence is not counted meanwhile).
+    paused: u32,
+    unacked_messages: u64,
+    unacked_bytes: usize,
+    ack_deadline: Option<Instant>,
+    ack_due: bool,
+    heartbeat_due: bool,
+    /// Shutting down: give up on unacknowledged messages at this time.
+    closing: Option<Instant>,
+    said_goodbye: bool,
+    events: VecDeque<SessionEvent>,
+}
+
+impl Session {
+    /// A session for a peer not connected yet.
+    pub fn new(cfg: SessionConfig, now: Instant) -> Session {
+        Session {
+            cfg,
+            state: PeerState::Connecting,
+            incarnation: None,
+            send: SendWindow::default(),
+            recv: RecvWindow::default(),
+            recv_epoch: 0,
+            next_conn: 1,
+            current: None,
+            disconnected_since: now,
+            paused: 0,
+            unacked_messages: 0,
+            unacked_bytes: 0,
+            ack_deadline: None,
+            ack_due: false,
+            heartbeat_due: false,
+            closing: None,
+            said_goodbye: false,
+            events: VecDeque::new(),
+        }
+    }
+
+    // ---- getters ----------------------------------------------------------------------
+
+    /// Where the peer stands.
+    pub fn state(&self) -> PeerState {
+        self.state
+    }
+
+    /// The peer's incarnation when last connected.
+    pub fn incarnation(&self) -> Option<u64> {
+        self.incarnation
+    }
+
+    /// The current connection (after its RESUME).
+    pub fn current(&self) -> Option<ConnId> {
+        self.current.map(|c| c.id)
+    }
+
+    /// Bytes held for the peer.
+    pub fn window_bytes(&self) -> usize {
+        self.send.bytes()
+    }
+
+    /// Messages held for the peer.
+    pub fn window_messages(&self) -> u64 {
+        self.send.messages()
+    }
+
+    /// Whether the send window is full: take no more data until acknowledgements come.
+    pub fn window_full(&self) -> bool {
+        self.send.bytes() >= self.cfg.unacked_bytes
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SessionConfig {
+        &self.cfg
+    }
+
+    // ---- connection lifecycle ---------------------------------------------------------
+
+    /// A new connection authenticated the peer as `incarnation`. Returns the connection's
+    /// id and the RESUME to send on it first. A new incarnation means the peer restarted:
+    /// what was pending for the old one is failed and numbering starts again both ways.
+    pub fn handle_connect(&mut self, now: Instant, incarnation: u64) -> (ConnId, Resume) {
+        let _ = now;
+        if self.incarnation.is_some_and(|i| i != incarnation) {
+            let messages = self.send.take_failed(true);
+            self.push_failed(messages, FailReason::Restarted);
+            self.recv.reset();
+            self.recv_epoch += 1;
+            self.unacked_messages = 0;
+            self.unacked_bytes = 0;
+            self.events
+                .push_back(SessionEvent::Restarted { incarnation });
+        }
+        self.incarnation = Some(incarnation);
+        let id = ConnId(self.next_conn);
+        self.next_conn += 1;
+        let resume = Resume {
+            next: self.recv.next(),
+            base: self.send.base(),
+        };
+        (id, resume)
+    }
+
+    /// The peer's RESUME on connection `id`: drop what it has, resend the rest, and make
+    /// `id` the current connection. A RESUME claiming more than was sent is a violation
+    /// (nothing changes).
+    pub fn handle_resume(
+        &mut self,
+        now: Instant,
+        id: ConnId,
+        theirs: Resume,
+    ) -> Result<Resumed, SeqError> {
+        let before = self.send.messages();
+        self.send.rewind(theirs.next)?;
+        self.recv.resume(theirs.base);
+        let replaced = self.current.replace(Current {
+            id,
+            last_heard: now,
+            last_sent: now,
+        });
+        self.heartbeat_due = false;
+        if self.state != PeerState::Up {
+            self.state = PeerState::Up;
+            self.events.push_back(SessionEvent::Up {
+                incarnation: self.incarnation.unwrap_or(0),
+            });
+        }
+        Ok(Resumed {
+            replaced: replaced.map(|c| c.id),
+            resent: if before > 0 { self.send.messages() } else { 0 },
+        })
+    }
+
+    /// Connection `id` ended. Unsequenced, what it had not written is failed.
+    pub fn handle_disconnect(&mut self, now: Instant, id: ConnId) {
+        if self.current.is_some_and(|c| c.id == id) {
+            self.current = None;
+            self.disconnected_since = now;
+            self.heartbeat_due = false;
+            if !self.cfg.reliable {
+                let messages = self.send.take_failed(false);
+                self.push_failed(messages, FailReason::ConnectionLost);
+            }
+        }
+    }
+
+    fn is_current(&self, id: ConnId) -> bool {
+        self.current.is_some_and(|c| c.id == id)
+    }
+
+    // ---- frames from the peer ---------------------------------------------------------
+
+    /// Bytes arrived on connection `id`: the peer is alive.
+    pub fn handle_heard(&mut self, now: Instant, id: ConnId) {
+        if let Some(c) = self.current.as_mut().filter(|c| c.id == id) {
+            c.last_heard = now;
+        }
+    }
+
+    /// The peer acknowledged every message below `next`. Returns how many messages that
+    /// freed; one above what was sent is a violation (nothing changes). Ignored on a
+    /// connection that is no longer current.
+    pub fn handle_ack(&mut self, now: Instant, id: ConnId, next: u64) -> Result<u64, SeqError> {
+        if !self.is_current(id) {
+            return Ok(0);
+        }
+        self.handle_heard(now, id);
+        if next > self.send.next_seq() {
+            return Err(SeqError::AckBeyondSent {
+                ack: next,
+                sent: self.send.next_seq(),
+            });
+        }
+        if !self.cfg.reliable {
+            return Ok(0);
+        }
+        let base = self.send.base();
+        self.send.ack(next)?;
+        Ok(self.send.base() - base)
+    }
+
+    /// The peer said goodbye on connection `id`: it will acknowledge nothing more, so it
+    /// is declared down and what it did not acknowledge is failed.
+    pub fn handle_goodbye(&mut self, now: Instant, id: ConnId) {
+        if self.is_current(id) {
+            self.current = None;
+            self.disconnected_since = now;
+            self.declare_down(DownReason::Left);
+        }
+    }
+
+    /// A MESSAGES frame numbered `first .. first + count` arrived on connection `id`.
+    /// `Ok(None)`: the connection is no longer current, deliver nothing (its successor
+    /// resends). Otherwise deliver from `skip` on and call [`Session::end_delivery`]. Only
+    /// one delivery of a peer may be in progress at a time (the caller serializes them).
+    pub fn begin_delivery(
+        &mut self,
+        id: ConnId,
+        first: u64,
+        count: u32,
+    ) -> Result<Option<Delivery>, SeqError> {
+        if !self.is_current(id) {
+            return Ok(None);
+        }
+        let skip = self.recv.check(first, count)?;
+        Ok(Some(Delivery {
+            epoch: self.recv_epoch,
+            first,
+            skip,
+            end: first + count as u64,
+        }))
+    }
+
+    /// Messages of `d` were delivered up to (not including) sequence number `upto`,
+    /// carrying `bytes` bytes. Returns whether an acknowledgement became due now (wake the
+    /// writer); otherwise one may be due at the new [`Session::poll_timeout`].
+    pub fn end_delivery(&mut self, now: Instant, d: Delivery, upto: u64, bytes: usize) -> bool {
+        if d.epoch != self.recv_epoch {
+            return false;
+        }
+        let before = self.recv.next();
+        self.recv.commit(d.first, upto.min(d.end));
+        let delivered = self.recv.next().saturating_sub(before.max(d.first));
+        if delivered == 0 || !self.cfg.reliable {
+            return false;
+        }
+        self.unacked_messages += delivered;
+        self.unacked_bytes += bytes;
+        if self.unacked_messages >= self.cfg.ack_every
+            || self.unacked_bytes >= self.cfg.ack_every_bytes
+        {
+            self.ack_due = true;
+            self.ack_deadline = None;
+            return true;
+        }
+        if self.ack_deadline.is_none() {
+            self.ack_deadline = Some(now + self.cfg.ack_delay);
+        }
+        false
+    }
+
+    /// A reader of this peer starts (`true`) or stops (`false`) waiting for a local consumer
+    /// (a full mailbox). Meanwhile silence from the peer is not held against it.
+    pub fn set_paused(&mut self, now: Instant, paused: bool) {
+        if paused {
+            self.paused += 1;
+        } else {
+            self.paused = self.paused.saturating_sub(1);
+            if let Some(c) = self.current.as_mut() {
+                c.last_heard = c.last_heard.max(now);
+            }
+        }
+    }
+
+    // ---- the send path ----------------------------------------------------------------
+
+    /// Number encoded MESSAGES frames (each with its message count) and hold them until
+    /// acknowledged (or, unsequenced, until written). Returns the message count.
+    pub fn hold(&mut self, frames: &[(&[u8], u32)]) -> u64 {
+        self.send.hold(frames)
+    }
+
+    /// What the current connection has not been given yet, oldest first, with the
+    /// generation to pass to [`Session::mark_written`]. Nothing before the RESUME.
+    pub fn unwritten(&self, id: ConnId) -> (Vec<Bytes>, u64) {
+        if !self.is_current(id) || !self.send.has_unwritten() {
+            return (Vec::new(), self.send.generation());
+        }
+        self.send.unwritten()
+    }
+
+    /// `n` chunks from [`Session::unwritten`] of generation `generation` were written on
+    /// connection `id`.
+    pub fn mark_written(&mut self, now: Instant, id: ConnId, generation: u64, n: usize) {
+        if !self.is_current(id) {
+            return;
+        }
+        self.send.mark_written(generation, n);
+        if !self.cfg.reliable {
+            self.send.release_written();
+        }
+        self.note_sent(now, id);
+    }
+
+    /// Bytes (of any kind) were written on connection `id`.
+    pub fn note_sent(&mut self, now: Instant, id: ConnId) {
+        if let Some(c) = self.current.as_mut().filter(|c| c.id == id) {
+            c.last_sent = now;
+        }
+    }
+
+    // ---- timers -----------------------------------------------------------------------
+
+    /// Time passed: delayed acknowledgements, heartbeats, the failure detector, and the
+    /// shutdown deadline.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.ack_deadline.is_some_and(|t| now >= t) {
+            self.ack_deadline = None;
+            self.ack_due = true;
+        }
+        let hb = self.cfg.heartbeat_interval;
+        let timeout = self.cfg.peer_timeout;
+        if let Some(c) = self.current {
+            if now >= c.last_sent + hb {
+                self.heartbeat_due = true;
+            }
+            if self.state == PeerState::Up
+                && self.paused == 0
+                && now >= c.last_heard + timeout
+                && self.closing.is_none()
+            {
+                self.current = None;
+                self.disconnected_since = now;
+                self.events.push_back(SessionEvent::Close { conn: c.id });
+                self.declare_down(DownReason::Silent { after: timeout });
+            }
+        } else if self.state == PeerState::Up
+            && now >= self.disconnected_since + timeout
+            && self.closing.is_none()
+        {
+            self.declare_down(DownReason::Unreachable { after: timeout });
+        }
+        if self.closing.is_some_and(|t| now >= t) && self.send.messages() > 0 {
+            let messages = self.send.take_failed(false);
+            self.push_failed(messages, FailReason::ShutDown);
+        }
+    }
+
+    /// When [`Session::handle_timeout`] next has something to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let timeout = self.cfg.peer_timeout;
+        let mut t = self.ack_deadline;
+        let mut at = |x: Instant| t = Some(t.map_or(x, |t| t.min(x)));
+        match self.current {
+            Some(c) => {
+                if !self.heartbeat_due {
+                    at(c.last_sent + self.cfg.heartbeat_interval);
+                }
+                if self.state == PeerState::Up && self.paused == 0 && self.closing.is_none() {
+                    at(c.last_heard + timeout);
+                }
+            }
+            None if self.state == PeerState::Up && self.closing.is_none() => {
+                at(self.disconnected_since + timeout)
+            }
+            None => {}
+        }
+        if let Some(deadline) = self.closing.filter(|_| self.send.messages() > 0) {
+            at(deadline);
+        }
+        t
+    }
+
+    // ---- outputs ----------------------------------------------------------------------
+
+    /// The next control frame for connection `id`: an acknowledgement (which is also the
+    /// heartbeat) when one is due. Due whatever the send window holds.
+    pub fn poll_control(&mut self, id: ConnId) -> Option<Frame> {
+        if !self.is_current(id) || !(self.ack_due || self.heartbeat_due) {
+            return None;
+        }
+        self.ack_due = false;
+        self.heartbeat_due = false;
+        self.ack_deadline = None;
+        self.unacked_messages = 0;
+        self.unacked_bytes = 0;
+        Some(Frame::Ack(self.recv.next()))
+    }
+
+    /// Whether [`Session::poll_control`] has something for connection `id`.
+    pub fn control_due(&self, id: ConnId) -> bool {
+        self.is_current(id) && (self.ack_due || self.heartbeat_due)
+    }
+
+    /// The next event to act on.
+    pub fn poll_event(&mut self) -> Option<SessionEvent> {
+        self.events.pop_front()
+    }
+
+    // ---- shutdown ---------------------------------------------------------------------
+
+    /// This node is shutting down: unacknowledged messages are given up at `deadline`.
+    pub fn begin_close(&mut self, deadline: Instant) {
+        self.closing = Some(deadline);
+    }
+
+    /// Shutting down, with nothing more `queued` to hold: once the peer has acknowledged
+    /// everything (or the deadline passed and the rest was failed), the goodbye for
+    /// connection `id`: a final acknowledgement, so the peer does not fail what arrived,
+    /// then GOODBYE. Given once.
+    pub fn poll_close(&mut self, now: Instant, id: ConnId, queued: bool) -> Option<[Frame; 2]> {
+        self.handle_timeout(now);
+        if self.closing.is_none() || self.said_goodbye || queued || !self.is_current(id) {
+            return None;
+        }
+        if self.cfg.reliable && self.send.messages() > 0 {
+            return None;
+        }
+        self.said_goodbye = true;
+        Some([Frame::Ack(self.recv.next()), Frame::Goodbye])
+    }
+
+    /// Whether this session has nothing left to do at shutdown: it said goodbye, or the
+    /// peer is not connected and nothing is held for it.
+    pub fn is_closed(&self) -> bool {
+        self.said_goodbye || (self.current.is_none() && self.send.messages() == 0)
+    }
+
+    /// Shutting down without a connection: fail whatever is held (there is nobody to say
+    /// goodbye to).
+    pub fn abandon(&mut self) {
+        let messages = self.send.take_failed(false);
+        self.push_failed(messages, FailReason::ShutDown);
+    }
+
+    // ---- internals ----------------------------------------------------------------------
+
+    fn declare_down(&mut self, reason: DownReason) {
+        if self.state == PeerState::Down {
+            return;
+        }
+        self.state = PeerState::Down;
+        self.events.push_back(SessionEvent::Down { reason });
+        let messages = self.send.take_failed(false);
+        self.push_failed(messages, FailReason::Down(reason));
+    }
+
+    fn push_failed(&mut self, messages: Vec<Message>, reason: FailReason) {
+        if !messages.is_empty() {
+            self.events
+                .push_back(SessionEvent::Failed { messages, reason });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,589 @@
+//! Fake-clock tests of every session rule, and a two-session simulation over bounded
+//! "wires" (each direction a byte buffer of limited size, as a TCP connection's buffers
+//! are) that plays the three failures of the connection layer v2 issue.
+
+use super::*;
+use crate::codec::Name;
+use crate::frame;
+use crate::outbox::{Batch, Outbox};
+use bytes::BytesMut;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn cfg() -> SessionConfig {
+    SessionConfig {
+        reliable: true,
+        unacked_bytes: 1 << 20,
+        ack_every: 64,
+        ack_every_bytes: 1 << 20,
+        ack_delay: 5 * MS,
+        heartbeat_interval: 100 * MS,
+        peer_timeout: 600 * MS,
+    }
+}
+
+/// Encode messages numbered `nums` (payload = the number) and hold them.
+fn hold(s: &mut Session, nums: std::ops::Range<u64>) {
+    let mut ob = Outbox::new(1 << 12);
+    let (to, from) = (Name::from_static("m"), Name::from_static("s"));
+    for i in nums {
+        ob.push_message(0, &to, &from, &i.to_le_bytes(), None);
+    }
+    let mut b = Batch::default();
+    ob.take(usize::MAX, usize::MAX, &mut b, None);
+    let frames: Vec<_> = b
+        .frames
+        .iter()
+        .map(|f| (&b.buf[f.start..f.end], f.messages))
+        .collect();
+    s.hold(&frames);
+}
+
+/// Connect two sessions directly (both RESUMEs applied). Returns (a's id, b's id).
+fn connect(a: &mut Session, b: &mut Session, now: Instant) -> (ConnId, ConnId) {
+    let (ia, ra) = a.handle_connect(now, 2);
+    let (ib, rb) = b.handle_connect(now, 1);
+    a.handle_resume(now, ia, rb).unwrap();
+    b.handle_resume(now, ib, ra).unwrap();
+    (ia, ib)
+}
+
+fn events(s: &mut Session) -> Vec<SessionEvent> {
+    std::iter::from_fn(|| s.poll_event()).collect()
+}
+
+fn is_down(e: &SessionEvent) -> bool {
+    matches!(e, SessionEvent::Down { .. })
+}
+
+#[test]
+fn a_full_send_window_still_lets_acknowledgements_and_heartbeats_out() {
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.unacked_bytes = 100;
+    let mut s = Session::new(c, t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    hold(&mut s, 0..50);
+    assert!(s.window_full());
+    // Something arrived from the peer: the acknowledgement is due regardless.
+    let d = s.begin_delivery(id, 0, 64).unwrap().unwrap();
+    assert!(
+        s.end_delivery(t0, d, 64, 64 * 20),
+        "64 messages: ack at once"
+    );
+    assert_eq!(s.poll_control(id), Some(Frame::Ack(64)));
+    // And with nothing to acknowledge, a heartbeat after the interval.
+    s.handle_timeout(t0 + 100 * MS);
+    assert_eq!(s.poll_control(id), Some(Frame::Ack(64)));
+    assert!(s.window_full(), "still full: control does not wait for it");
+}
+
+#[test]
+fn acknowledgements_come_after_ack_every_or_after_the_delay() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    let d = s.begin_delivery(id, 0, 10).unwrap().unwrap();
+    assert!(!s.end_delivery(t0, d, 10, 100), "10 < 64: not yet");
+    assert_eq!(s.poll_control(id), None);
+    assert_eq!(s.poll_timeout(), Some(t0 + 5 * MS));
+    s.handle_timeout(t0 + 5 * MS);
+    assert_eq!(s.poll_control(id), Some(Frame::Ack(10)));
+    assert_eq!(s.poll_control(id), None, "given once");
+}
+
+#[test]
+fn a_silent_peer_is_declared_down_and_its_messages_handed_back() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    assert!(matches!(
+        events(&mut s)[..],
+        [SessionEvent::Up { incarnation: 2 }]
+    ));
+    hold(&mut s, 0..5);
+    let (chunks, g) = s.unwritten(id);
+    s.mark_written(t0, id, g, chunks.len());
+    s.handle_heard(t0 + 100 * MS, id);
+    s.handle_timeout(t0 + 699 * MS);
+    assert!(events(&mut s).is_empty(), "heard 599 ms ago: not yet");
+    assert_eq!(s.poll_timeout(), Some(t0 + 700 * MS));
+    s.handle_timeout(t0 + 700 * MS);
+    let ev = events(&mut s);
+    assert!(
+        matches!(ev[0], SessionEvent::Close { conn } if conn == id),
+        "{ev:?}"
+    );
+    assert!(matches!(
+        ev[1],
+        SessionEvent::Down {
+            reason: DownReason::Silent { .. }
+        }
+    ));
+    let SessionEvent::Failed { messages, reason } = &ev[2] else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(messages.len(), 5);
+    assert!(matches!(
+        reason,
+        FailReason::Down(DownReason::Silent { .. })
+    ));
+    assert_eq!(s.state(), PeerState::Down);
+    assert_eq!(s.current(), None);
+}
+
+#[test]
+fn a_paused_reader_does_not_count_silence_and_unpausing_restarts_the_clock() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    connect(&mut s, &mut peer, t0);
+    s.set_paused(t0 + 10 * MS, true);
+    s.handle_timeout(t0 + 3 * 600 * MS);
+    assert!(!events(&mut s).iter().any(is_down));
+    let resumed = t0 + 3 * 600 * MS;
+    s.set_paused(resumed, false);
+    s.handle_timeout(resumed + 599 * MS);
+    assert!(!events(&mut s).iter().any(is_down));
+    s.handle_timeout(resumed + 600 * MS);
+    assert!(events(&mut s).iter().any(is_down));
+}
+
+#[test]
+fn an_unreachable_peer_is_declared_down_a_never_connected_one_is_not() {
+    let t0 = Instant::now();
+    let mut never = Session::new(cfg(), t0);
+    never.handle_timeout(t0 + 10 * 600 * MS);
+    assert_eq!(never.state(), PeerState::Connecting);
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    s.handle_disconnect(t0 + 50 * MS, id);
+    s.handle_timeout(t0 + 649 * MS);
+    assert_eq!(s.state(), PeerState::Up);
+    s.handle_timeout(t0 + 650 * MS);
+    assert_eq!(s.state(), PeerState::Down);
+    assert!(matches!(
+        events(&mut s).last(),
+        Some(SessionEvent::Down {
+            reason: DownReason::Unreachable { .. }
+        })
+    ));
+    // It comes back: up again.
+    let (id2, _) = s.handle_connect(t0 + 900 * MS, 2);
+    s.handle_resume(t0 + 900 * MS, id2, Resume { next: 0, base: 0 })
+        .unwrap();
+    assert_eq!(s.state(), PeerState::Up);
+}
+
+#[test]
+fn a_restarted_peer_gets_fresh_numbering_and_what_was_pending_fails() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    hold(&mut s, 0..7);
+    let d = s.begin_delivery(id, 0, 3).unwrap().unwrap();
+    // The old incarnation restarts before the delivery ends.
+    let (id2, r) = s.handle_connect(t0 + MS, 99);
+    assert_eq!(r, Resume { next: 0, base: 0 });
+    s.end_delivery(t0 + MS, d, 3, 30);
+    let ev = events(&mut s);
+    assert!(
+        ev.iter().any(|e| matches!(e, SessionEvent::Failed { messages, reason: FailReason::Restarted } if messages.len() == 7))
+    );
+    assert!(ev.contains(&SessionEvent::Restarted { incarnation: 99 }));
+    s.handle_resume(t0 + MS, id2, Resume { next: 0, base: 0 })
+        .unwrap();
+    // The void delivery moved nothing: the new stream starts at 0.
+    let d = s.begin_delivery(id2, 0, 1).unwrap().unwrap();
+    assert_eq!(d.skip, 0);
+}
+
+#[test]
+fn forged_values_are_violations_and_change_nothing() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    hold(&mut s, 0..3);
+    let (id, _) = s.handle_connect(t0, 5);
+    assert_eq!(
+        s.handle_resume(t0, id, Resume { next: 4, base: 0 }),
+        Err(SeqError::ResumeBeyondSent { next: 4, sent: 3 })
+    );
+    assert_eq!((s.current(), s.state()), (None, PeerState::Connecting));
+    s.handle_resume(
+        t0,
+        id,
+        Resume {
+            next: 0,
+            base: u64::MAX,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        s.handle_ack(t0, id, 4),
+        Err(SeqError::AckBeyondSent { ack: 4, sent: 3 })
+    );
+    assert_eq!(s.window_messages(), 3);
+    // The forged base makes nothing skippable: a real frame at 0 is delivered whole.
+    let d = s.begin_delivery(id, 0, 2).unwrap().unwrap();
+    assert_eq!(d.skip, 0);
+    assert_eq!(
+        s.begin_delivery(id, 10, 1),
+        Err(SeqError::Gap {
+            expected: 0,
+            got: 10
+        })
+    );
+    assert!(matches!(
+        s.begin_delivery(id, u64::MAX, 2),
+        Err(SeqError::Overflow { .. })
+    ));
+}
+
+#[test]
+fn frames_of_a_replaced_connection_are_ignored_but_its_deliveries_count() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    hold(&mut s, 0..4);
+    let (old, _) = connect(&mut s, &mut peer, t0);
+    let d = s.begin_delivery(old, 0, 10).unwrap().unwrap();
+    // A new connection resumes while the old reader is still delivering.
+    let (new, r) = s.handle_connect(t0 + MS, 2);
+    assert_eq!(r.next, 0, "the delivery in progress is not counted yet");
+    let res = s
+        .handle_resume(t0 + MS, new, Resume { next: 0, base: 0 })
+        .unwrap();
+    assert_eq!(res.replaced, Some(old));
+    assert_eq!(s.handle_ack(t0 + MS, old, 4), Ok(0), "ignored: not current");
+    assert_eq!(s.window_messages(), 4);
+    assert_eq!(s.begin_delivery(old, 10, 1), Ok(None));
+    // The old reader got 6 of its 10 in before it stopped: they count.
+    s.end_delivery(t0 + MS, d, 6, 60);
+    // The peer resends from 0 on the new connection: the first 6 are skipped.
+    let d = s.begin_delivery(new, 0, 10).unwrap().unwrap();
+    assert_eq!(d.skip, 6);
+}
+
+#[test]
+fn unsequenced_sessions_keep_nothing_once_written() {
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.reliable = false;
+    let mut s = Session::new(c, t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    hold(&mut s, 0..5);
+    let (chunks, g) = s.unwritten(id);
+    s.mark_written(t0, id, g, chunks.len());
+    assert_eq!(s.window_messages(), 0);
+    hold(&mut s, 5..8);
+    s.handle_disconnect(t0, id);
+    assert!(matches!(
+        &events(&mut s)[..],
+        [SessionEvent::Up { .. }, SessionEvent::Failed { messages, reason: FailReason::ConnectionLost }] if messages.len() == 3
+    ));
+}
+
+#[test]
+fn goodbye_waits_for_acknowledgements_or_the_deadline() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    hold(&mut s, 0..3);
+    s.begin_close(t0 + 1000 * MS);
+    assert_eq!(s.poll_close(t0, id, false), None, "3 unacknowledged");
+    assert_eq!(
+        s.poll_timeout(),
+        Some(t0 + 100 * MS),
+        "the heartbeat comes first"
+    );
+    assert_eq!(s.handle_ack(t0, id, 2), Ok(0), "the chunk holds all three");
+    assert_eq!(s.poll_close(t0, id, false), None);
+    s.handle_ack(t0, id, 3).unwrap();
+    assert_eq!(s.poll_close(t0, id, true), None, "still queued in the lane");
+    assert_eq!(
+        s.poll_close(t0, id, false),
+        Some([Frame::Ack(0), Frame::Goodbye])
+    );
+    assert_eq!(s.poll_close(t0, id, false), None, "given once");
+    assert!(s.is_closed());
+    // With a peer that never acknowledges: failed at the deadline, then goodbye.
+    let mut s = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    hold(&mut s, 0..3);
+    s.begin_close(t0 + 1000 * MS);
+    s.handle_heard(t0 + 900 * MS, id);
+    assert_eq!(s.poll_close(t0 + 999 * MS, id, false), None);
+    assert!(s.poll_close(t0 + 1000 * MS, id, false).is_some());
+    assert!(events(&mut s).iter().any(|e| matches!(
+        e,
+        SessionEvent::Failed {
+            reason: FailReason::ShutDown,
+            ..
+        }
+    )));
+}
+
+#[test]
+fn after_handle_timeout_the_next_deadline_is_in_the_future() {
+    // Whatever happened, a ticker that sleeps until `poll_timeout` never spins.
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    let mut now = t0;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut seq = 0;
+    for _ in 0..5000 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        now += Duration::from_micros(rng % 50_000);
+        match rng % 7 {
+            0 => hold(&mut s, seq..seq + 3),
+            1 => {
+                let d = s.begin_delivery(id, seq, 2).unwrap();
+                if let Some(d) = d {
+                    s.end_delivery(now, d, d.end, 20);
+                    seq = d.end;
+                }
+            }
+            2 => {
+                let _ = s.poll_control(id);
+            }
+            3 => s.handle_heard(now, id),
+            4 => s.set_paused(now, rng % 2 == 0),
+            _ => {}
+        }
+        s.handle_timeout(now);
+        if let Some(t) = s.poll_timeout() {
+            assert!(t > now, "deadline {:?} not after now", t - t0);
+        }
+        events(&mut s);
+    }
+}
+
+// ---- a two-session simulation -----------------------------------------------------------
+
+/// One side of a simulated connection: its session, the application's messages still to
+/// send, and what it received.
+struct Side {
+    s: Session,
+    id: ConnId,
+    to_send: std::ops::Range<u64>,
+    got: Vec<u64>,
+    /// Bytes read from the wire and not yet a whole frame.
+    buf: BytesMut,
+    /// The application does not consume: the reader waits (and reads nothing).
+    paused: bool,
+    events: Vec<SessionEvent>,
+}
+
+/// A TCP connection's buffers: at most `cap` bytes in flight each way.
+struct Wire {
+    bytes: Vec<u8>,
+    cap: usize,
+}
+
+impl Side {
+    fn new(cfg: SessionConfig, t0: Instant, n: u64) -> Side {
+        Side {
+            s: Session::new(cfg, t0),
+            id: ConnId(0),
+            to_send: 0..n,
+            got: Vec::new(),
+            buf: BytesMut::new(),
+            paused: false,
+            events: Vec::new(),
+        }
+    }
+
+    /// The writer: control first, then what the window holds, then more from the
+    /// application while the window has room; only as much as the wire takes.
+    fn write(&mut self, now: Instant, w: &mut Wire) {
+        if w.bytes.len() >= w.cap {
+            return; // blocked in write(): nothing goes out, control included
+        }
+        while let Some(f) = self.s.poll_control(self.id) {
+            f.encode(&mut w.bytes);
+            self.s.note_sent(now, self.id);
+        }
+        if !self.s.window_full() && !self.to_send.is_empty() {
+            let n = (self.to_send.end - self.to_send.start).min(20);
+            let start = self.to_send.start;
+            hold(&mut self.s, start..start + n);
+            self.to_send.start += n;
+        }
+        let (chunks, g) = self.s.unwritten(self.id);
+        let mut written = 0;
+        for c in &chunks {
+            if w.bytes.len() >= w.cap {
+                break;
+            }
+            w.bytes.extend_from_slice(c);
+            written += 1;
+        }
+        if written > 0 {
+            self.s.mark_written(now, self.id, g, written);
+        }
+    }
+
+    /// The reader: everything on the wire, unless the application does not consume.
+    fn read(&mut self, now: Instant, w: &mut Wire) {
+        if self.paused || w.bytes.is_empty() {
+            return;
+        }
+        self.buf.extend_from_slice(&w.bytes);
+        w.bytes.clear();
+        self.s.handle_heard(now, self.id);
+        while let Some(f) = frame::decode(&mut self.buf, 1 << 20).unwrap() {
+            match f {
+                Frame::Messages(l) => {
+                    let d = self
+                        .s
+                        .begin_delivery(self.id, l.first_seq, l.len() as u32)
+                        .unwrap()
+                        .unwrap();
+                    for m in l.skip(d.skip).iter() {
+                        self.got
+                            .push(u64::from_le_bytes(m.payload[..8].try_into().unwrap()));
+                    }
+                    self.s.end_delivery(now, d, d.end, l.body().len());
+                }
+                Frame::Ack(n) => {
+                    self.s.handle_ack(now, self.id, n).unwrap();
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    fn tick(&mut self, now: Instant) {
+        self.s.handle_timeout(now);
+        self.events
+            .extend(std::iter::from_fn(|| self.s.poll_event()));
+    }
+}
+
+/// Run `a` and `b` against each other for `span` of simulated time in 1 ms steps;
+/// `pause_b` says when b's application does not consume.
+fn simulate(
+    a: &mut Side,
+    b: &mut Side,
+    span: Duration,
+    cap: usize,
+    pause_b: impl Fn(Duration) -> bool,
+) {
+    let t0 = Instant::now();
+    let (ia, ib) = connect(&mut a.s, &mut b.s, t0);
+    (a.id, b.id) = (ia, ib);
+    let (mut ab, mut ba) = (
+        Wire {
+            bytes: Vec::new(),
+            cap,
+        },
+        Wire {
+            bytes: Vec::new(),
+            cap,
+        },
+    );
+    let mut now = t0;
+    while now < t0 + span {
+        now += MS;
+        let paused = pause_b(now - t0);
+        if paused != b.paused {
+            b.paused = paused;
+            b.s.set_paused(now, paused);
+        }
+        a.tick(now);
+        b.tick(now);
+        a.write(now, &mut ab);
+        b.write(now, &mut ba);
+        b.read(now, &mut ab);
+        a.read(now, &mut ba);
+    }
+}
+
+#[test]
+fn duplex_saturation_with_a_small_window_delivers_everything_and_declares_nobody_down() {
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.unacked_bytes = 1024;
+    let n = 20_000;
+    let (mut a, mut b) = (Side::new(c.clone(), t0, n), Side::new(c, t0, n));
+    simulate(&mut a, &mut b, Duration::from_secs(20), 4096, |_| false);
+    let want: Vec<u64> = (0..n).collect();
+    assert_eq!(b.got, want, "a -> b");
+    assert_eq!(a.got, want, "b -> a");
+    for side in [&a, &b] {
+        assert!(
+            !side
+                .events
+                .iter()
+                .any(|e| matches!(e, SessionEvent::Down { .. } | SessionEvent::Failed { .. })),
+            "{:?}",
+            side.events
+        );
+    }
+}
+
+#[test]
+fn a_consumer_that_stops_for_three_timeouts_is_alive_and_then_gets_everything() {
+    let t0 = Instant::now();
+    let c = cfg();
+    let n = 5_000;
+    let (mut a, mut b) = (Side::new(c.clone(), t0, n), Side::new(c.clone(), t0, 0));
+    let stop = 3 * c.peer_timeout;
+    // b's application stops consuming from 100 ms to 100 ms + 3 x peer_timeout.
+    simulate(&mut a, &mut b, Duration::from_secs(6), 4096, |t| {
+        t >= 100 * MS && t < 100 * MS + stop
+    });
+    assert!(!a.events.iter().any(is_down), "{:?}", a.events);
+    assert!(!b.events.iter().any(is_down), "{:?}", b.events);
+    assert_eq!(b.got, (0..n).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_peer_that_stops_reading_and_talking_is_declared_down_others_are_not() {
+    // One node (x) with two peers: y stops entirely (never reads, never heartbeats), z is
+    // fine. x declares y down after the timeout and keeps z up: sessions share nothing.
+    let t0 = Instant::now();
+    let c = cfg();
+    let (mut xy, mut y) = (Side::new(c.clone(), t0, 1000), Side::new(c.clone(), t0, 0));
+    let (mut xz, mut z) = (Side::new(c.clone(), t0, 1000), Side::new(c.clone(), t0, 0));
+    let (ia, ib) = connect(&mut xy.s, &mut y.s, t0);
+    (xy.id, y.id) = (ia, ib);
+    let (ia, ib) = connect(&mut xz.s, &mut z.s, t0);
+    (xz.id, z.id) = (ia, ib);
+    let mut wires: Vec<Wire> = (0..4)
+        .map(|_| Wire {
+            bytes: Vec::new(),
+            cap: 4096,
+        })
+        .collect();
+    let mut now = t0;
+    while now < t0 + Duration::from_secs(3) {
+        now += MS;
+        xy.tick(now);
+        xz.tick(now);
+        z.tick(now);
+        let [xy_w, yx_w, xz_w, zx_w] = &mut wires[..] else {
+            unreachable!()
+        };
+        let _ = yx_w; // y is gone: it writes nothing and reads nothing
+        xy.write(now, xy_w);
+        xz.write(now, xz_w);
+        z.write(now, zx_w);
+        z.read(now, xz_w);
+        xz.read(now, zx_w);
+    }
+    assert!(xy.events.iter().any(is_down));
+    assert!(!xz.events.iter().any(is_down), "{:?}", xz.events);
+    assert_eq!(z.got, (0..1000).collect::<Vec<_>>());
+}
