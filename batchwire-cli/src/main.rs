@@ -227,11 +227,11 @@ fn main() -> ExitCode {
                 let mut cfg = NodeConfig::new(name, listen, secret)
                     .bundler(bundler)
                     .idle_cpu_level(idle_cpu_level)
-                    .mailbox("echo");
-                cfg.peers = peers;
-                cfg.handshake_timeout = Duration::from_millis(handshake_timeout_ms);
-                cfg.max_handshakes = max_handshakes;
-                cfg.max_handshakes_per_address = max_handshakes_per_address;
+                    .mailbox("echo")
+                    .with_peers(peers)
+                    .handshake_timeout(Duration::from_millis(handshake_timeout_ms))
+                    .max_handshakes(max_handshakes)
+                    .max_handshakes_per_address(max_handshakes_per_address);
                 if let (Some(cert), Some(key), Some(ca)) = (tls_cert, tls_key, tls_ca) {
                     cfg = cfg.tls(batchwire::TlsFiles { cert, key, ca });
                 }
@@ -300,7 +300,7 @@ fn run_node(cfg: NodeConfig, stats_every: u64, run_for: u64) -> Result<(), Strin
                 }
             }
             Err(RecvError::Timeout | RecvError::Empty) => {}
-            Err(RecvError::Closed) => break,
+            Err(_) => break,
         }
         if stats_every > 0 && last_stats.elapsed() >= Duration::from_secs(stats_every) {
             print!("{}", node.stats());

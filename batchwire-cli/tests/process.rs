@@ -474,9 +474,10 @@ fn a_killed_node_is_declared_down_in_time_and_every_pending_message_is_reported(
             .unwrap(),
     );
     let timeout = Duration::from_millis(1000);
-    let mut cfg = NodeConfig::new("a", addrs[0], SECRET).peer("b", addrs[1]);
-    cfg.peer_timeout = timeout;
-    cfg.heartbeat_interval = Duration::from_millis(100);
+    let cfg = NodeConfig::new("a", addrs[0], SECRET)
+        .peer("b", addrs[1])
+        .peer_timeout(timeout)
+        .heartbeat_interval(Duration::from_millis(100));
     let node = Node::start(cfg).unwrap();
     let events = node.events();
     assert!(node.wait_for_peers(&["b"], Duration::from_secs(20)));

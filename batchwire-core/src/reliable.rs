@@ -73,6 +73,19 @@ struct Chunk {
     end_seq: u64,
 }
 
+/// What the current connection has not been given yet (cheap clones of the held chunks).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unwritten {
+    /// The chunks, oldest first.
+    pub chunks: Vec<Bytes>,
+    /// Where each chunk ends: one past its last message's sequence number.
+    pub ends: Vec<u64>,
+    /// Messages in them.
+    pub messages: u64,
+    /// Pass back to `mark_written`: a connection change in between makes it stale.
+    pub generation: u64,
+}
+
 /// The sending side of one peer's stream.
 #[derive(Debug, Default)]
 pub struct SendWindow {
@@ -149,14 +162,14 @@ impl SendWindow {
 
     /// What is not yet written on the current connection (cheap clones), with the
     /// generation to pass back to [`SendWindow::mark_written`].
-    pub fn unwritten(&self) -> (Vec<Bytes>, u64) {
-        let v = self
-            .chunks
-            .iter()
-            .skip(self.cursor)
-            .map(|c| c.data.clone())
-            .collect();
-        (v, self.generation)
+    pub fn unwritten(&self) -> Unwritten {
+        let rest = self.chunks.iter().skip(self.cursor);
+        Unwritten {
+            chunks: rest.clone().map(|c| c.data.clone()).collect(),
+            ends: rest.clone().map(|c| c.end_seq).collect(),
+            messages: rest.map(|c| c.end_seq - c.first_seq).sum(),
+            generation: self.generation,
+        }
     }
 
     /// Whether anything is held that the current connection has not been given.
@@ -164,10 +177,19 @@ impl SendWindow {
         self.cursor < self.chunks.len()
     }
 
-    /// `n` chunks from the cursor were written on the connection of `generation`.
-    pub fn mark_written(&mut self, generation: u64, n: usize) {
-        if generation == self.generation {
-            self.cursor = (self.cursor + n).min(self.chunks.len());
+    /// Every message below `end` was written on the connection of `generation`. (By
+    /// sequence number, not by a count of chunks: an acknowledgement may drop a chunk while
+    /// the write that carries it is still in progress.)
+    pub fn mark_written(&mut self, generation: u64, end: u64) {
+        if generation != self.generation {
+            return;
+        }
+        while self
+            .chunks
+            .get(self.cursor)
+            .is_some_and(|c| c.end_seq <= end)
+        {
+            self.cursor += 1;
         }
     }
 
@@ -431,12 +453,13 @@ mod tests {
                 // The writer writes what is unwritten, sometimes only partly before the
                 // connection breaks (the rest of the write is lost).
                 3 | 4 => {
-                    let (chunks, generation) = sw.unwritten();
-                    let n = chunks.len();
-                    for c in &chunks {
+                    let u = sw.unwritten();
+                    for c in &u.chunks {
                         conn.wire.extend_from_slice(c);
                     }
-                    sw.mark_written(generation, n);
+                    if let Some(end) = u.ends.last() {
+                        sw.mark_written(u.generation, *end);
+                    }
                 }
                 // The receiver reads some bytes; sometimes a dead connection's reader
                 // still delivers what it had buffered.
@@ -506,9 +529,10 @@ mod tests {
         hold(&mut w, &mut ob, 0..10);
         hold(&mut w, &mut ob, 10..20);
         assert_eq!((w.base(), w.next_seq(), w.messages()), (0, 20, 20));
-        let (c, g) = w.unwritten();
-        assert_eq!(c.len(), 2);
-        w.mark_written(g, 2);
+        let u = w.unwritten();
+        let (c, g) = (u.chunks, u.generation);
+        assert_eq!((c.len(), u.messages), (2, 20));
+        w.mark_written(g, u.ends[1]);
         assert!(!w.has_unwritten());
         assert_eq!(
             w.ack(15),
@@ -521,8 +545,28 @@ mod tests {
             w.has_unwritten(),
             "after a break everything held is written again"
         );
-        w.mark_written(g, 1);
+        w.mark_written(g, 20);
         assert!(w.has_unwritten(), "a stale generation is ignored");
+    }
+
+    #[test]
+    fn an_ack_during_the_write_does_not_shift_what_is_marked_written() {
+        let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
+        hold(&mut w, &mut ob, 0..10);
+        hold(&mut w, &mut ob, 10..20);
+        let u = w.unwritten();
+        // The first chunk arrives and is acknowledged while the write is still going on,
+        // and the application holds a third chunk meanwhile.
+        w.ack(10).unwrap();
+        hold(&mut w, &mut ob, 20..30);
+        w.mark_written(u.generation, *u.ends.last().unwrap());
+        let rest = w.unwritten();
+        assert_eq!(
+            rest.chunks.len(),
+            1,
+            "the third chunk is still to be written"
+        );
+        assert_eq!(rest.ends, [30]);
     }
 
     #[test]
@@ -530,9 +574,9 @@ mod tests {
         let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
         for round in 0..20u64 {
             hold(&mut w, &mut ob, round * 10..round * 10 + 10);
-            let (c, g) = w.unwritten();
-            w.mark_written(g, c.len());
-            drop(c);
+            let u = w.unwritten();
+            w.mark_written(u.generation, w.next_seq());
+            drop(u);
             w.ack(w.next_seq()).unwrap();
             assert!(w.free.len() <= FREE_BUFFERS);
         }

@@ -32,10 +32,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use crate::frame::{Frame, Message, Resume};
-use crate::reliable::{RecvWindow, SendWindow, SeqError};
+use crate::reliable::{RecvWindow, SendWindow, SeqError, Unwritten};
 
 /// The session's knobs (a node's configuration passes them on).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -238,6 +236,7 @@ pub struct Session {
     /// Shutting down: give up on unacknowledged messages at this time.
     closing: Option<Instant>,
     said_goodbye: bool,
+    down_reason: Option<DownReason>,
     events: VecDeque<SessionEvent>,
 }
 
@@ -262,6 +261,7 @@ impl Session {
             heartbeat_due: false,
             closing: None,
             said_goodbye: false,
+            down_reason: None,
             events: VecDeque::new(),
         }
     }
@@ -296,6 +296,11 @@ impl Session {
     /// Whether the send window is full: take no more data until acknowledgements come.
     pub fn window_full(&self) -> bool {
         self.send.bytes() >= self.cfg.unacked_bytes
+    }
+
+    /// Why the peer was last declared down.
+    pub fn down_reason(&self) -> Option<DownReason> {
+        self.down_reason
     }
 
     /// The configuration.
@@ -491,20 +496,23 @@ impl Session {
 
     /// What the current connection has not been given yet, oldest first, with the
     /// generation to pass to [`Session::mark_written`]. Nothing before the RESUME.
-    pub fn unwritten(&self, id: ConnId) -> (Vec<Bytes>, u64) {
+    pub fn unwritten(&self, id: ConnId) -> Unwritten {
         if !self.is_current(id) || !self.send.has_unwritten() {
-            return (Vec::new(), self.send.generation());
+            return Unwritten {
+                generation: self.send.generation(),
+                ..Unwritten::default()
+            };
         }
         self.send.unwritten()
     }
 
-    /// `n` chunks from [`Session::unwritten`] of generation `generation` were written on
-    /// connection `id`.
-    pub fn mark_written(&mut self, now: Instant, id: ConnId, generation: u64, n: usize) {
+    /// What [`Session::unwritten`] of generation `generation` gave, up to (not including)
+    /// sequence number `end`, was written on connection `id`.
+    pub fn mark_written(&mut self, now: Instant, id: ConnId, generation: u64, end: u64) {
         if !self.is_current(id) {
             return;
         }
-        self.send.mark_written(generation, n);
+        self.send.mark_written(generation, end);
         if !self.cfg.reliable {
             self.send.release_written();
         }
@@ -649,6 +657,7 @@ impl Session {
             return;
         }
         self.state = PeerState::Down;
+        self.down_reason = Some(reason);
         self.events.push_back(SessionEvent::Down { reason });
         let messages = self.send.take_failed(false);
         self.push_failed(messages, FailReason::Down(reason));

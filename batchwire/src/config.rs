@@ -1,16 +1,21 @@
-//! Node configuration, with the defaults that measured well on a 2-vCPU machine.
+//! Node configuration: [`NodeConfig`], built with [`NodeConfig::new`] and builder methods,
+//! with the defaults that measured well on a 2-vCPU machine.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::error::Error;
 use batchwire_core::bundler::{BundlerConfig, BundlerKind};
+use batchwire_core::session::SessionConfig;
+
+use crate::error::Error;
 
 /// One peer in the static member list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerSpec {
+    /// The peer's node name.
     pub name: String,
+    /// Where it listens.
     pub addr: SocketAddr,
 }
 
@@ -32,88 +37,71 @@ impl std::str::FromStr for PeerSpec {
     }
 }
 
-/// Everything a node needs. Build with [`NodeConfig::new`] and the builder methods; every
-/// field not set there has the documented default.
+/// Where a node's TLS material is (PEM files): its certificate chain, its private key, and
+/// the CA that signed every node's certificate. Each node's certificate must name the node
+/// (a DNS subject alternative name equal to the node name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// This node's certificate chain.
+    pub cert: PathBuf,
+    /// This node's private key.
+    pub key: PathBuf,
+    /// The cluster's CA certificate(s).
+    pub ca: PathBuf,
+}
+
+impl TlsFiles {
+    /// The files `batchwire certs --out DIR` writes for node `name`.
+    pub fn in_dir(dir: &Path, name: &str) -> TlsFiles {
+        TlsFiles {
+            cert: dir.join(format!("{name}.pem")),
+            key: dir.join(format!("{name}-key.pem")),
+            ca: dir.join("ca.pem"),
+        }
+    }
+}
+
+/// Everything a node needs. Start from [`NodeConfig::new`] (name, listen address, cluster
+/// secret) and change what differs from the defaults with the builder methods; each says
+/// its default.
 ///
 /// Connections: of two peers, the one whose name sorts first dials the other; the other
 /// waits for it. List each peer on both sides (a static cluster), so every pair connects.
+///
+/// ```
+/// use std::time::Duration;
+/// use batchwire::{BundlerKind, NodeConfig};
+/// let cfg = NodeConfig::new("a", "127.0.0.1:7001".parse().unwrap(), "secret")
+///     .peer("b", "127.0.0.1:7002".parse().unwrap())
+///     .bundler(BundlerKind::TransferQueue)
+///     .peer_timeout(Duration::from_secs(5));
+/// assert_eq!(cfg.name(), "a");
+/// ```
 #[derive(Clone)]
 pub struct NodeConfig {
-    /// This node's name, unique in the cluster (1..=255 bytes of UTF-8).
-    pub name: String,
-    /// Where to accept connections. Port 0 picks a free port (see `Node::local_addr`).
-    pub listen: SocketAddr,
-    /// The static list of peers.
-    pub peers: Vec<PeerSpec>,
-    /// The cluster secret, shared by every node. Never sent over the wire.
-    pub secret: Vec<u8>,
-    /// Mailboxes that exist from the start, before any connection: messages that arrive
-    /// before the application calls `Node::mailbox(name)` wait in them instead of being
-    /// reported undeliverable. Default: none.
-    pub mailboxes: Vec<String>,
-    /// How outbound messages are grouped into writes, and the bundler's knobs
-    /// (`max_size` 64 KiB, `max_delay` 1 ms). Default: `natural`.
-    pub bundler: BundlerConfig,
-    /// How the transport's writer threads and waiting receivers idle, as Akka Artery's
-    /// `idle-cpu-level`: 1 parks at once (the default; no CPU when idle), 10 busy-spins.
-    /// See `core::idle` for the exact mapping.
-    pub idle_cpu_level: u8,
-    /// Bound of each peer's outbound queue, in bytes. When full, `send` blocks and
-    /// `try_send` returns `Full`. Default 4 MiB.
-    pub send_queue_bytes: usize,
-    /// Bound of each mailbox's queue, in bytes; a full mailbox stops its connection's reader
-    /// (TCP flow control then slows the senders). Default 4 MiB.
-    pub mailbox_bytes: usize,
-    /// Largest payload `send` accepts. Use the same value on every node. Default 16 MiB.
-    pub max_payload: usize,
-    /// A writer closes a MESSAGES frame once it holds this many bytes and starts another,
-    /// so receivers hand out batches of about this size. Default 64 KiB.
-    pub frame_bytes: usize,
-    /// Bytes the reader asks the socket for at once. Default 64 KiB.
-    pub read_bytes: usize,
-    /// First and largest pause between connection attempts. Default 50 ms .. 2 s.
-    pub reconnect_min: Duration,
-    pub reconnect_max: Duration,
-    /// How long a connection may take from accept (or connect) to carrying messages: TLS,
-    /// the batchwire handshake and the RESUME exchange, all together. Default 5 s.
-    pub handshake_timeout: Duration,
-    /// Most inbound handshakes in progress at once; beyond it new connections are closed at
-    /// once (and counted). Each costs a thread until it ends. Default 64.
-    pub max_handshakes: usize,
-    /// Most of those from one source address, so that one client cannot take every place.
-    /// Default 16.
-    pub max_handshakes_per_address: usize,
-    /// Most peers a node keeps, counting those not in the static list that connect with the
-    /// cluster secret. Default 1024.
-    pub max_peers: usize,
-    /// Events queued for the subscriber at most; beyond it they are dropped and counted
-    /// (see `Node::events`). Default 4096.
-    pub events_capacity: usize,
-    /// How long `shutdown` waits for queued messages to be written and acknowledged.
-    /// Default 5 s.
-    pub shutdown_timeout: Duration,
-    /// Keep every message until the peer acknowledges it, and resend after a connection
-    /// break (exactly once, in order). `false` is the unsequenced baseline, kept to measure
-    /// what reliability costs: messages in flight when a connection breaks are lost.
-    /// Use the same value on every node. Default true.
-    pub reliable: bool,
-    /// Most unacknowledged bytes held per peer; past it the writer stops taking from its
-    /// queue, which fills, so `send` blocks. Default 16 MiB.
-    pub unacked_bytes: usize,
-    /// A receiver acknowledges after this many messages, or this many bytes, or after
-    /// `ack_delay`, whichever comes first. Defaults 4096 messages, 1 MiB and 5 ms. (The
-    /// byte bound keeps big messages from filling the sender's window before an ack.)
-    pub ack_every: u64,
-    pub ack_every_bytes: usize,
-    pub ack_delay: Duration,
-    /// An idle connection carries a heartbeat this often. Default 500 ms.
-    pub heartbeat_interval: Duration,
-    /// A peer silent (or unreachable) for longer than this is declared down. Default 3 s.
-    pub peer_timeout: Duration,
-    /// Mutually authenticated TLS on every connection (certificate, key, CA as PEM files),
-    /// on top of the cluster-secret handshake. All nodes of a cluster must agree. Default
-    /// none (plain TCP).
-    pub tls: Option<crate::io::tls::TlsFiles>,
+    pub(crate) name: String,
+    pub(crate) listen: SocketAddr,
+    pub(crate) peers: Vec<PeerSpec>,
+    pub(crate) secret: Vec<u8>,
+    pub(crate) mailboxes: Vec<String>,
+    pub(crate) bundler: BundlerConfig,
+    pub(crate) idle_cpu_level: u8,
+    pub(crate) send_queue_bytes: usize,
+    pub(crate) mailbox_bytes: usize,
+    pub(crate) max_payload: usize,
+    pub(crate) frame_bytes: usize,
+    pub(crate) read_bytes: usize,
+    pub(crate) reconnect_min: Duration,
+    pub(crate) reconnect_max: Duration,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) max_handshakes: usize,
+    pub(crate) max_handshakes_per_address: usize,
+    pub(crate) max_peers: usize,
+    pub(crate) events_capacity: usize,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) write_check: Duration,
+    pub(crate) session: SessionConfig,
+    pub(crate) tls: Option<TlsFiles>,
 }
 
 impl std::fmt::Debug for NodeConfig {
@@ -128,12 +116,16 @@ impl std::fmt::Debug for NodeConfig {
             .field("send_queue_bytes", &self.send_queue_bytes)
             .field("mailbox_bytes", &self.mailbox_bytes)
             .field("max_payload", &self.max_payload)
+            .field("session", &self.session)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
 
 impl NodeConfig {
-    /// A node named `name` listening on `listen`, with cluster secret `secret` and defaults.
+    /// A node named `name` (unique in the cluster, 1..=255 bytes of UTF-8) listening on
+    /// `listen` (port 0 picks a free port, see `Node::local_addr`), with the cluster
+    /// `secret` shared by every node (never sent over the wire), and every default.
     pub fn new(name: impl Into<String>, listen: SocketAddr, secret: impl Into<Vec<u8>>) -> Self {
         NodeConfig {
             name: name.into(),
@@ -156,18 +148,28 @@ impl NodeConfig {
             max_peers: 1024,
             events_capacity: 4096,
             shutdown_timeout: Duration::from_secs(5),
-            reliable: true,
-            unacked_bytes: 16 << 20,
-            ack_every: 4096,
-            ack_every_bytes: 1 << 20,
-            ack_delay: Duration::from_millis(5),
-            heartbeat_interval: Duration::from_millis(500),
-            peer_timeout: Duration::from_secs(3),
+            write_check: Duration::from_millis(100),
+            session: SessionConfig::default(),
             tls: None,
         }
     }
 
-    /// Add a peer.
+    /// This node's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The address the node listens on.
+    pub fn listen(&self) -> SocketAddr {
+        self.listen
+    }
+
+    /// The static peers.
+    pub fn peers(&self) -> &[PeerSpec] {
+        &self.peers
+    }
+
+    /// Add a peer to the static list. Default: none.
     pub fn peer(mut self, name: impl Into<String>, addr: SocketAddr) -> Self {
         self.peers.push(PeerSpec {
             name: name.into(),
@@ -176,28 +178,185 @@ impl NodeConfig {
         self
     }
 
-    /// Declare a mailbox that exists from the start (see [`NodeConfig::mailboxes`]).
+    /// Add every peer in `peers` to the static list.
+    pub fn with_peers(mut self, peers: impl IntoIterator<Item = PeerSpec>) -> Self {
+        self.peers.extend(peers);
+        self
+    }
+
+    /// Declare a mailbox that exists from the start, before any connection: messages that
+    /// arrive before the application calls `Node::mailbox(name)` wait in it instead of being
+    /// reported undeliverable. Default: none.
     pub fn mailbox(mut self, name: impl Into<String>) -> Self {
         self.mailboxes.push(name.into());
         self
     }
 
-    /// Choose the bundler (its knobs keep their values).
+    /// How outbound messages are grouped into writes. Default: `natural`.
     pub fn bundler(mut self, b: BundlerKind) -> Self {
         self.bundler.kind = b;
         self
     }
 
-    /// Run TLS with these PEM files (see `batchwire certs`).
-    pub fn tls(mut self, files: crate::io::tls::TlsFiles) -> Self {
+    /// The bundler's size limit (`per-destination`, `transfer-queue`, `linger`). Default
+    /// 64 KiB.
+    pub fn bundler_max_size(mut self, bytes: usize) -> Self {
+        self.bundler.max_size = bytes;
+        self
+    }
+
+    /// `linger`'s timer. Default 1 ms.
+    pub fn bundler_max_delay(mut self, d: Duration) -> Self {
+        self.bundler.max_delay = d;
+        self
+    }
+
+    /// How writer threads and waiting receivers idle, as Akka Artery's `idle-cpu-level`:
+    /// 1 parks at once (no CPU when idle), 10 busy-spins. Default 1.
+    pub fn idle_cpu_level(mut self, level: u8) -> Self {
+        self.idle_cpu_level = level;
+        self
+    }
+
+    /// Bound of each peer's outbound queue, in bytes. When full, `send` blocks and
+    /// `try_send` returns `Full`. Default 4 MiB.
+    pub fn send_queue_bytes(mut self, bytes: usize) -> Self {
+        self.send_queue_bytes = bytes;
+        self
+    }
+
+    /// Bound of each mailbox's queue, in bytes; a full mailbox stops its connection's reader
+    /// (TCP flow control then slows the senders). Default 4 MiB.
+    pub fn mailbox_bytes(mut self, bytes: usize) -> Self {
+        self.mailbox_bytes = bytes;
+        self
+    }
+
+    /// Largest payload `send` accepts. Use the same value on every node. Default 16 MiB.
+    pub fn max_payload(mut self, bytes: usize) -> Self {
+        self.max_payload = bytes;
+        self
+    }
+
+    /// A MESSAGES frame is closed once it holds this many bytes. Default 64 KiB.
+    pub fn frame_bytes(mut self, bytes: usize) -> Self {
+        self.frame_bytes = bytes;
+        self
+    }
+
+    /// Bytes a reader asks the socket for at once. Default 64 KiB.
+    pub fn read_bytes(mut self, bytes: usize) -> Self {
+        self.read_bytes = bytes;
+        self
+    }
+
+    /// First and largest pause between connection attempts. Default 50 ms and 2 s.
+    pub fn reconnect(mut self, min: Duration, max: Duration) -> Self {
+        self.reconnect_min = min;
+        self.reconnect_max = max;
+        self
+    }
+
+    /// How long a connection may take from accept (or connect) to carrying messages: TLS,
+    /// the handshake and the RESUME exchange, all together. Default 5 s.
+    pub fn handshake_timeout(mut self, d: Duration) -> Self {
+        self.handshake_timeout = d;
+        self
+    }
+
+    /// Most inbound handshakes in progress at once; beyond it new connections are closed
+    /// at once (and counted). Each costs a thread until it ends. Default 64.
+    pub fn max_handshakes(mut self, n: usize) -> Self {
+        self.max_handshakes = n;
+        self
+    }
+
+    /// Most of those from one source address, so that one client cannot take every place.
+    /// Default 16.
+    pub fn max_handshakes_per_address(mut self, n: usize) -> Self {
+        self.max_handshakes_per_address = n;
+        self
+    }
+
+    /// Most peers a node keeps, counting those not in the static list that connect with the
+    /// cluster secret. Default 1024.
+    pub fn max_peers(mut self, n: usize) -> Self {
+        self.max_peers = n;
+        self
+    }
+
+    /// Events queued for each subscriber at most; beyond it they are dropped and counted
+    /// (see `Node::events`). Default 4096.
+    pub fn events_capacity(mut self, n: usize) -> Self {
+        self.events_capacity = n;
+        self
+    }
+
+    /// How long `shutdown` waits for queued messages to be written and acknowledged.
+    /// Default 5 s.
+    pub fn shutdown_timeout(mut self, d: Duration) -> Self {
+        self.shutdown_timeout = d;
+        self
+    }
+
+    /// How long one write to a socket may block before the writer looks up (is the
+    /// connection still current, is the node shutting down?) and goes on. A peer that stops
+    /// reading is dealt with by the failure detector, not by this. Default 100 ms.
+    pub fn write_check(mut self, d: Duration) -> Self {
+        self.write_check = d;
+        self
+    }
+
+    /// Keep every message until the peer acknowledges it, and resend after a connection
+    /// break (exactly once, in order). `false` is the unsequenced baseline, kept to measure
+    /// what reliability costs: messages in flight when a connection breaks are lost. Use
+    /// the same value on every node. Default true.
+    pub fn reliable(mut self, on: bool) -> Self {
+        self.session.reliable = on;
+        self
+    }
+
+    /// Most unacknowledged bytes held per peer (the send window); past it the writer takes
+    /// no more from its queue, which fills, so `send` blocks. Default 16 MiB.
+    pub fn unacked_bytes(mut self, bytes: usize) -> Self {
+        self.session.unacked_bytes = bytes;
+        self
+    }
+
+    /// A receiver acknowledges after `messages` messages, or `bytes` bytes, or `delay`
+    /// after the first unacknowledged one, whichever comes first. Defaults 4096, 1 MiB and
+    /// 5 ms.
+    pub fn ack_every(mut self, messages: u64, bytes: usize, delay: Duration) -> Self {
+        self.session.ack_every = messages;
+        self.session.ack_every_bytes = bytes;
+        self.session.ack_delay = delay;
+        self
+    }
+
+    /// A connection carries a heartbeat when nothing else was written for this long.
+    /// Default 500 ms.
+    pub fn heartbeat_interval(mut self, d: Duration) -> Self {
+        self.session.heartbeat_interval = d;
+        self
+    }
+
+    /// A peer silent for longer than this (while this node listens), or unreachable that
+    /// long, is declared down. Default 3 s.
+    pub fn peer_timeout(mut self, d: Duration) -> Self {
+        self.session.peer_timeout = d;
+        self
+    }
+
+    /// Mutually authenticated TLS on every connection, on top of the cluster-secret
+    /// handshake. All nodes of a cluster must agree. Default: none (plain TCP).
+    pub fn tls(mut self, files: TlsFiles) -> Self {
         self.tls = Some(files);
         self
     }
 
-    /// Choose the idle level (1..=10).
-    pub fn idle_cpu_level(mut self, level: u8) -> Self {
-        self.idle_cpu_level = level;
-        self
+    /// Whether the node runs TLS.
+    pub fn has_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// Read the cluster secret from a file (trailing newlines are not part of it).
@@ -218,13 +377,14 @@ impl NodeConfig {
     }
 
     /// The largest frame a receiver accepts: one maximum payload plus room for headers.
-    pub fn max_frame(&self) -> usize {
+    pub(crate) fn max_frame(&self) -> usize {
         self.max_payload.max(self.frame_bytes) + 1024
     }
 
     pub(crate) fn validate(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::Config(m));
         if self.secret.is_empty() {
-            return Err(Error::Config("the cluster secret is empty".into()));
+            return bad("the cluster secret is empty".into());
         }
         for (what, v) in [
             ("send_queue_bytes", self.send_queue_bytes),
@@ -239,29 +399,28 @@ impl NodeConfig {
             ),
             ("max_peers", self.max_peers),
             ("events_capacity", self.events_capacity),
+            ("unacked_bytes", self.session.unacked_bytes),
+            ("ack_every", self.session.ack_every as usize),
+            ("bundler max_size", self.bundler.max_size),
         ] {
             if v == 0 {
-                return Err(Error::Config(format!("{what} must be above 0")));
+                return bad(format!("{what} must be above 0"));
             }
         }
         batchwire_core::idle::IdleStrategy::from_level(self.idle_cpu_level)
             .map_err(Error::Config)?;
-        if self.peer_timeout <= self.heartbeat_interval {
-            return Err(Error::Config(format!(
+        let s = &self.session;
+        if s.peer_timeout <= s.heartbeat_interval {
+            return bad(format!(
                 "peer_timeout ({:?}) must be longer than heartbeat_interval ({:?})",
-                self.peer_timeout, self.heartbeat_interval
-            )));
-        }
-        if self.unacked_bytes == 0 || self.ack_every == 0 {
-            return Err(Error::Config(
-                "unacked_bytes and ack_every must be above 0".into(),
+                s.peer_timeout, s.heartbeat_interval
             ));
         }
-        if self.bundler.max_size == 0 {
-            return Err(Error::Config("bundler max_size must be above 0".into()));
+        if self.write_check.is_zero() || self.handshake_timeout.is_zero() {
+            return bad("write_check and handshake_timeout must be above 0".into());
         }
         if self.max_payload > u32::MAX as usize - 2048 {
-            return Err(Error::Config("max_payload must be below 4 GiB".into()));
+            return bad("max_payload must be below 4 GiB".into());
         }
         Ok(())
     }
@@ -282,15 +441,15 @@ mod tests {
 
     #[test]
     fn validation_names_the_bad_field() {
-        let mut c = NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "s");
+        let c = NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "s");
         c.validate().unwrap();
-        c.mailbox_bytes = 0;
-        assert!(
-            c.validate()
-                .unwrap_err()
-                .to_string()
-                .contains("mailbox_bytes")
-        );
+        let e = c.clone().mailbox_bytes(0).validate().unwrap_err();
+        assert!(e.to_string().contains("mailbox_bytes"), "{e}");
+        let e = c
+            .heartbeat_interval(Duration::from_secs(5))
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("peer_timeout"), "{e}");
         let c = NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "");
         assert!(c.validate().is_err());
     }

@@ -1,14 +1,13 @@
-//! Errors of the node API. (The core has its own: `FrameError`, `HandshakeError`.)
+//! Errors of the node API. (The core has its own: `FrameError`, `HandshakeError`,
+//! `SeqError`; connection failures are reported as events, not returned.)
 
 use std::net::SocketAddr;
 
 use bytes::Bytes;
 
-use batchwire_core::frame::FrameError;
-use batchwire_core::handshake::HandshakeError;
-
 /// What `send`, `mailbox` and `Node::start` can fail with.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// No such node in this node's peer list, and none has connected under that name.
     #[error("unknown node {0:?}")]
@@ -18,13 +17,26 @@ pub enum Error {
     PeerDown(String),
     /// The payload is above the configured `max_payload`.
     #[error("payload of {len} bytes exceeds the limit of {max} bytes")]
-    PayloadTooLarge { len: usize, max: usize },
+    PayloadTooLarge {
+        /// The payload's size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The outbound queue (or local mailbox) is full; the payload is handed back.
     #[error("queue full (sending to {to})")]
-    Full { to: String, payload: Bytes },
+    Full {
+        /// Where it was going.
+        to: String,
+        /// The payload, handed back.
+        payload: Bytes,
+    },
     /// The node is shutting down; the payload is handed back.
     #[error("node is shut down")]
-    ShutDown { payload: Option<Bytes> },
+    ShutDown {
+        /// The payload, handed back (if there was one).
+        payload: Option<Bytes>,
+    },
     /// A node or mailbox name is empty, too long (over 255 bytes) or otherwise invalid.
     #[error("invalid name {0:?}: {1}")]
     InvalidName(String, &'static str),
@@ -34,14 +46,16 @@ pub enum Error {
     /// Binding the listen address failed.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
+        /// The address.
         addr: SocketAddr,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
     /// A configuration value is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// TLS material could not be loaded or generated (the message names the file).
+    /// TLS material could not be loaded (the message names the file).
     #[error("TLS: {0}")]
     Tls(String),
     /// `send_value` could not serialize.
@@ -50,12 +64,14 @@ pub enum Error {
     /// `Envelope::value` could not deserialize.
     #[error("cannot decode value: {0}")]
     Decode(String),
+    /// An operating-system error (e.g. no thread could be started).
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }
 
 /// Why a receive returned no message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RecvError {
     /// `try_recv`: nothing queued.
     #[error("mailbox is empty")]
@@ -66,31 +82,4 @@ pub enum RecvError {
     /// The node shut down and everything queued was received.
     #[error("mailbox closed (node shut down)")]
     Closed,
-}
-
-/// Why a connection closed. Logged and reported in events with the peer's name or address.
-#[derive(Debug, thiserror::Error)]
-pub enum LinkError {
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    #[error("bad frame: {0}")]
-    Frame(#[from] FrameError),
-    #[error("handshake failed: {0}")]
-    Handshake(#[from] HandshakeError),
-    #[error("handshake timed out after {0:?}")]
-    HandshakeTimeout(std::time::Duration),
-    #[error("peer closed the connection")]
-    Eof,
-    #[error("unexpected {0} frame after the handshake")]
-    Unexpected(&'static str),
-    #[error("{0}")]
-    Sequence(#[from] batchwire_core::reliable::SeqError),
-    #[error("TLS handshake failed: {0}")]
-    Tls(String),
-    #[error("{reason}")]
-    Certificate { peer: String, reason: String },
-    #[error(
-        "the peer speaks TLS and this node does not: configure --tls-cert, --tls-key and --tls-ca (NodeConfig::tls) on every node"
-    )]
-    PeerSpeaksTls,
 }

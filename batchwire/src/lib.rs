@@ -1,20 +1,32 @@
 #![doc = include_str!("../../README.md")]
 //!
-//! # Layers
-//! - `batchwire-core`: the sans-IO protocol core (wire format, handshake, bundlers).
-//! - [`Node`], [`Mailbox`]: the IO layer and the API.
+//! # Layout
+//! - `batchwire-core`: the sans-IO protocol (wire format, handshake, bundlers, the per-peer
+//!   `Session` with every protocol rule and timer). No sockets, threads or clock reads.
+//! - this crate: the API ([`Node`], [`Mailbox`], [`NodeConfig`], [`Event`]) on a thin
+//!   threaded IO layer (the private `io` module: one owner per piece of state, thread
+//!   bodies that take only what they use).
 //! - `batchwire-cli` (the `batchwire` binary): the CLI and the benchmark.
+#![warn(missing_docs)]
 
-pub mod config;
-pub mod error;
-pub mod io;
-pub mod stats;
+mod address;
+mod config;
+mod error;
+mod event;
+mod io;
+mod mailbox;
+mod node;
+mod stats;
 
-pub use crate::config::{NodeConfig, PeerSpec};
+pub use crate::address::Address;
+pub use crate::config::{NodeConfig, PeerSpec, TlsFiles};
 pub use crate::error::{Error, RecvError};
-pub use crate::io::mailbox::{Envelope, Mailbox, RecvFuture};
-pub use crate::io::node::{Address, Event, FailedMessage, Node};
-pub use crate::io::tls::TlsFiles;
-pub use crate::stats::{HandshakeFailure, HandshakeStats, NodeStats, PeerStats};
+pub use crate::event::{
+    CloseReason, DownReason, Event, FailReason, FailedMessage, HandshakeFailure,
+};
+pub use crate::io::mailbox::Envelope;
+pub use crate::mailbox::{Mailbox, RecvFuture};
+pub use crate::node::Node;
+pub use crate::stats::{HandshakeStats, NodeStats, PeerStats};
 pub use batchwire_core::bundler::BundlerKind;
 pub use bytes::Bytes;

@@ -1,10 +1,13 @@
-//! Counters kept per connection and per node. Updated once per batch or frame, never per
+//! Counters kept per peer and per node. Updated once per batch or frame, never per
 //! message, and readable at any time with `Node::stats`.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use batchwire_core::bundler::FlushReason;
 
+use crate::event::HandshakeFailure;
+
+/// One peer's counters (atomics; the IO threads add to them).
 #[derive(Debug, Default)]
 pub(crate) struct PeerCounters {
     pub messages_sent: AtomicU64,
@@ -28,7 +31,7 @@ pub(crate) struct PeerCounters {
 }
 
 /// Buckets of the messages-per-write histogram (up to 2^24 messages per write).
-pub const HIST_BUCKETS: usize = 25;
+const HIST_BUCKETS: usize = 25;
 
 pub(crate) fn reason_index(r: FlushReason) -> usize {
     match r {
@@ -41,27 +44,34 @@ pub(crate) fn reason_index(r: FlushReason) -> usize {
 
 /// A snapshot of one peer's counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct PeerStats {
+    /// The peer's name.
     pub peer: String,
+    /// Whether a connection to it is up now.
     pub connected: bool,
-    /// Messages and bytes (encoded, frame headers included) written to the socket.
+    /// Messages written to the socket.
     pub messages_sent: u64,
+    /// Bytes written (encoded, frame headers included).
     pub bytes_sent: u64,
+    /// MESSAGES frames written.
     pub frames_sent: u64,
     /// `write` calls that carried messages (one per flushed batch).
     pub writes: u64,
-    /// Messages whose write failed when the connection broke (see the README's
-    /// reliability notes).
+    /// Messages handed back as failed (`Event::SendFailed`).
     pub send_failed: u64,
+    /// Messages received from the peer.
     pub messages_received: u64,
+    /// Bytes received from the peer.
     pub bytes_received: u64,
+    /// Frames received from the peer.
     pub frames_received: u64,
     /// Messages this peer reported it could not deliver (no such mailbox).
     pub undeliverable_reported: u64,
     /// Times a connection to this peer was established.
     pub connects: u64,
     /// Connections closed because the peer broke the protocol: an acknowledgement or
-    /// RESUME for messages never sent, a sequence gap or overflow.
+    /// RESUME for messages never sent, a sequence gap or overflow, a malformed frame.
     pub protocol_violations: u64,
     /// Messages the peer acknowledged.
     pub acked: u64,
@@ -69,16 +79,19 @@ pub struct PeerStats {
     pub resent: u64,
     /// Bytes held for the peer until it acknowledges them.
     pub unacked_bytes: u64,
-    /// Flushes by reason: drained, size reached, timer, single.
+    /// Flushes because the queue was drained.
     pub flushes_drained: u64,
+    /// Flushes because the bundler's size limit was reached.
     pub flushes_size: u64,
+    /// Flushes because the bundler's timer expired.
     pub flushes_timer: u64,
+    /// One-message flushes (`none`).
     pub flushes_single: u64,
     /// Most bytes ever waiting in the outbound queue.
     pub queue_high_water: u64,
     /// Total time senders spent blocked on the full outbound queue, in microseconds.
     pub blocked_us: u64,
-    /// Messages and control frames waiting in the outbound queue now.
+    /// Messages waiting in the outbound queue now.
     pub queued: u64,
     /// (lower bound, writes): writes that carried lower bound ..= 2 x lower bound - 1
     /// messages. Empty buckets are left out.
@@ -140,8 +153,11 @@ impl PeerCounters {
 
 /// A snapshot of a node's counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct NodeStats {
+    /// The node's name.
     pub node: String,
+    /// Per peer, sorted by name.
     pub peers: Vec<PeerStats>,
     /// Messages that arrived for a mailbox that does not exist here.
     pub undeliverable: u64,
@@ -149,85 +165,20 @@ pub struct NodeStats {
     pub local_messages: u64,
     /// Connections that never got past the handshake, and why.
     pub handshakes: HandshakeStats,
-    /// Events dropped because the subscriber did not keep up (see `Node::events`).
+    /// Events dropped because a subscriber did not keep up (see `Node::events`).
     pub events_dropped: u64,
 }
 
-/// Why a connection failed before it carried messages. Counted per node
-/// ([`HandshakeStats`]) and given with every `Event::HandshakeFailed`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-#[non_exhaustive]
-pub enum HandshakeFailure {
-    /// The peer's proof of the cluster secret did not verify.
-    Secret,
-    /// Another protocol version.
-    Version,
-    /// The wrong node at a dialled address, or a node claiming this node's name.
-    Name,
-    /// An inbound connection claiming a node that this node dials itself.
-    Direction,
-    /// Not the batchwire protocol: garbage, a malformed or unexpected frame, a length
-    /// above the limit, or a RESUME that does not add up.
-    Protocol,
-    /// The handshake did not finish within `handshake_timeout`.
-    Timeout,
-    /// The TLS handshake failed (no certificate, another CA, TLS on one side only...).
-    Tls,
-    /// The peer's certificate does not name the node it claims to be.
-    Certificate,
-    /// The peer refused this node (its reason is in the event).
-    Refused,
-    /// The connection closed or failed before the handshake ended.
-    Closed,
-}
-
-impl HandshakeFailure {
-    /// The failure a connection-setup error stands for.
-    pub(crate) fn of(e: &crate::error::LinkError) -> HandshakeFailure {
-        use crate::error::LinkError as L;
-        use batchwire_core::handshake::HandshakeError as H;
-        match e {
-            L::Handshake(H::Secret { .. }) => HandshakeFailure::Secret,
-            L::Handshake(H::Version { .. }) => HandshakeFailure::Version,
-            L::Handshake(H::WrongPeer { .. } | H::SameName(_)) => HandshakeFailure::Name,
-            L::Handshake(H::WrongDirection(_)) => HandshakeFailure::Direction,
-            L::Handshake(H::Refused { .. }) => HandshakeFailure::Refused,
-            L::Handshake(H::Unexpected { .. })
-            | L::Frame(_)
-            | L::Unexpected(_)
-            | L::Sequence(_) => HandshakeFailure::Protocol,
-            L::HandshakeTimeout(_) => HandshakeFailure::Timeout,
-            L::Io(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
-                ) =>
-            {
-                HandshakeFailure::Timeout
-            }
-            L::Tls(_) | L::PeerSpeaksTls => HandshakeFailure::Tls,
-            L::Certificate { .. } => HandshakeFailure::Certificate,
-            L::Io(_) | L::Eof => HandshakeFailure::Closed,
-        }
+impl NodeStats {
+    /// The counters of peer `name`, if it is a peer.
+    pub fn peer(&self, name: &str) -> Option<&PeerStats> {
+        self.peers.iter().find(|p| p.peer == name)
     }
-
-    const ALL: [HandshakeFailure; 10] = [
-        HandshakeFailure::Secret,
-        HandshakeFailure::Version,
-        HandshakeFailure::Name,
-        HandshakeFailure::Direction,
-        HandshakeFailure::Protocol,
-        HandshakeFailure::Timeout,
-        HandshakeFailure::Tls,
-        HandshakeFailure::Certificate,
-        HandshakeFailure::Refused,
-        HandshakeFailure::Closed,
-    ];
 }
 
 /// Counters of connections refused or failed before they carried messages.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct HandshakeStats {
     /// Handshakes that failed, by why (kinds with a zero count are left out).
     pub failed: Vec<(HandshakeFailure, u64)>,

@@ -303,8 +303,8 @@ fn forged_acks_and_resumes_close_the_connection_and_skip_nothing() {
 fn slow_loris_is_cut_at_the_deadline_with_and_without_tls() {
     let certs = test_certs("main");
     for tls in [false, true] {
-        let mut cfg = NodeConfig::new("b", free_addrs(1)[0], SECRET);
-        cfg.handshake_timeout = Duration::from_millis(1000);
+        let mut cfg = NodeConfig::new("b", free_addrs(1)[0], SECRET)
+            .handshake_timeout(Duration::from_millis(1000));
         if tls {
             cfg = cfg.tls(batchwire::TlsFiles::in_dir(&certs, "b"));
         }
@@ -380,10 +380,12 @@ fn connect_from(ip: &str, to: SocketAddr) -> std::io::Result<TcpStream> {
 #[test]
 fn a_flood_of_handshakes_does_not_keep_a_real_peer_out() {
     let mut cfgs = mesh(&["a", "b"]);
-    cfgs[1].handshake_timeout = Duration::from_secs(20);
-    cfgs[1].max_handshakes = 16;
-    cfgs[1].max_handshakes_per_address = 8;
-    let b_addr = cfgs[1].listen;
+    cfgs[1] = cfgs[1]
+        .clone()
+        .handshake_timeout(Duration::from_secs(20))
+        .max_handshakes(16)
+        .max_handshakes_per_address(8);
+    let b_addr = cfgs[1].listen();
     let b = Node::start(cfgs.pop().unwrap()).unwrap();
     let inbox = b.mailbox("inbox").unwrap();
     let flood: Vec<TcpStream> = (0..300)

@@ -76,11 +76,10 @@ fn send_all_includes_self_and_send_others_does_not() {
 
 #[test]
 fn stalled_mailbox_applies_backpressure_and_loses_nothing() {
-    let mut cfgs = mesh(&["a", "b"]);
-    for c in &mut cfgs {
-        c.send_queue_bytes = 64 << 10;
-        c.mailbox_bytes = 64 << 10;
-    }
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.send_queue_bytes(64 << 10).mailbox_bytes(64 << 10))
+        .collect();
     let nodes = start(cfgs);
     let inbox = nodes[1].mailbox("slow").unwrap();
     let to = Address::new("b", "slow").unwrap();
@@ -155,7 +154,7 @@ fn undeliverable_mailbox_is_reported_to_the_sender_and_nothing_crashes() {
 #[test]
 fn wrong_secret_is_refused_on_both_sides_and_others_keep_working() {
     let mut cfgs = mesh(&["a", "b"]);
-    let b_addr = cfgs[1].listen;
+    let b_addr = cfgs[1].listen();
     let mut intruder = NodeConfig::new("0-intruder", free_addrs(1)[0], "not-the-secret");
     intruder = intruder.peer("b", b_addr);
     let b = Node::start(cfgs.remove(1)).unwrap();
@@ -278,7 +277,7 @@ fn shutdown_flushes_queued_messages() {
 #[test]
 fn shutdown_hands_back_what_a_stalled_receiver_never_acknowledged() {
     let mut cfgs = mesh(&["a", "b"]);
-    cfgs[0].shutdown_timeout = Duration::from_millis(500);
+    cfgs[0] = cfgs[0].clone().shutdown_timeout(Duration::from_millis(500));
     let mut nodes = start(cfgs);
     let _inbox = nodes[1].mailbox("inbox").unwrap(); // never read: fills up at 4 MiB
     let to = Address::new("b", "inbox").unwrap();

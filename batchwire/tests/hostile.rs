@@ -117,10 +117,10 @@ fn huge_length_prefix_is_refused_without_allocating() {
 
 #[test]
 fn silent_client_times_out_in_the_handshake() {
-    let mut cfgs = mesh(&["a", "b"]);
-    for c in &mut cfgs {
-        c.handshake_timeout = Duration::from_millis(300);
-    }
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.handshake_timeout(Duration::from_millis(300)))
+        .collect();
     let nodes = start(cfgs);
     let events = nodes[1].events();
     let _s = TcpStream::connect(nodes[1].local_addr()).unwrap();

@@ -131,14 +131,14 @@ fn connections_killed_from_outside_with_ss_lose_nothing() {
 
 #[test]
 fn a_peer_that_leaves_is_declared_down_and_back_up_when_it_returns() {
-    let mut cfgs: Vec<_> = mesh(&["a", "b"])
+    let cfgs: Vec<_> = mesh(&["a", "b"])
         .into_iter()
-        .map(|c| c.mailbox("inbox"))
+        .map(|c| {
+            c.mailbox("inbox")
+                .peer_timeout(Duration::from_millis(600))
+                .heartbeat_interval(Duration::from_millis(100))
+        })
         .collect();
-    for c in &mut cfgs {
-        c.peer_timeout = Duration::from_millis(600);
-        c.heartbeat_interval = Duration::from_millis(100);
-    }
     let b_cfg = cfgs[1].clone();
     let mut nodes = start(cfgs);
     let events = nodes[0].events();
@@ -180,15 +180,15 @@ fn memory_stays_bounded_when_the_receiver_never_reads() {
         let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
     }
-    let mut cfgs: Vec<_> = mesh(&["a", "b"])
+    let cfgs: Vec<_> = mesh(&["a", "b"])
         .into_iter()
-        .map(|c| c.mailbox("never-read"))
+        .map(|c| {
+            c.mailbox("never-read")
+                .send_queue_bytes(1 << 20)
+                .mailbox_bytes(1 << 20)
+                .unacked_bytes(2 << 20)
+        })
         .collect();
-    for c in &mut cfgs {
-        c.send_queue_bytes = 1 << 20;
-        c.mailbox_bytes = 1 << 20;
-        c.unacked_bytes = 2 << 20;
-    }
     let nodes = start(cfgs);
     let to = Address::new("b", "never-read").unwrap();
     let before = rss_kib();
@@ -230,10 +230,7 @@ fn memory_stays_bounded_when_the_receiver_never_reads() {
 fn unsequenced_baseline_still_delivers_without_breaks() {
     let cfgs: Vec<_> = mesh(&["a", "b"])
         .into_iter()
-        .map(|mut c: NodeConfig| {
-            c.reliable = false;
-            c.mailbox("inbox")
-        })
+        .map(|c: NodeConfig| c.reliable(false).mailbox("inbox"))
         .collect();
     let nodes = start(cfgs);
     let inbox = nodes[1].mailbox("inbox").unwrap();

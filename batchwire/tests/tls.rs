@@ -13,7 +13,7 @@ const T: Duration = Duration::from_secs(20);
 fn with_tls(cfgs: Vec<NodeConfig>, certs: &Path) -> Vec<NodeConfig> {
     cfgs.into_iter()
         .map(|c| {
-            let files = TlsFiles::in_dir(certs, &c.name);
+            let files = TlsFiles::in_dir(certs, c.name());
             c.tls(files)
         })
         .collect()

@@ -121,8 +121,8 @@ fn recv(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 }
                 wait = Duration::from_secs(10);
             }
-            Err(RecvError::Timeout | RecvError::Closed) => break,
             Err(RecvError::Empty) => {}
+            Err(_) => break,
         }
     }
     let end_ns = now_ns();

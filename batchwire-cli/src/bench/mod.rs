@@ -462,7 +462,7 @@ pub fn with_bench_tls(cfg: NodeConfig, dir: Option<&std::path::Path>) -> NodeCon
     let env = std::env::var_os(TLS_DIR_ENV).map(std::path::PathBuf::from);
     match dir.map(|d| d.to_path_buf()).or(env) {
         Some(d) => {
-            let files = batchwire::TlsFiles::in_dir(&d, &cfg.name);
+            let files = batchwire::TlsFiles::in_dir(&d, cfg.name());
             cfg.tls(files)
         }
         None => cfg,

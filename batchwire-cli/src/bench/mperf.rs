@@ -114,8 +114,8 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                     }
                     wait = Duration::from_secs(10);
                 }
-                Err(RecvError::Timeout | RecvError::Closed) => break,
                 Err(RecvError::Empty) => {}
+                Err(_) => break,
             }
         }
         let secs = t0.elapsed().as_secs_f64();

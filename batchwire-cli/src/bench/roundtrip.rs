@@ -218,7 +218,7 @@ fn serve_ids(mb: &Mailbox, stop: &AtomicBool) -> Result<u64, String> {
                 return Ok(served);
             }
             Err(RecvError::Timeout | RecvError::Empty) => {}
-            Err(RecvError::Closed) => return Ok(served),
+            Err(_) => return Ok(served),
         }
     }
 }
@@ -258,7 +258,7 @@ pub fn drive(mb: &Mailbox, dests: &[Address], plan: &Plan) -> Result<DriveReport
                                 }
                             }
                             Err(RecvError::Empty) => {}
-                            Err(RecvError::Timeout | RecvError::Closed) => gave_up = true,
+                            Err(_) => gave_up = true,
                         }
                     }
                     if gave_up {

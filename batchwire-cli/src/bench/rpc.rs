@@ -123,7 +123,7 @@ pub fn call_loop(
                     _ => f.reordered += 1,
                 },
                 Err(RecvError::Empty) => {}
-                Err(RecvError::Timeout | RecvError::Closed) => {
+                Err(_) => {
                     f.lost += calls - id;
                     return Ok((id, f));
                 }
@@ -149,7 +149,7 @@ fn serve(mb: &Mailbox, stop: &AtomicBool) -> Result<(), String> {
                 return Ok(());
             }
             Err(RecvError::Timeout | RecvError::Empty) => {}
-            Err(RecvError::Closed) => return Ok(()),
+            Err(_) => return Ok(()),
         }
     }
 }

@@ -176,13 +176,13 @@ fn see(v: &mut Verifier, payload: &[u8]) {
 pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     match a.role.as_str() {
         "recv" => {
-            let mut cfg = NodeConfig::new("n1", a.listen, secret)
+            let cfg = NodeConfig::new("n1", a.listen, secret)
                 .peer("n0", a.peer)
                 .mailbox("sink")
                 .mailbox(CTL)
                 .bundler(a.bundler)
-                .idle_cpu_level(a.idle_cpu_level);
-            cfg.reliable = !a.unsequenced;
+                .idle_cpu_level(a.idle_cpu_level)
+                .reliable(!a.unsequenced);
             let node = Node::start(super::with_bench_tls(cfg, a.tls_dir.as_deref()))
                 .ctx("starting node n1")?;
             let ctl = Ctl::new(&node, 1, 2)?;
@@ -199,20 +199,20 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                         }
                         wait = Duration::from_secs(10);
                     }
-                    Err(RecvError::Timeout | RecvError::Closed) => break,
                     Err(RecvError::Empty) => {}
+                    Err(_) => break,
                 }
             }
             let end_ns = now_ns();
             super::finish_receiver(node, ctl, mb, &v, end_ns)
         }
         "send" => {
-            let mut cfg = NodeConfig::new("n0", a.listen, secret)
+            let cfg = NodeConfig::new("n0", a.listen, secret)
                 .peer("n1", a.peer)
                 .mailbox(CTL)
                 .bundler(a.bundler)
-                .idle_cpu_level(a.idle_cpu_level);
-            cfg.reliable = !a.unsequenced;
+                .idle_cpu_level(a.idle_cpu_level)
+                .reliable(!a.unsequenced);
             let node = Node::start(super::with_bench_tls(cfg, a.tls_dir.as_deref()))
                 .ctx("starting node n0")?;
             let ctl = Ctl::new(&node, 0, 2)?;

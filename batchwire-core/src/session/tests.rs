@@ -105,8 +105,8 @@ fn a_silent_peer_is_declared_down_and_its_messages_handed_back() {
         [SessionEvent::Up { incarnation: 2 }]
     ));
     hold(&mut s, 0..5);
-    let (chunks, g) = s.unwritten(id);
-    s.mark_written(t0, id, g, chunks.len());
+    let u = s.unwritten(id);
+    s.mark_written(t0, id, u.generation, *u.ends.last().unwrap());
     s.handle_heard(t0 + 100 * MS, id);
     s.handle_timeout(t0 + 699 * MS);
     assert!(events(&mut s).is_empty(), "heard 599 ms ago: not yet");
@@ -278,8 +278,8 @@ fn unsequenced_sessions_keep_nothing_once_written() {
     let mut peer = Session::new(cfg(), t0);
     let (id, _) = connect(&mut s, &mut peer, t0);
     hold(&mut s, 0..5);
-    let (chunks, g) = s.unwritten(id);
-    s.mark_written(t0, id, g, chunks.len());
+    let u = s.unwritten(id);
+    s.mark_written(t0, id, u.generation, *u.ends.last().unwrap());
     assert_eq!(s.window_messages(), 0);
     hold(&mut s, 5..8);
     s.handle_disconnect(t0, id);
@@ -420,9 +420,10 @@ impl Side {
             hold(&mut self.s, start..start + n);
             self.to_send.start += n;
         }
-        let (chunks, g) = self.s.unwritten(self.id);
+        let u = self.s.unwritten(self.id);
+        let g = u.generation;
         let mut written = 0;
-        for c in &chunks {
+        for c in &u.chunks {
             if w.bytes.len() >= w.cap {
                 break;
             }
@@ -430,7 +431,7 @@ impl Side {
             written += 1;
         }
         if written > 0 {
-            self.s.mark_written(now, self.id, g, written);
+            self.s.mark_written(now, self.id, g, u.ends[written - 1]);
         }
     }
 

@@ -1,24 +1,27 @@
-//! Named mailboxes: the receiving end of batchwire.
+//! Named mailboxes' queues, and the registry of a node's mailboxes.
 //!
 //! A mailbox's queue is bounded in bytes. The connection reader pushes a whole frame's worth
 //! of messages for one mailbox under one lock (one wake-up per batch, not per message); when
 //! the mailbox is full the reader waits, stops reading its socket, and TCP flow control
-//! slows the senders down. Nothing is dropped.
+//! slows the senders down. Nothing is dropped. A waiting reader looks up every
+//! [`RECHECK`] whether to give up (its connection was replaced, the node is stopping).
 
 use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::address::Address;
 use crate::error::{Error, RecvError};
-use crate::io::node::{Address, Shared};
+use crate::io::NameHash;
 use batchwire_core::codec::Name;
 use batchwire_core::frame;
 use batchwire_core::idle::{IdleStep, IdleStrategy};
+use tracing::warn;
 
 /// A received message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +41,28 @@ impl Envelope {
 
 /// Bytes a message counts against its mailbox's bound beyond its encoded size.
 const PER_MESSAGE: usize = 16;
+
+/// How often a pusher waiting for room looks up whether to give up.
+pub(crate) const RECHECK: Duration = Duration::from_millis(50);
+
+/// How a push waits for room.
+pub(crate) enum Wait<'a> {
+    /// Not at all: a full mailbox refuses.
+    No,
+    /// Until there is room, the mailbox closes, or `give_up()` says so (checked every
+    /// [`RECHECK`]).
+    Until(&'a dyn Fn() -> bool),
+    /// Until there is room or the mailbox closes (an application thread).
+    Forever,
+}
+
+/// Why a push did not queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    Full,
+    Closed,
+    GaveUp,
+}
 
 /// What a mailbox queue holds.
 enum Item {
@@ -95,21 +120,34 @@ impl MailboxQueue {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queue an item, waiting for room if `block` (an item is admitted while the mailbox
+    /// Queue an item, waiting for room as `wait` says (an item is admitted while the mailbox
     /// holds fewer than `capacity` bytes, so one larger than the capacity still fits).
-    /// Gives the item back if the mailbox is closed, or full and `!block`.
-    fn push(&self, item: Item, cost: usize, block: bool) -> Result<(), Item> {
+    /// Gives the item back with the reason if it was not queued.
+    fn push(&self, item: Item, cost: usize, wait: Wait) -> Result<(), (Item, Refused)> {
         let mut g = self.lock();
         while g.bytes >= self.capacity && !g.closed {
-            if !block {
-                return Err(item);
-            }
             g.pushers_waiting += 1;
-            g = self.not_full.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = match wait {
+                Wait::No => {
+                    g.pushers_waiting -= 1;
+                    return Err((item, Refused::Full));
+                }
+                Wait::Until(give_up) => {
+                    if give_up() {
+                        g.pushers_waiting -= 1;
+                        return Err((item, Refused::GaveUp));
+                    }
+                    self.not_full
+                        .wait_timeout(g, RECHECK)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+                Wait::Forever => self.not_full.wait(g).unwrap_or_else(|p| p.into_inner()),
+            };
             g.pushers_waiting -= 1;
         }
         if g.closed {
-            return Err(item);
+            return Err((item, Refused::Closed));
         }
         g.bytes += cost;
         g.q.push_back(item);
@@ -124,24 +162,33 @@ impl MailboxQueue {
     }
 
     /// Queue a run of `count` validated, encoded messages from node `from` (the reader's
-    /// path). Blocks while the mailbox is full. Returns false if the mailbox is closed.
-    pub fn push_run(&self, from: &Name, data: Bytes, count: u32) -> bool {
+    /// path), waiting as `wait` says.
+    pub fn push_run(
+        &self,
+        from: &Name,
+        data: Bytes,
+        count: u32,
+        wait: Wait,
+    ) -> Result<(), Refused> {
         let cost = data.len() + PER_MESSAGE * count as usize;
         let item = Item::Run {
             from: from.clone(),
             data,
             left: count,
         };
-        self.push(item, cost, true).is_ok()
+        self.push(item, cost, wait).map_err(|(_, r)| r)
     }
 
-    /// Queue one message (the local path). Gives it back if closed, or full and `!block`.
-    pub fn push_one(&self, e: Envelope, block: bool) -> Result<(), Envelope> {
+    /// Queue one message (the local path), waiting for room if `block`. Gives it back with
+    /// the reason if it was not queued.
+    pub fn push_one(&self, e: Envelope, block: bool) -> Result<(), (Envelope, Refused)> {
         let cost = e.payload.len() + e.from.mailbox.len() + PER_MESSAGE;
-        self.push(Item::One(e), cost, block).map_err(|i| match i {
-            Item::One(e) => e,
-            Item::Run { .. } => unreachable!("pushed a One"),
-        })
+        let wait = if block { Wait::Forever } else { Wait::No };
+        self.push(Item::One(e), cost, wait)
+            .map_err(|(i, r)| match i {
+                Item::One(e) => (e, r),
+                Item::Run { .. } => unreachable!("pushed a One"),
+            })
     }
 
     /// Close: wakes every waiter; receivers get what is queued, then `Closed`.
@@ -204,7 +251,7 @@ impl MailboxQueue {
 
     /// Take up to `max` messages into `out`, waiting until `deadline` (None: forever) for
     /// the first one. Returns how many were taken.
-    fn take(
+    pub fn take(
         &self,
         out: &mut Vec<Envelope>,
         max: usize,
@@ -254,7 +301,7 @@ impl MailboxQueue {
         }
     }
 
-    fn poll_one(&self, cx: &mut Context<'_>) -> Poll<Result<Envelope, RecvError>> {
+    pub fn poll_one(&self, cx: &mut Context<'_>) -> Poll<Result<Envelope, RecvError>> {
         let mut g = self.lock();
         let mut out = Vec::with_capacity(1);
         if Self::drain(&mut g, &mut out, 1) == 1 {
@@ -287,129 +334,88 @@ impl MailboxQueue {
     }
 }
 
-/// A registered mailbox. Receive with `recv*`; send from it with `send*` (the receiver sees
-/// this mailbox as the sender). Dropping it unregisters the name; later messages to it are
-/// reported to their senders as undeliverable.
-pub struct Mailbox {
-    pub(crate) queue: Arc<MailboxQueue>,
-    pub(crate) node: Arc<Shared>,
+/// The node's mailboxes by name, and the count of messages that found none.
+#[derive(Clone, Default)]
+pub(crate) struct Mailboxes(Arc<Registry>);
+
+#[derive(Default)]
+struct Registry {
+    map: RwLock<HashMap<Name, Arc<MailboxQueue>, NameHash>>,
+    /// Messages that arrived for a mailbox that does not exist here.
+    missing: AtomicU64,
+    /// Mailbox names already logged as missing (at most `LOGGED_NAMES`).
+    logged: Mutex<HashSet<Name>>,
 }
 
-impl Mailbox {
-    /// This mailbox's name.
-    pub fn name(&self) -> &str {
-        self.queue.name.as_str()
+/// Mailbox names logged as missing, at most (further names are counted only).
+const LOGGED_NAMES: usize = 1024;
+
+impl Mailboxes {
+    pub fn get(&self, name: &[u8]) -> Option<Arc<MailboxQueue>> {
+        self.0
+            .map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
     }
 
-    /// This mailbox's address, to hand to other nodes.
-    pub fn address(&self) -> Address {
-        Address {
-            node: self.node.name.clone(),
-            mailbox: self.queue.name.clone(),
+    /// The queue called `name`, made with `make` if there is none.
+    pub fn get_or_insert(
+        &self,
+        name: &Name,
+        make: impl FnOnce() -> MailboxQueue,
+    ) -> Arc<MailboxQueue> {
+        let mut g = self.0.map.write().unwrap_or_else(|p| p.into_inner());
+        g.entry(name.clone())
+            .or_insert_with(|| Arc::new(make()))
+            .clone()
+    }
+
+    /// Forget `q` (if it is still the one registered under its name) and close it.
+    /// Returns how many messages were left in it.
+    pub fn remove(&self, q: &Arc<MailboxQueue>) -> usize {
+        let mut g = self.0.map.write().unwrap_or_else(|p| p.into_inner());
+        if g.get(&q.name).is_some_and(|m| Arc::ptr_eq(m, q)) {
+            g.remove(&q.name);
+        }
+        drop(g);
+        q.close();
+        q.len()
+    }
+
+    /// Close every mailbox (the node stopped).
+    pub fn close_all(&self) {
+        for q in self
+            .0
+            .map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            q.close();
         }
     }
 
-    /// Wait for the next message. `Err(Closed)` once the node shut down and the queue is empty.
-    pub fn recv(&self) -> Result<Envelope, RecvError> {
-        let mut v = Vec::with_capacity(1);
-        self.queue.take(&mut v, 1, Some(None))?;
-        v.pop().ok_or(RecvError::Closed)
+    /// `count` messages from node `from` found no mailbox `to`: count them, and log the
+    /// name the first time (for the first `LOGGED_NAMES` names).
+    pub fn note_missing(&self, to: &Name, from: &Name, count: u32) {
+        self.0.missing.fetch_add(count as u64, Ordering::Relaxed);
+        let mut logged = self.0.logged.lock().unwrap_or_else(|p| p.into_inner());
+        if logged.len() < LOGGED_NAMES && logged.insert(to.clone()) {
+            warn!(mailbox = %to, from_node = %from, "message for a mailbox that does not exist here; reporting it to the sender as undeliverable (logged once per name)");
+            if logged.len() == LOGGED_NAMES {
+                warn!(
+                    names = LOGGED_NAMES,
+                    "undeliverable messages for so many mailbox names that further names are no longer logged; they are still counted and reported to their senders"
+                );
+            }
+        }
     }
 
-    /// Wait at most `timeout` for the next message.
-    pub fn recv_timeout(&self, timeout: Duration) -> Result<Envelope, RecvError> {
-        let mut v = Vec::with_capacity(1);
-        self.queue
-            .take(&mut v, 1, Some(Some(Instant::now() + timeout)))?;
-        v.pop().ok_or(RecvError::Closed)
-    }
-
-    /// The next message if one is queued, else `Err(Empty)`.
-    pub fn try_recv(&self) -> Result<Envelope, RecvError> {
-        let mut v = Vec::with_capacity(1);
-        self.queue.take(&mut v, 1, None)?;
-        v.pop().ok_or(RecvError::Empty)
-    }
-
-    /// Wait for at least one message, then return everything queued, up to `max`, in one
-    /// call (one lock, one wake-up).
-    pub fn recv_batch(&self, max: usize) -> Result<Vec<Envelope>, RecvError> {
-        let mut v = Vec::new();
-        self.queue.take(&mut v, max.max(1), Some(None))?;
-        Ok(v)
-    }
-
-    /// Like [`Mailbox::recv_batch`], appending to `out` so its buffer is reused across
-    /// calls; waits at most `timeout` for the first message. Returns how many were added.
-    pub fn recv_batch_into(
-        &self,
-        out: &mut Vec<Envelope>,
-        max: usize,
-        timeout: Duration,
-    ) -> Result<usize, RecvError> {
-        self.queue
-            .take(out, max.max(1), Some(Some(Instant::now() + timeout)))
-    }
-
-    /// Receive from async code: a future that never blocks the thread polling it, so it is
-    /// safe on a tokio (or any) runtime thread.
-    pub fn recv_async(&self) -> RecvFuture<'_> {
-        RecvFuture { mb: self }
-    }
-
-    /// Messages waiting in this mailbox.
-    pub fn len(&self) -> usize {
-        self.queue.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Send `payload` to `to`, from this mailbox. Blocks while the outbound queue is full.
-    pub fn send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
-        self.node.send(&self.queue.name, to, payload.into(), true)
-    }
-
-    /// Like [`Mailbox::send`] but returns `Error::Full` instead of blocking.
-    pub fn try_send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
-        self.node.send(&self.queue.name, to, payload.into(), false)
-    }
-
-    /// Send to mailbox `mailbox` on every member, this node included.
-    pub fn send_all(&self, mailbox: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
-        self.node
-            .send_all(&self.queue.name, mailbox, payload.into(), true)
-    }
-
-    /// Send a value serialized with postcard; decode it with [`Envelope::value`].
-    pub fn send_value<T: serde::Serialize>(&self, to: &Address, value: &T) -> Result<(), Error> {
-        let bytes = postcard::to_allocvec(value).map_err(|e| Error::Encode(e.to_string()))?;
-        self.send(to, bytes)
-    }
-}
-
-impl Drop for Mailbox {
-    fn drop(&mut self) {
-        self.node.unregister(&self.queue);
-    }
-}
-
-impl std::fmt::Debug for Mailbox {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Mailbox({}/{})", self.node.name, self.queue.name)
-    }
-}
-
-/// The future returned by [`Mailbox::recv_async`].
-pub struct RecvFuture<'a> {
-    mb: &'a Mailbox,
-}
-
-impl Future for RecvFuture<'_> {
-    type Output = Result<Envelope, RecvError>;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.mb.queue.poll_one(cx)
+    /// Messages that found no mailbox.
+    pub fn missing(&self) -> u64 {
+        self.0.missing.load(Ordering::Relaxed)
     }
 }
 
@@ -435,8 +441,8 @@ mod tests {
         // Each costs 8 + 1 + 16 = 25: admitted at 0 and 25, refused at 50.
         assert!(q.push_one(env(0), false).is_ok());
         assert!(q.push_one(env(1), false).is_ok());
-        let back = q.push_one(env(2), false).unwrap_err();
-        assert_eq!(back.payload[0], 2);
+        let (back, why) = q.push_one(env(2), false).unwrap_err();
+        assert_eq!((back.payload[0], why), (2, Refused::Full));
         assert_eq!(q.len(), 2);
     }
 
@@ -452,7 +458,13 @@ mod tests {
             .collect();
         let list = MessageList::from_messages(&msgs);
         let (_, range, n) = list.runs().next().unwrap();
-        assert!(q.push_run(&Name::from_static("peer"), list.body().slice(range), n));
+        q.push_run(
+            &Name::from_static("peer"),
+            list.body().slice(range),
+            n,
+            Wait::No,
+        )
+        .unwrap();
         q.push_one(env(9), true).unwrap();
         assert_eq!(q.len(), 6);
         let mut out = Vec::new();
@@ -499,6 +511,30 @@ mod tests {
             q.push_one(env(2), true).is_err(),
             "a closed mailbox takes nothing"
         );
+    }
+
+    #[test]
+    fn a_waiting_reader_gives_up_when_told_within_the_recheck() {
+        let q = q(10);
+        q.push_one(env(0), false).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let t = s.spawn(|| {
+                let t0 = Instant::now();
+                let r = q.push_run(
+                    &Name::from_static("p"),
+                    Bytes::from_static(b"x"),
+                    1,
+                    Wait::Until(&|| stop.load(std::sync::atomic::Ordering::Relaxed)),
+                );
+                (r, t0.elapsed())
+            });
+            std::thread::sleep(Duration::from_millis(30));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let (r, waited) = t.join().unwrap();
+            assert_eq!(r, Err(Refused::GaveUp));
+            assert!(waited < Duration::from_secs(2), "{waited:?}");
+        });
     }
 
     #[test]

@@ -1,12 +1,41 @@
-//! The IO layer: sockets, threads and queues around the sans-IO core.
+//! The IO layer: threads and sockets around the sans-IO core.
+//!
+//! Floors, each importing only the ones below it:
+//! - [`runtime`]: the node's parts (registries, event bus, shutdown, timer, threads), the
+//!   routing of sends, starting and stopping. The API (`Node`, `Mailbox`) sits on it.
+//! - thread bodies, each taking only what it uses: [`accept`], [`dial`] and [`setup`]
+//!   (connections: TLS, handshake, RESUME, then [`read`]), [`write`] (a peer's writer),
+//!   [`bundle`] (transfer-queue), [`tick`] (the sessions' timers).
+//! - handles: [`peers`] and [`peer`] (a peer's session, lane and connection), [`lane`],
+//!   [`mailbox`], [`conn`], [`link`] (plain or TLS), [`events`], [`shutdown`], [`timer`],
+//!   [`threads`].
+//!
+//! Ownership: every protocol rule lives in the peer's `Session` (core); a peer's session is
+//! locked for one step at a time and never across a wait. Only the writer writes to a
+//! socket; only a connection's reader reads it. Every wait has a wake-up or a deadline.
 
-pub(crate) mod connection;
-pub(crate) mod detector;
-pub mod mailbox;
-pub mod node;
-pub(crate) mod queue;
-pub mod tls;
-pub(crate) mod writer;
+pub(crate) mod accept;
+pub(crate) mod bundle;
+pub(crate) mod conn;
+pub(crate) mod dial;
+pub(crate) mod events;
+pub(crate) mod lane;
+pub(crate) mod link;
+pub(crate) mod mailbox;
+pub(crate) mod peer;
+pub(crate) mod peers;
+pub(crate) mod read;
+pub(crate) mod runtime;
+pub(crate) mod setup;
+pub(crate) mod shutdown;
+pub(crate) mod threads;
+pub(crate) mod tick;
+pub(crate) mod timer;
+pub(crate) mod write;
+
+use batchwire_core::idle::IdleStrategy;
+
+use crate::config::NodeConfig;
 
 /// Spin or yield as an idle step says (the caller holds no lock); parking is the caller's,
 /// on its own condvar.
@@ -20,5 +49,36 @@ pub(crate) fn pause(step: batchwire_core::idle::IdleStep) {
         }
         IdleStep::Yield => std::thread::yield_now(),
         IdleStep::Park => {}
+    }
+}
+
+/// The idle strategy of a (validated) configuration.
+pub(crate) fn idle_strategy(cfg: &NodeConfig) -> IdleStrategy {
+    IdleStrategy::from_level(cfg.idle_cpu_level).unwrap_or_default()
+}
+
+/// FNV-1a: node and mailbox names are short, and SipHash showed up in profiles of the send
+/// path. The maps are keyed by names this node chose or authenticated peers sent (at most
+/// `max_peers` peers); names from the network are only looked up, never inserted.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct NameHash;
+
+impl std::hash::BuildHasher for NameHash {
+    type Hasher = Fnv;
+    fn build_hasher(&self) -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+pub(crate) struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+        }
     }
 }

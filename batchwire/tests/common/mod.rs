@@ -45,7 +45,7 @@ pub fn mesh(names: &[&str]) -> Vec<NodeConfig> {
 
 /// Start every config and wait until the mesh is connected.
 pub fn start(cfgs: Vec<NodeConfig>) -> Vec<Node> {
-    let names: Vec<String> = cfgs.iter().map(|c| c.name.clone()).collect();
+    let names: Vec<String> = cfgs.iter().map(|c| c.name().to_string()).collect();
     let nodes: Vec<Node> = cfgs.into_iter().map(|c| Node::start(c).unwrap()).collect();
     for n in &nodes {
         let others: Vec<&str> = names

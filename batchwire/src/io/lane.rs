@@ -1,6 +1,9 @@
 //! A lane: an outbound queue (an [`Outbox`] of encoded frames, bounded in bytes) and the
-//! condvars its senders and its writer wait on. With a per-peer bundler every peer has a
-//! lane of its own; with `transfer-queue` one lane serves every peer.
+//! condvars its senders and its consumer wait on. Every peer has a lane of its own, which
+//! its writer thread waits on (for data, and for a `poke`: a control frame is due, the
+//! window has room, the connection changed); with `transfer-queue` one more lane, shared by
+//! all peers, feeds the bundler thread. Only messages go through a lane: control frames
+//! never queue behind data.
 //!
 //! The hot path (`push`) takes one mutex, encodes the message into the outbox and, only
 //! when the writer is parked and has a reason to wake, notifies it: no syscall, allocation
@@ -13,12 +16,8 @@ use std::time::{Duration, Instant};
 
 use batchwire_core::bundler::{Bundler, Decision, FlushReason};
 use batchwire_core::codec::Name;
-use batchwire_core::frame::Frame;
 use batchwire_core::idle::{IdleStep, IdleStrategy};
 use batchwire_core::outbox::{Batch, Dest, Outbox};
-
-/// Most control frames waiting in a lane.
-const MAX_CONTROLS: usize = 256;
 
 /// Why `push` did not queue a message.
 #[derive(Debug, PartialEq, Eq)]
@@ -36,8 +35,9 @@ pub(crate) enum Next {
     Batch(FlushReason),
     /// The node is shutting down and the lane is empty.
     Drained,
-    /// A connection of this lane changed; the batch is empty.
-    Reconnect,
+    /// The writer was poked (control due, window room, connection changed); the batch is
+    /// empty.
+    Wake,
 }
 
 struct Inner {
@@ -45,7 +45,7 @@ struct Inner {
     closed: bool,
     writer_waiting: bool,
     senders_waiting: usize,
-    /// Bumped whenever the writer must re-check its connections.
+    /// Bumped whenever the writer must look up (`poke`).
     epoch: u64,
 }
 
@@ -138,26 +138,7 @@ impl Lane {
         Ok(())
     }
 
-    /// Queue a control frame for `dest`, after everything queued, unless `max` control
-    /// frames are queued already (a writer that cannot write: the frame would only add to
-    /// a pile). Returns whether it was queued.
-    pub fn push_control(&self, dest: Dest, frame: &Frame, max: usize) -> bool {
-        let mut g = self.lock();
-        if g.outbox.controls() >= max {
-            return false;
-        }
-        g.outbox.push_frame(dest, frame);
-        self.not_empty.notify_one();
-        true
-    }
-
-    /// Queue an acknowledgement or heartbeat (at most `MAX_CONTROLS` control frames wait in
-    /// a lane; a later acknowledgement supersedes a dropped one).
-    pub fn push_frame(&self, dest: Dest, frame: &Frame) {
-        self.push_control(dest, frame, MAX_CONTROLS);
-    }
-
-    /// Make the writer re-check its connections.
+    /// Make the consumer look up: `next_batch` returns `Wake`, `wait_epoch` returns.
     pub fn poke(&self) {
         let mut g = self.lock();
         g.epoch += 1;
@@ -168,7 +149,7 @@ impl Lane {
         self.lock().epoch
     }
 
-    /// Wait until the epoch moves past `epoch` or `d` passes.
+    /// Wait until the epoch moves past `epoch` (a poke) or `d` passes.
     pub fn wait_epoch(&self, epoch: u64, d: Duration) {
         let g = self.lock();
         let _ = self
@@ -192,10 +173,14 @@ impl Lane {
         self.not_full.notify_all();
     }
 
-    /// Messages and control frames waiting.
+    /// Messages waiting.
     pub fn queued(&self) -> usize {
-        let g = self.lock();
-        g.outbox.messages() + g.outbox.controls()
+        self.lock().outbox.messages()
+    }
+
+    /// Whether nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.lock().outbox.is_empty()
     }
 
     /// Wait (per the idle strategy) until the bundler says to flush, then move the frames
@@ -205,7 +190,7 @@ impl Lane {
         let mut g = self.lock();
         loop {
             if g.epoch != epoch {
-                return Next::Reconnect;
+                return Next::Wake;
             }
             let now = Instant::now();
             match bundler.poll(g.outbox.level(), now) {
@@ -359,7 +344,7 @@ mod tests {
             l.poke();
             assert_eq!(
                 t.join().unwrap(),
-                (Next::Batch(FlushReason::Drained), Next::Reconnect),
+                (Next::Batch(FlushReason::Drained), Next::Wake),
                 "level {level}"
             );
         }

@@ -3,41 +3,28 @@
 //!
 //! With TLS one rustls connection serves two threads (the reader and the writer), so it
 //! sits behind a mutex that is never held across a socket call: the writer encrypts under
-//! the lock and writes the records after releasing it (a second lock keeps records in
-//! order on the wire); the reader reads ciphertext without the lock and decrypts under it.
+//! the lock and writes the records after releasing it; the reader reads ciphertext without
+//! the lock and decrypts under it. Only the writer writes to the socket: records rustls
+//! wants to send in reply to what the reader fed it (key updates) stay in rustls until the
+//! writer, woken for them, sends them in order with its own.
+//!
+//! Every write after setup goes through [`Link::write_vectored`]: the socket's write
+//! timeout (`write_check`) makes each blocked write return now and then, and the caller
+//! says whether to go on. So no write blocks without a look up.
 
 use std::io::{IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
+use crate::config::TlsFiles;
 use crate::error::Error;
-
-/// Where a node's TLS material is (PEM files): its certificate chain, its private key, and
-/// the CA that signed every node's certificate. Each node's certificate must name the node
-/// (a DNS subject alternative name equal to the node name).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    pub ca: PathBuf,
-}
-
-impl TlsFiles {
-    /// The files `batchwire certs --out DIR` writes for node `name`.
-    pub fn in_dir(dir: &Path, name: &str) -> TlsFiles {
-        TlsFiles {
-            cert: dir.join(format!("{name}.pem")),
-            key: dir.join(format!("{name}-key.pem")),
-            ca: dir.join("ca.pem"),
-        }
-    }
-}
 
 /// rustls configurations for both roles, built once per node.
 pub(crate) struct TlsConfigs {
@@ -120,9 +107,11 @@ pub(crate) enum Link {
     Tls {
         sock: TcpStream,
         state: Mutex<TlsState>,
-        /// Held while records are written, so records reach the wire in the order rustls
-        /// produced them.
-        wire: Mutex<()>,
+        /// rustls has records to send that no write carried yet (replies to what the
+        /// reader fed it): the writer should call `flush_tls`.
+        pending_out: AtomicBool,
+        /// Wakes the writer for those.
+        waker: OnceLock<Box<dyn Fn() + Send + Sync>>,
     },
 }
 
@@ -208,7 +197,8 @@ impl Link {
                 conn,
                 pending: Vec::new(),
             }),
-            wire: Mutex::new(()),
+            pending_out: AtomicBool::new(false),
+            waker: OnceLock::new(),
         })
     }
 
@@ -239,44 +229,70 @@ impl Link {
         }
     }
 
-    /// Write every buffer, in order, with as few system calls as possible.
-    pub fn write_all_vectored(&self, bufs: &[&[u8]]) -> std::io::Result<usize> {
+    /// Write every buffer, in order, with as few system calls as possible. Whenever a
+    /// write times out (the socket's write timeout), `go_on` says whether to keep trying;
+    /// if not, the error is returned (and the connection must be closed: part of the
+    /// buffers may have been written). Only one thread (the connection's writer, or the
+    /// setup before it) writes.
+    pub fn write_vectored(
+        &self,
+        bufs: &[&[u8]],
+        go_on: &mut dyn FnMut() -> bool,
+    ) -> std::io::Result<usize> {
         let total = bufs.iter().map(|b| b.len()).sum();
         match self {
-            Link::Plain(s) => {
-                let mut slices: Vec<IoSlice> = bufs.iter().map(|b| IoSlice::new(b)).collect();
-                let mut rest = &mut slices[..];
-                let mut s = s;
-                while !rest.is_empty() {
-                    match s.write_vectored(rest) {
-                        Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-                        Ok(n) => IoSlice::advance_slices(&mut rest, n),
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e),
+            Link::Plain(s) => write_slices(s, bufs, go_on)?,
+            Link::Tls {
+                sock,
+                state,
+                pending_out,
+                ..
+            } => {
+                // Encrypt under the state lock, write after releasing it. Records rustls
+                // queued in reply to the reader go out first, in order.
+                let mut out = Vec::with_capacity(total + 64);
+                {
+                    let mut st = Self::lock(state);
+                    pending_out.store(false, Ordering::Release);
+                    while st.conn.wants_write() {
+                        st.conn.write_tls(&mut out)?;
+                    }
+                    for b in bufs {
+                        st.conn.writer().write_all(b)?;
+                    }
+                    while st.conn.wants_write() {
+                        st.conn.write_tls(&mut out)?;
                     }
                 }
-            }
-            Link::Tls { sock, state, wire } => {
-                // Encrypt under the state lock, write after releasing it (keeping the
-                // wire lock so records stay in order).
-                let mut out = Vec::with_capacity(total + 64);
-                let mut st = Self::lock(state);
-                for b in bufs {
-                    st.conn.writer().write_all(b)?;
-                }
-                while st.conn.wants_write() {
-                    st.conn.write_tls(&mut out)?;
-                }
-                let _w = wire.lock().unwrap_or_else(|p| p.into_inner());
-                drop(st);
-                (&*sock).write_all(&out)?;
+                write_slices(sock, &[&out], go_on)?;
             }
         }
         Ok(total)
     }
 
+    /// Write `buf` (setup: the socket's timeouts bound it).
     pub fn write_all(&self, buf: &[u8]) -> std::io::Result<()> {
-        self.write_all_vectored(&[buf]).map(|_| ())
+        self.write_vectored(&[buf], &mut || false).map(|_| ())
+    }
+
+    /// TLS: whether rustls has records of its own to send (see `flush_tls`).
+    pub fn tls_pending(&self) -> bool {
+        match self {
+            Link::Plain(_) => false,
+            Link::Tls { pending_out, .. } => pending_out.load(Ordering::Acquire),
+        }
+    }
+
+    /// TLS: send the records rustls queued in reply to what the reader fed it.
+    pub fn flush_tls(&self, go_on: &mut dyn FnMut() -> bool) -> std::io::Result<()> {
+        self.write_vectored(&[], go_on).map(|_| ())
+    }
+
+    /// Call `wake` when rustls has records to send (the writer then calls `flush_tls`).
+    pub fn set_waker(&self, wake: Box<dyn Fn() + Send + Sync>) {
+        if let Link::Tls { waker, .. } = self {
+            let _ = waker.set(wake);
+        }
     }
 
     /// Read some bytes of the stream into `out`; 0 at its end.
@@ -286,7 +302,12 @@ impl Link {
                 let mut s = s;
                 s.read(out)
             }
-            Link::Tls { sock, state, wire } => {
+            Link::Tls {
+                sock,
+                state,
+                pending_out,
+                waker,
+            } => {
                 loop {
                     {
                         let mut st = Self::lock(state);
@@ -309,15 +330,13 @@ impl Link {
                                 let _ = (&*sock).write_all(&alert);
                                 return Err(io_err(e));
                             }
-                            // Protocol replies (key updates) go out in order with data.
+                            // Protocol replies (key updates) wait in rustls for the writer,
+                            // which alone writes to the socket.
                             if conn.wants_write() {
-                                let mut o = Vec::new();
-                                while conn.wants_write() {
-                                    conn.write_tls(&mut o)?;
+                                pending_out.store(true, Ordering::Release);
+                                if let Some(wake) = waker.get() {
+                                    wake();
                                 }
-                                let _w = wire.lock().unwrap_or_else(|p| p.into_inner());
-                                drop(st);
-                                (&*sock).write_all(&o)?;
                             }
                             continue;
                         }
@@ -356,12 +375,35 @@ impl Link {
         self.set_read_timeout(Some(left))?;
         self.set_write_timeout(Some(left))
     }
+}
 
-    /// No more deadline: reads and writes block until they are done or the socket closes.
-    pub fn clear_deadline(&self) -> std::io::Result<()> {
-        self.set_read_timeout(None)?;
-        self.set_write_timeout(None)
+/// Write every slice, going on after each timeout while `go_on` says so.
+fn write_slices(
+    mut s: &TcpStream,
+    bufs: &[&[u8]],
+    go_on: &mut dyn FnMut() -> bool,
+) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice> = bufs.iter().map(|b| IoSlice::new(b)).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        match s.write_vectored(rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if !go_on() {
+                    return Err(e);
+                }
+            }
+            Err(e) => return Err(e),
+        }
     }
+    Ok(())
 }
 
 /// Check that `cert` names `node` (a DNS subject alternative name).

@@ -1,0 +1,65 @@
+//! Where a message goes: a mailbox on a node, and the rules for names.
+
+use batchwire_core::codec::Name;
+
+use crate::error::Error;
+
+/// A mailbox on a node: where a message goes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Address {
+    pub(crate) node: Name,
+    pub(crate) mailbox: Name,
+}
+
+impl Address {
+    /// The mailbox `mailbox` on node `node`. Names are 1..=255 bytes of UTF-8 (the mailbox
+    /// name may be empty only as a sender: "" is the anonymous sender used by `Node::send`).
+    pub fn new(node: &str, mailbox: &str) -> Result<Address, Error> {
+        Ok(Address {
+            node: node_name(node)?,
+            mailbox: Name::new(mailbox)
+                .ok_or_else(|| Error::InvalidName(mailbox.into(), "longer than 255 bytes"))?,
+        })
+    }
+
+    /// The node's name.
+    pub fn node(&self) -> &str {
+        self.node.as_str()
+    }
+
+    /// The mailbox's name.
+    pub fn mailbox(&self) -> &str {
+        self.mailbox.as_str()
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.mailbox, self.node)
+    }
+}
+
+/// A node name (or a mailbox name that must not be empty): 1..=255 bytes.
+pub(crate) fn node_name(s: &str) -> Result<Name, Error> {
+    if s.is_empty() {
+        return Err(Error::InvalidName(s.into(), "empty"));
+    }
+    Name::new(s).ok_or_else(|| Error::InvalidName(s.into(), "longer than 255 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert_eq!(Address::new("n", "m").unwrap().to_string(), "m@n");
+        assert!(matches!(
+            Address::new("", "m"),
+            Err(Error::InvalidName(_, "empty"))
+        ));
+        assert!(Address::new(&"x".repeat(256), "m").is_err());
+        assert!(Address::new("n", &"x".repeat(256)).is_err());
+        assert_eq!(Address::new("n", "").unwrap().mailbox(), "");
+    }
+}

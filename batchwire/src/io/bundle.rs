@@ -1,0 +1,57 @@
+//! The transfer-queue bundler thread (JGRP-1540): one queue for every peer, drained by one
+//! thread. Each batch it takes is split into runs of consecutive frames for one destination
+//! (every member, for the null destination); each run is numbered into that peer's window
+//! and its writer is poked. The thread never touches a socket, so a peer that stops reading
+//! stalls only its own writer; senders to a peer whose window is full wait at the door
+//! (`Peer::wait_room`), not in the shared queue.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use batchwire_core::bundler::BundlerConfig;
+use batchwire_core::outbox::{ALL, Batch, groups};
+
+use crate::io::lane::{Lane, Next};
+use crate::io::peers::Peers;
+use crate::io::write::hold_frames;
+
+pub(crate) fn run_bundler(
+    lane: Arc<Lane>,
+    peers: Peers,
+    cfg: BundlerConfig,
+    done: Arc<AtomicBool>,
+) {
+    let mut bundler = cfg.build();
+    let mut batch = Batch::default();
+    loop {
+        let epoch = lane.epoch();
+        match lane.next_batch(bundler.as_mut(), epoch, &mut batch) {
+            Next::Batch(reason) => {
+                for group in groups(&batch.frames) {
+                    let frames: Vec<(&[u8], u32)> = group
+                        .iter()
+                        .filter(|f| f.messages > 0)
+                        .map(|f| (&batch.buf[f.start..f.end], f.messages))
+                        .collect();
+                    let targets = match group[0].dest {
+                        ALL => peers.all(),
+                        id => peers.by_id(id).into_iter().collect(),
+                    };
+                    for p in targets {
+                        hold_frames(&p, &frames, reason);
+                        p.lane.poke();
+                    }
+                }
+            }
+            Next::Wake => {}
+            // Shutting down and drained: the writers finish on their own.
+            Next::Drained => {
+                done.store(true, Ordering::Release);
+                for p in peers.all() {
+                    p.lane.poke();
+                }
+                return;
+            }
+        }
+    }
+}

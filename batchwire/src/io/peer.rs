@@ -1,0 +1,386 @@
+//! A peer's handles: its session (the protocol state, locked once per batch and never
+//! across a wait), its lane, its current connection, and the counters.
+//!
+//! Every call into the session goes through [`Peer::session`], which afterwards acts on what
+//! the session says: events are reported (a peer down also fails what is still queued for
+//! it), a connection the session gave up on is closed, the writer is poked when control
+//! became due or the window opened, and the ticker is told of an earlier deadline. So the
+//! rules stay in the session and the routing stays here, in one place.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use batchwire_core::codec::Name;
+use batchwire_core::frame::{self, Frame, Message, Undeliverable};
+use batchwire_core::outbox::{Batch, Dest};
+use batchwire_core::session::{FailReason, PeerState, Session, SessionEvent};
+use bytes::BytesMut;
+use tracing::{info, warn};
+
+use crate::address::Address;
+use crate::event::{Event, FailedMessage};
+use crate::io::conn::Conn;
+use crate::io::events::Events;
+use crate::io::lane::Lane;
+use crate::io::timer::Timer;
+use crate::stats::PeerCounters;
+
+/// What every peer's dispatch needs: the node's name (for logs), the event bus, and the
+/// ticker's alarm.
+pub(crate) struct PeerCtx {
+    pub node: Name,
+    pub events: Events,
+    pub timer: Timer,
+}
+
+/// One peer.
+pub(crate) struct Peer {
+    /// The destination tag of this peer's frames in a shared lane.
+    pub id: Dest,
+    pub name: Name,
+    ctx: Arc<PeerCtx>,
+    session: Mutex<Session>,
+    /// Messages for this peer (per-peer bundlers), and its writer's wake-ups.
+    pub lane: Arc<Lane>,
+    conn: Mutex<Option<Arc<Conn>>>,
+    /// Held by the reader delivering a frame, so two readers of this peer (a replaced
+    /// connection's and its successor's) never interleave their deliveries.
+    delivery: Mutex<()>,
+    /// The session's state, for the send path (no lock per message).
+    state: AtomicU8,
+    /// The session's window is full (transfer-queue senders wait on `room` meanwhile).
+    window_full: AtomicBool,
+    room: Condvar,
+    room_lock: Mutex<()>,
+    notices: Mutex<Notices>,
+    pub stats: PeerCounters,
+}
+
+/// Undeliverable notices for this peer, summed per (destination, sender) pair until the
+/// writer sends them. At most `NOTICE_PAIRS` pairs are kept apart; the counts of any
+/// further pairs go into one summary notice (destination "", which no mailbox can have),
+/// so a peer that sends to a million made-up names costs this node a fixed amount of memory.
+#[derive(Default)]
+struct Notices {
+    pairs: Vec<(Name, Name, u32)>,
+    summary: u32,
+}
+
+/// Distinct (destination, sender) pairs of undeliverable notices kept per peer.
+const NOTICE_PAIRS: usize = 64;
+/// Notices written at once (the rest go with the next write).
+const NOTICES_PER_WRITE: usize = 16;
+
+fn state_code(s: PeerState) -> u8 {
+    match s {
+        PeerState::Connecting => 0,
+        PeerState::Up => 1,
+        PeerState::Down => 2,
+    }
+}
+
+impl Peer {
+    pub fn new(id: Dest, name: Name, ctx: Arc<PeerCtx>, session: Session, lane: Arc<Lane>) -> Peer {
+        Peer {
+            id,
+            name,
+            ctx,
+            session: Mutex::new(session),
+            lane,
+            conn: Mutex::new(None),
+            delivery: Mutex::new(()),
+            state: AtomicU8::new(0),
+            window_full: AtomicBool::new(false),
+            room: Condvar::new(),
+            room_lock: Mutex::new(()),
+            notices: Mutex::new(Notices::default()),
+            stats: PeerCounters::default(),
+        }
+    }
+
+    /// Run `f` on the session (with the time), then act on what it says. Never call it
+    /// while waiting for anything.
+    pub fn session<R>(&self, f: impl FnOnce(&mut Session, Instant) -> R) -> R {
+        let mut s = self.session.lock().unwrap_or_else(|p| p.into_inner());
+        let due = |s: &Session| s.current().is_some_and(|c| s.control_due(c));
+        let (due_before, full_before, empty_before) =
+            (due(&s), s.window_full(), s.window_messages() == 0);
+        let now = Instant::now();
+        let r = f(&mut s, now);
+        let events: Vec<SessionEvent> = std::iter::from_fn(|| s.poll_event()).collect();
+        let deadline = s.poll_timeout();
+        let (due_after, full_after, empty_after) =
+            (due(&s), s.window_full(), s.window_messages() == 0);
+        // The mirrors are written under the lock, so they follow the session's order.
+        self.state.store(state_code(s.state()), Ordering::Release);
+        self.window_full.store(full_after, Ordering::Release);
+        drop(s);
+        if full_before && !full_after {
+            self.wake_senders();
+        }
+        if (due_after && !due_before)
+            || (full_before && !full_after)
+            || (empty_after && !empty_before)
+        {
+            self.lane.poke();
+        }
+        if let Some(t) = deadline {
+            self.ctx.timer.wake_at(t);
+        }
+        for e in events {
+            self.dispatch(e);
+        }
+        r
+    }
+
+    fn dispatch(&self, e: SessionEvent) {
+        let node = &self.ctx.node;
+        match e {
+            SessionEvent::Up { incarnation } => {
+                info!(node = %node, peer = %self.name, incarnation, "peer up");
+                self.ctx.events.emit(Event::PeerUp {
+                    peer: self.name.to_string(),
+                    incarnation,
+                });
+            }
+            SessionEvent::Restarted { incarnation } => {
+                info!(node = %node, peer = %self.name, incarnation, "peer restarted (new incarnation)");
+            }
+            SessionEvent::Down { reason } => {
+                warn!(node = %node, peer = %self.name, %reason, "peer declared down");
+                self.ctx.events.emit(Event::PeerDown {
+                    peer: self.name.to_string(),
+                    reason,
+                });
+                // What is still queued for it can only go to it: hand it back too.
+                let mut b = Batch::default();
+                self.lane.take_all(&mut b);
+                let frames = b.frames.iter().filter(|f| f.messages > 0);
+                self.report_failed(
+                    decode_frames(frames.map(|f| &b.buf[f.start..f.end])),
+                    FailReason::Down(reason),
+                );
+                self.wake_senders();
+            }
+            SessionEvent::Failed { messages, reason } => self.report_failed(messages, reason),
+            SessionEvent::Close { conn } => {
+                if let Some(c) = self.current().filter(|c| c.id == conn) {
+                    c.close();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Count, log and report messages that will never be delivered, with their payloads.
+    pub fn report_failed(&self, msgs: Vec<Message>, reason: FailReason) {
+        if msgs.is_empty() {
+            return;
+        }
+        let count = msgs.len() as u64;
+        self.stats.send_failed.fetch_add(count, Ordering::Relaxed);
+        warn!(node = %self.ctx.node, peer = %self.name, messages = count, %reason, "messages handed back as failed");
+        let messages = msgs
+            .into_iter()
+            .map(|m| FailedMessage {
+                to: Address {
+                    node: self.name.clone(),
+                    mailbox: m.to,
+                },
+                from: m.from.to_string(),
+                payload: m.payload,
+            })
+            .collect();
+        self.ctx.events.emit(Event::SendFailed {
+            peer: self.name.to_string(),
+            count,
+            reason,
+            messages,
+        });
+    }
+
+    /// Where the peer stands (no lock).
+    pub fn state(&self) -> PeerState {
+        match self.state.load(Ordering::Acquire) {
+            1 => PeerState::Up,
+            2 => PeerState::Down,
+            _ => PeerState::Connecting,
+        }
+    }
+
+    /// Whether the send window is full (no lock).
+    pub fn window_full(&self) -> bool {
+        self.window_full.load(Ordering::Acquire)
+    }
+
+    /// Transfer-queue: wait until the window has room, the peer is down or `stop()` says
+    /// so. Returns whether there is room (and the peer is not down).
+    pub fn wait_room(&self, stop: &dyn Fn() -> bool) -> bool {
+        let mut g = self.room_lock.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if self.state() == PeerState::Down || stop() {
+                return false;
+            }
+            if !self.window_full() {
+                return true;
+            }
+            g = self
+                .room
+                .wait_timeout(g, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn wake_senders(&self) {
+        let _g = self.room_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.room.notify_all();
+    }
+
+    /// The current connection.
+    pub fn current(&self) -> Option<Arc<Conn>> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Make `conn` the current connection; returns the one it replaces.
+    pub fn install(&self, conn: Arc<Conn>) -> Option<Arc<Conn>> {
+        let old = self
+            .conn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(conn);
+        self.lane.poke();
+        old
+    }
+
+    /// Forget `conn` if it is still the current connection.
+    pub fn uninstall(&self, conn: &Arc<Conn>) {
+        let mut g = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if g.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            *g = None;
+        }
+        drop(g);
+        self.lane.poke();
+    }
+
+    /// The turn to deliver: only one reader of this peer delivers at a time. While waiting
+    /// for it the reader does not listen, so silence is not counted meanwhile.
+    pub fn delivery_turn(&self) -> MutexGuard<'_, ()> {
+        if let Ok(g) = self.delivery.try_lock() {
+            return g;
+        }
+        self.session(|s, now| s.set_paused(now, true));
+        let g = self.delivery.lock().unwrap_or_else(|p| p.into_inner());
+        self.session(|s, now| s.set_paused(now, false));
+        g
+    }
+
+    /// Tell the peer that `count` messages from its mailbox `from` to our mailbox `to`
+    /// found no such mailbox: summed with earlier notices, sent with the next write.
+    pub fn report_undeliverable(&self, to: &Name, from: &Name, count: u32) {
+        let mut n = self.notices.lock().unwrap_or_else(|p| p.into_inner());
+        match n.pairs.iter().position(|(t, f, _)| t == to && f == from) {
+            Some(i) => n.pairs[i].2 = n.pairs[i].2.saturating_add(count),
+            None if n.pairs.len() < NOTICE_PAIRS => n.pairs.push((to.clone(), from.clone(), count)),
+            None => n.summary = n.summary.saturating_add(count),
+        }
+        drop(n);
+        self.lane.poke();
+    }
+
+    /// Encode up to `NOTICES_PER_WRITE` waiting notices into `out` (the writer's control
+    /// path).
+    pub fn take_notices(&self, out: &mut Vec<u8>) {
+        let mut n = self.notices.lock().unwrap_or_else(|p| p.into_inner());
+        let empty = Name::from_static("");
+        for _ in 0..NOTICES_PER_WRITE {
+            let (to, from, count) = match n.pairs.pop() {
+                Some(p) => p,
+                None if n.summary > 0 => {
+                    let c = std::mem::take(&mut n.summary);
+                    (empty.clone(), empty.clone(), c)
+                }
+                None => return,
+            };
+            Frame::Undeliverable(Undeliverable { count, to, from }).encode(out);
+        }
+    }
+
+    /// Whether notices wait.
+    pub fn has_notices(&self) -> bool {
+        let n = self.notices.lock().unwrap_or_else(|p| p.into_inner());
+        !n.pairs.is_empty() || n.summary > 0
+    }
+}
+
+/// The messages of encoded MESSAGES frames (for failure reports).
+pub(crate) fn decode_frames<'a>(frames: impl Iterator<Item = &'a [u8]>) -> Vec<Message> {
+    let mut out = Vec::new();
+    for f in frames {
+        let mut b = BytesMut::from(f);
+        if let Ok(Some(Frame::Messages(l))) = frame::decode(&mut b, usize::MAX) {
+            out.extend(l.iter());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use batchwire_core::bundler::BundlerConfig;
+    use batchwire_core::idle::IdleStrategy;
+    use batchwire_core::session::SessionConfig;
+
+    fn peer(unacked: usize) -> Peer {
+        let ctx = Arc::new(PeerCtx {
+            node: Name::from_static("me"),
+            events: Events::new(16),
+            timer: Timer::new(),
+        });
+        let cfg = SessionConfig {
+            unacked_bytes: unacked,
+            ..SessionConfig::default()
+        };
+        let b = BundlerConfig::default().build();
+        let lane = Arc::new(Lane::new(
+            1 << 20,
+            b.as_ref(),
+            1 << 16,
+            IdleStrategy::default(),
+        ));
+        Peer::new(
+            0,
+            Name::from_static("p"),
+            ctx,
+            Session::new(cfg, Instant::now()),
+            lane,
+        )
+    }
+
+    #[test]
+    fn undeliverable_notices_are_summed_and_bounded() {
+        let p = peer(1 << 20);
+        let from = Name::from_static("x");
+        for i in 0..1000 {
+            let to = Name::new(&format!("nobody-{i}")).unwrap();
+            p.report_undeliverable(&to, &from, 2);
+            p.report_undeliverable(&to, &from, 1);
+        }
+        let mut total = 0u64;
+        let mut frames = 0;
+        let mut out = Vec::new();
+        while p.has_notices() {
+            out.clear();
+            p.take_notices(&mut out);
+            let mut buf = BytesMut::from(&out[..]);
+            while let Ok(Some(Frame::Undeliverable(u))) = frame::decode(&mut buf, 1 << 16) {
+                total += u.count as u64;
+                frames += 1;
+            }
+        }
+        assert_eq!(total, 3000, "every message counted");
+        assert_eq!(frames, NOTICE_PAIRS + 1, "64 pairs and one summary");
+    }
+}

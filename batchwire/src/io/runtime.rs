@@ -1,0 +1,507 @@
+//! The node's runtime: its parts, each with one owner, and the routing of sends.
+//!
+//! | part | owner | who else uses it |
+//! | --- | --- | --- |
+//! | `Peers` (sessions, lanes, connections) | this runtime | senders (the lane), setup threads (connections), writers (their peer), the ticker (timers) |
+//! | `Mailboxes` | this runtime | readers (delivery), the API (receive) |
+//! | `Events` | this runtime | anyone who reports; subscribers read |
+//! | `Shutdown` | this runtime (one signal) | every thread, to know when to stop |
+//! | `Timer` | the ticker | whoever sets an earlier deadline |
+//! | `Setup` (secret, TLS, handshake slots) | the acceptor and the dialers | |
+//!
+//! Threads: one acceptor; one dialer per peer whose name sorts after ours (it also reads
+//! its connection); one thread per accepted connection (handshake, then reading); one
+//! writer per peer; one ticker; with `transfer-queue`, one bundler. `shutdown` joins them.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use batchwire_core::codec::Name;
+use batchwire_core::idle::IdleStrategy;
+use batchwire_core::outbox::ALL;
+use batchwire_core::session::PeerState;
+use bytes::Bytes;
+use tracing::{debug, info, warn};
+
+use crate::address::{Address, node_name};
+use crate::config::NodeConfig;
+use crate::error::Error;
+use crate::event::Event;
+use crate::io::bundle::run_bundler;
+use crate::io::dial::run_dialer;
+use crate::io::events::Events;
+use crate::io::lane::{Lane, PushError};
+use crate::io::link::TlsConfigs;
+use crate::io::mailbox::{Envelope, MailboxQueue, Mailboxes, Refused};
+use crate::io::peer::PeerCtx;
+use crate::io::peers::Peers;
+use crate::io::setup::Setup;
+use crate::io::shutdown::Shutdown;
+use crate::io::threads::Threads;
+use crate::io::tick::run_ticker;
+use crate::io::timer::Timer;
+use crate::io::{accept::run_acceptor, idle_strategy};
+use crate::stats::{NodeStats, PeerStats};
+
+/// A running node's parts.
+pub(crate) struct Runtime {
+    pub name: Name,
+    pub local_addr: SocketAddr,
+    pub config: NodeConfig,
+    pub idle: IdleStrategy,
+    setup: Arc<Setup>,
+    pub peers: Peers,
+    pub mailboxes: Mailboxes,
+    pub events: Events,
+    pub shutdown: Shutdown,
+    timer: Timer,
+    threads: Threads,
+    /// The writers, joined first at shutdown.
+    writers: Threads,
+    /// With `transfer-queue`: the one queue every peer shares.
+    shared_lane: Option<Arc<Lane>>,
+    local_messages: AtomicU64,
+}
+
+impl Runtime {
+    /// Bind, start every thread, return at once.
+    pub fn start(config: NodeConfig) -> Result<Arc<Runtime>, Error> {
+        config.validate()?;
+        let name = node_name(&config.name)?;
+        let mut peer_names: Vec<(Name, SocketAddr)> = Vec::new();
+        for p in &config.peers {
+            let pn = node_name(&p.name)?;
+            if pn == name {
+                return Err(Error::Config(format!("node {name} lists itself as a peer")));
+            }
+            if peer_names.iter().any(|(n, _)| *n == pn) {
+                return Err(Error::Config(format!("peer {pn} is listed twice")));
+            }
+            peer_names.push((pn, p.addr));
+        }
+        let declared = config
+            .mailboxes
+            .iter()
+            .map(|m| node_name(m))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tls = match &config.tls {
+            Some(files) => Some(TlsConfigs::load(files, &config.name)?),
+            None => None,
+        };
+        let listener = TcpListener::bind(config.listen).map_err(|source| Error::Listen {
+            addr: config.listen,
+            source,
+        })?;
+        let local_addr = listener.local_addr()?;
+        let mut inc = [0u8; 8];
+        getrandom::fill(&mut inc).map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+        let incarnation = u64::from_le_bytes(inc);
+
+        let (shutdown, timer, threads, writers) = (
+            Shutdown::default(),
+            Timer::new(),
+            Threads::default(),
+            Threads::default(),
+        );
+        let events = Events::new(config.events_capacity);
+        let idle = idle_strategy(&config);
+        let ctx = Arc::new(PeerCtx {
+            node: name.clone(),
+            events: events.clone(),
+            timer: timer.clone(),
+        });
+        let shared = config.bundler.kind.shared_queue();
+        let shared_lane = shared.then(|| {
+            let b = config.bundler.build();
+            Arc::new(Lane::new(
+                config.send_queue_bytes,
+                b.as_ref(),
+                config.frame_bytes,
+                idle,
+            ))
+        });
+        let shared_done = shared.then(|| Arc::new(AtomicBool::new(false)));
+        let peers = Peers::new(
+            ctx,
+            config.clone(),
+            writers.clone(),
+            shutdown.clone(),
+            shared_done.clone(),
+        );
+        let mailboxes = Mailboxes::default();
+        for n in declared {
+            mailboxes.get_or_insert(&n, || {
+                MailboxQueue::new(n.clone(), config.mailbox_bytes, idle)
+            });
+        }
+        let dials: Arc<[Name]> = peer_names
+            .iter()
+            .filter(|(p, _)| name.as_str() < p.as_str())
+            .map(|(p, _)| p.clone())
+            .collect();
+        let setup = Arc::new(Setup::new(
+            name.clone(),
+            incarnation,
+            tls,
+            dials,
+            config.clone(),
+            peers.clone(),
+            mailboxes.clone(),
+            events.clone(),
+            shutdown.clone(),
+        ));
+        for (pn, _) in &peer_names {
+            peers
+                .get_or_insert(pn)
+                .map_err(|e| Error::Config(format!("peer {pn}: {e:?}")))?;
+        }
+        let rt = Arc::new(Runtime {
+            name: name.clone(),
+            local_addr,
+            idle,
+            setup: setup.clone(),
+            peers: peers.clone(),
+            mailboxes,
+            events,
+            shutdown: shutdown.clone(),
+            timer: timer.clone(),
+            threads: threads.clone(),
+            writers,
+            shared_lane: shared_lane.clone(),
+            local_messages: AtomicU64::new(0),
+            config,
+        });
+        info!(node = %name, addr = %local_addr, bundler = %rt.config.bundler.kind, "node started");
+        let (p, t, s) = (peers.clone(), timer, shutdown);
+        threads.spawn(format!("bw-tick-{name}"), move || run_ticker(p, t, s))?;
+        let (st, th) = (setup.clone(), threads.clone());
+        threads.spawn(format!("bw-accept-{name}"), move || {
+            run_acceptor(listener, st, th)
+        })?;
+        if let (Some(lane), Some(done)) = (shared_lane, shared_done) {
+            let (p, b) = (peers, rt.config.bundler);
+            threads.spawn(format!("bw-bundle-{name}"), move || {
+                run_bundler(lane, p, b, done)
+            })?;
+        }
+        for (pn, addr) in peer_names {
+            if name.as_str() < pn.as_str() {
+                let st = setup.clone();
+                threads.spawn(format!("bw-dial-{pn}"), move || run_dialer(st, pn, addr))?;
+            } else {
+                debug!(node = %name, peer = %pn, "waiting for the peer to dial (the name that sorts first dials)");
+            }
+        }
+        Ok(rt)
+    }
+
+    /// Send `payload` to `to` from our mailbox `from`; with `block`, wait for room.
+    pub fn send(
+        &self,
+        from: &Name,
+        to: &Address,
+        payload: Bytes,
+        block: bool,
+    ) -> Result<(), Error> {
+        self.check(&payload)?;
+        if to.node == self.name {
+            return self.deliver_local(from, &to.mailbox, payload, block);
+        }
+        // Try without blocking under the registry's read lock (no reference count is
+        // touched); only a sender that must wait takes a reference and waits outside it.
+        let waiting = self.peers.with(to.node.as_bytes(), |peer| {
+            let Some(peer) = peer else {
+                return Err(Error::UnknownNode(to.node.to_string()));
+            };
+            if peer.state() == PeerState::Down {
+                return Err(Error::PeerDown(to.node.to_string()));
+            }
+            let pushed = match &self.shared_lane {
+                // Transfer-queue: the sender waits at the door of a peer whose window is
+                // full, so the shared queue never holds what only that peer could take.
+                Some(_) if peer.window_full() => Err(PushError::Full),
+                Some(lane) => lane.push(peer.id, &to.mailbox, from, &payload, false),
+                None => peer.lane.push(peer.id, &to.mailbox, from, &payload, false),
+            };
+            match pushed {
+                Ok(()) => Ok(None),
+                Err(PushError::Full) if block => Ok(Some(peer.clone())),
+                Err(e) => Err(self.push_error(e, to, payload.clone())),
+            }
+        })?;
+        let Some(peer) = waiting else {
+            return Ok(());
+        };
+        let lane = match &self.shared_lane {
+            Some(lane) => {
+                if !peer.wait_room(&|| self.shutdown.is_shutting_down()) {
+                    return Err(if self.shutdown.is_shutting_down() {
+                        Error::ShutDown {
+                            payload: Some(payload),
+                        }
+                    } else {
+                        Error::PeerDown(to.node.to_string())
+                    });
+                }
+                lane
+            }
+            None => &peer.lane,
+        };
+        lane.push(peer.id, &to.mailbox, from, &payload, true)
+            .map_err(|e| self.push_error(e, to, payload))
+    }
+
+    /// Send to mailbox `mailbox` on every peer (and this node if `include_self`).
+    pub fn send_all(
+        &self,
+        from: &Name,
+        mailbox: &str,
+        payload: Bytes,
+        include_self: bool,
+    ) -> Result<(), Error> {
+        let mb = Name::new(mailbox)
+            .ok_or_else(|| Error::InvalidName(mailbox.into(), "longer than 255 bytes"))?;
+        self.check(&payload)?;
+        if include_self {
+            self.deliver_local(from, &mb, payload.clone(), true)?;
+        }
+        let to = |node: &Name| Address {
+            node: node.clone(),
+            mailbox: mb.clone(),
+        };
+        if let Some(lane) = &self.shared_lane {
+            // One message to the null destination, written to every member (JGroups'
+            // dest == null); it waits for every peer whose window is full.
+            for p in self.peers.all() {
+                if p.window_full()
+                    && !p.wait_room(&|| self.shutdown.is_shutting_down())
+                    && self.shutdown.is_shutting_down()
+                {
+                    return Err(Error::ShutDown {
+                        payload: Some(payload),
+                    });
+                }
+            }
+            return lane
+                .push(ALL, &mb, from, &payload, true)
+                .map_err(|e| self.push_error(e, &to(&self.name), payload));
+        }
+        for p in self.peers.all() {
+            if p.state() == PeerState::Down {
+                continue;
+            }
+            p.lane
+                .push(p.id, &mb, from, &payload, true)
+                .map_err(|e| self.push_error(e, &to(&p.name), payload.clone()))?;
+        }
+        Ok(())
+    }
+
+    fn check(&self, payload: &Bytes) -> Result<(), Error> {
+        if payload.len() > self.config.max_payload {
+            return Err(Error::PayloadTooLarge {
+                len: payload.len(),
+                max: self.config.max_payload,
+            });
+        }
+        if self.shutdown.is_shutting_down() {
+            return Err(Error::ShutDown {
+                payload: Some(payload.clone()),
+            });
+        }
+        Ok(())
+    }
+
+    fn push_error(&self, e: PushError, to: &Address, payload: Bytes) -> Error {
+        match e {
+            PushError::Full => Error::Full {
+                to: to.to_string(),
+                payload,
+            },
+            PushError::Closed => Error::ShutDown {
+                payload: Some(payload),
+            },
+        }
+    }
+
+    fn deliver_local(
+        &self,
+        from: &Name,
+        to: &Name,
+        payload: Bytes,
+        block: bool,
+    ) -> Result<(), Error> {
+        let missing = |count| {
+            self.mailboxes.note_missing(to, &self.name, count);
+            self.events.emit(Event::Undeliverable {
+                to: Address {
+                    node: self.name.clone(),
+                    mailbox: to.clone(),
+                },
+                from: from.to_string(),
+                count: count as u64,
+            });
+        };
+        let Some(mb) = self.mailboxes.get(to.as_bytes()) else {
+            missing(1);
+            return Ok(());
+        };
+        let e = Envelope {
+            from: Address {
+                node: self.name.clone(),
+                mailbox: from.clone(),
+            },
+            payload,
+        };
+        match mb.push_one(e, block) {
+            Ok(()) => {
+                self.local_messages.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err((e, _)) if self.shutdown.is_shutting_down() => Err(Error::ShutDown {
+                payload: Some(e.payload),
+            }),
+            Err((e, Refused::Full)) => Err(Error::Full {
+                to: format!("{to}@{}", self.name),
+                payload: e.payload,
+            }),
+            // The mailbox was dropped while we waited for room.
+            Err(_) => {
+                missing(1);
+                Ok(())
+            }
+        }
+    }
+
+    /// The queue of mailbox `name`, new or declared; fails if a handle owns it already.
+    pub fn claim_mailbox(&self, name: &str) -> Result<Arc<MailboxQueue>, Error> {
+        let n = node_name(name)?;
+        let q = self.mailboxes.get_or_insert(&n, || {
+            MailboxQueue::new(n.clone(), self.config.mailbox_bytes, self.idle)
+        });
+        if q.claimed.swap(true, Ordering::AcqRel) {
+            return Err(Error::MailboxExists(name.into()));
+        }
+        Ok(q)
+    }
+
+    /// A mailbox handle was dropped.
+    pub fn release_mailbox(&self, q: &Arc<MailboxQueue>) {
+        let left = self.mailboxes.remove(q);
+        if left > 0 && !self.shutdown.is_shutting_down() {
+            warn!(node = %self.name, mailbox = %q.name, left, "mailbox dropped with unreceived messages");
+        }
+    }
+
+    /// Names of the peers with a live connection.
+    pub fn connected_peers(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .peers
+            .all()
+            .iter()
+            .filter(|p| p.current().is_some_and(|c| !c.is_closed()))
+            .map(|p| p.name.to_string())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Close every connection now, as a network failure would. Returns how many.
+    pub fn break_connections(&self) -> usize {
+        let mut n = 0;
+        for p in self.peers.all() {
+            if let Some(c) = p.current() {
+                c.close();
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Threads running now.
+    pub fn threads(&self) -> usize {
+        self.threads.running() + self.writers.running()
+    }
+
+    pub fn stats(&self) -> NodeStats {
+        let mut peers: Vec<PeerStats> = self
+            .peers
+            .all()
+            .iter()
+            .map(|p| {
+                let connected = p.current().is_some_and(|c| !c.is_closed());
+                let mut s = p.stats.snapshot(p.name.to_string(), connected);
+                s.queue_high_water = p.lane.high_water.load(Ordering::Relaxed);
+                s.blocked_us = p.lane.blocked_ns.load(Ordering::Relaxed) / 1000;
+                s.queued = p.lane.queued() as u64;
+                s.unacked_bytes = p.session(|s, _| s.window_bytes()) as u64;
+                s
+            })
+            .collect();
+        if let Some(l) = &self.shared_lane {
+            // One queue for all: its figures go to every peer.
+            for s in &mut peers {
+                s.queue_high_water = l.high_water.load(Ordering::Relaxed);
+                s.blocked_us = l.blocked_ns.load(Ordering::Relaxed) / 1000;
+                s.queued = l.queued() as u64;
+            }
+        }
+        peers.sort_by(|a, b| a.peer.cmp(&b.peer));
+        NodeStats {
+            node: self.name.to_string(),
+            peers,
+            undeliverable: self.mailboxes.missing(),
+            local_messages: self.local_messages.load(Ordering::Relaxed),
+            handshakes: self.setup.security.snapshot(),
+            events_dropped: self.events.dropped(),
+        }
+    }
+
+    /// Drain (flush what is queued and say goodbye, up to `shutdown_timeout`), then stop
+    /// every thread and join it. Runs once.
+    pub fn shutdown(&self) {
+        if self.shutdown.is_shutting_down() {
+            return;
+        }
+        info!(node = %self.name, "shutting down");
+        // 1. Drain: no new sends; each writer flushes its lane, waits for its peer's
+        //    acknowledgements (or the deadline) and says goodbye. Connections that break
+        //    meanwhile may come back (dialers and the acceptor still run).
+        self.shutdown
+            .drain(Instant::now() + self.config.shutdown_timeout);
+        if let Some(l) = &self.shared_lane {
+            l.close();
+        }
+        for p in self.peers.all() {
+            p.lane.close();
+        }
+        self.writers.join_all();
+        // 2. Stop: wake the ticker, the dialers and the acceptor (with a connection of its
+        //    own).
+        self.shutdown.stop();
+        self.timer.wake();
+        let mut wake = self.local_addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
+        // 3. Give peers a moment to answer our goodbye by closing; then close the rest.
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let peers = self.peers.all();
+        while Instant::now() < deadline && peers.iter().any(|p| p.current().is_some()) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.mailboxes.close_all();
+        for p in self.peers.all() {
+            if let Some(c) = p.current() {
+                c.close();
+            }
+        }
+        self.threads.join_all();
+        // Writers of peers that connected during the drain.
+        self.writers.join_all();
+        info!(node = %self.name, "shut down");
+    }
+}

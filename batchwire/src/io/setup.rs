@@ -1,0 +1,464 @@
+//! A connection from its first byte to its last: TLS (if configured), the batchwire
+//! handshake and the RESUME exchange, all within one deadline; then the reader; then the
+//! teardown. Dialers and the acceptor's connection threads run [`Setup::run`]; every step
+//! is commented, in the manner of mini-redis' `connection.rs`.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, TcpStream};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use batchwire_core::codec::Name;
+use batchwire_core::frame::{self, Frame, Resume};
+use batchwire_core::handshake::{Handshake, HandshakeConfig, HandshakeError, PeerInfo, Role};
+use bytes::BytesMut;
+use tracing::{debug, info, warn};
+
+use crate::config::NodeConfig;
+use crate::event::{CloseReason, Event};
+use crate::io::conn::{Conn, LinkError};
+use crate::io::events::Events;
+use crate::io::link::{Link, TlsConfigs, cert_names};
+use crate::io::mailbox::Mailboxes;
+use crate::io::peer::Peer;
+use crate::io::peers::{AddError, Peers};
+use crate::io::read::{Reader, read_more};
+use crate::io::shutdown::Shutdown;
+use crate::stats::SecurityCounters;
+
+/// Handshake frames are small; anything bigger than this before authentication is refused.
+const HANDSHAKE_MAX_FRAME: usize = 4096;
+
+/// What connections need, shared by the acceptor's threads and the dialers.
+pub(crate) struct Setup {
+    pub name: Name,
+    pub incarnation: u64,
+    secret: Arc<[u8]>,
+    tls: Option<TlsConfigs>,
+    /// Peers this node dials (their names sort after ours): an inbound connection claiming
+    /// one of them is refused.
+    dials: Arc<[Name]>,
+    pub config: NodeConfig,
+    /// Inbound handshakes in progress, by source address.
+    slots: Mutex<HashMap<IpAddr, usize>>,
+    pub security: SecurityCounters,
+    pub peers: Peers,
+    pub mailboxes: Mailboxes,
+    pub events: Events,
+    pub shutdown: Shutdown,
+}
+
+impl Setup {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        name: Name,
+        incarnation: u64,
+        tls: Option<TlsConfigs>,
+        dials: Arc<[Name]>,
+        config: NodeConfig,
+        peers: Peers,
+        mailboxes: Mailboxes,
+        events: Events,
+        shutdown: Shutdown,
+    ) -> Setup {
+        Setup {
+            name,
+            incarnation,
+            secret: config.secret.clone().into(),
+            tls,
+            dials,
+            config,
+            slots: Mutex::new(HashMap::new()),
+            security: SecurityCounters::default(),
+            peers,
+            mailboxes,
+            events,
+            shutdown,
+        }
+    }
+
+    /// One of the `max_handshakes` places for an inbound handshake from `ip` (which holds
+    /// at most `max_handshakes_per_address`), or `None`.
+    pub fn slot(self: &Arc<Self>, ip: IpAddr) -> Option<HandshakeSlot> {
+        let cfg = &self.config;
+        let mut g = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let total: usize = g.values().sum();
+        let here = g.get(&ip).copied().unwrap_or(0);
+        if total >= cfg.max_handshakes || here >= cfg.max_handshakes_per_address {
+            return None;
+        }
+        *g.entry(ip).or_insert(0) += 1;
+        Some(HandshakeSlot {
+            setup: self.clone(),
+            ip,
+        })
+    }
+
+    /// Run a fresh connection to its end. `expect` is the peer's name when we dialled;
+    /// `slot` is an inbound handshake's place, freed once the peer is authenticated.
+    /// Returns whether the handshake succeeded.
+    pub fn run(
+        &self,
+        stream: TcpStream,
+        expect: Option<Name>,
+        slot: Option<HandshakeSlot>,
+    ) -> bool {
+        let Ok(addr) = stream.peer_addr() else {
+            return false; // already gone
+        };
+        // Small messages must not wait for Nagle: batching is the bundler's job.
+        let _ = stream.set_nodelay(true);
+        // One deadline for everything before the connection carries messages.
+        let deadline = Instant::now() + self.config.handshake_timeout;
+
+        // 1. TLS first if configured (mutual), then the batchwire handshake inside it (both
+        //    sides prove the cluster secret; see core::handshake), and with TLS a check that
+        //    the peer's certificate names the node it claims to be.
+        let setup = self
+            .open(stream, expect.as_ref(), deadline)
+            .and_then(|link| {
+                let (info, buf) = self.handshake(&link, expect.clone(), deadline)?;
+                self.check_certificate(&link, &info)?;
+                Ok((Arc::new(link), info, buf))
+            });
+        let (link, info, buf) = match setup {
+            Ok(x) => x,
+            Err(e) => {
+                let peer = match &e {
+                    LinkError::Handshake(h) => h.peer().map(|p| p.to_string()),
+                    LinkError::Certificate { peer, .. } => Some(peer.clone()),
+                    _ => None,
+                };
+                self.failed(addr, peer.or(expect.map(|n| n.to_string())), &e);
+                return false;
+            }
+        };
+        drop(slot);
+
+        // 2. The peer's handles (made, with its writer, if it is not in the static list).
+        let peer = match self.peers.get_or_insert(&info.name) {
+            Ok(p) => p,
+            Err(e) => {
+                let e = match e {
+                    AddError::Full(n) => LinkError::Capacity(n),
+                    AddError::Spawn(e) => LinkError::Io(e),
+                };
+                self.failed(addr, Some(info.name.to_string()), &e);
+                return false;
+            }
+        };
+
+        // 3. RESUME each way: what each side received, and the oldest it still holds. The
+        //    session checks the peer's values and makes this the current connection (a
+        //    restarted peer, a new incarnation, starts both streams from 0).
+        let conn = match self.resume(&peer, link, &info, buf, deadline) {
+            Ok(c) => c,
+            Err(e) => {
+                if e.is_violation() {
+                    peer.stats.violations.fetch_add(1, Relaxed);
+                }
+                self.failed(addr, Some(info.name.to_string()), &e);
+                return true;
+            }
+        };
+        let (conn, buf) = conn;
+        peer.stats.connects.fetch_add(1, Relaxed);
+        info!(node = %self.name, peer = %info.name, %addr, "connected");
+        self.events.emit(Event::Connected {
+            peer: info.name.to_string(),
+            incarnation: info.incarnation,
+            addr,
+        });
+
+        // 4. Read until the connection ends one way or another.
+        let reader = Reader {
+            peer: &peer,
+            conn: &conn,
+            mailboxes: &self.mailboxes,
+            events: &self.events,
+            max_frame: self.config.max_frame(),
+            read_bytes: self.config.read_bytes,
+        };
+        let result = reader.run(buf);
+
+        // 5. Tear down: close both halves (the writer notices) and forget the connection.
+        conn.close();
+        peer.session(|s, now| s.handle_disconnect(now, conn.id));
+        peer.uninstall(&conn);
+        let reason = match &result {
+            Ok(()) => CloseReason::Goodbye,
+            Err(e) => {
+                if e.is_violation() {
+                    peer.stats.violations.fetch_add(1, Relaxed);
+                }
+                e.close_reason()
+            }
+        };
+        let reason = match reason {
+            _ if self.shutdown.is_shutting_down() && result.is_err() => CloseReason::ShutDown,
+            CloseReason::Closed if peer.state() == batchwire_core::session::PeerState::Down => {
+                CloseReason::Down
+            }
+            r => r,
+        };
+        match &reason {
+            CloseReason::Goodbye => {
+                info!(node = %self.name, peer = %info.name, "peer said goodbye")
+            }
+            CloseReason::ShutDown | CloseReason::Replaced => {
+                debug!(node = %self.name, peer = %info.name, %reason, "connection closed")
+            }
+            CloseReason::Protocol(_) => {
+                warn!(node = %self.name, peer = %info.name, %addr, %reason, "protocol violation; connection closed, nothing skipped")
+            }
+            _ => {
+                warn!(node = %self.name, peer = %info.name, %addr, %reason, "connection lost; will resume")
+            }
+        }
+        self.events.emit(Event::Disconnected {
+            peer: info.name.to_string(),
+            reason,
+        });
+        true
+    }
+
+    /// Count, log and report a connection that failed before carrying messages.
+    fn failed(&self, addr: std::net::SocketAddr, peer: Option<String>, e: &LinkError) {
+        if self.shutdown.is_shutting_down() {
+            return;
+        }
+        let kind = e.kind();
+        self.security.count(kind);
+        warn!(node = %self.name, %addr, peer = ?peer, ?kind, error = %e, "handshake failed; connection closed");
+        self.events.emit(Event::HandshakeFailed {
+            addr,
+            peer,
+            kind,
+            reason: e.to_string(),
+        });
+    }
+
+    /// Wrap a fresh socket: plain, or after a TLS handshake (over by `deadline`).
+    fn open(
+        &self,
+        stream: TcpStream,
+        expect: Option<&Name>,
+        deadline: Instant,
+    ) -> Result<Link, LinkError> {
+        let Some(tls) = &self.tls else {
+            return Ok(Link::Plain(stream));
+        };
+        Link::tls(stream, tls, expect.map(|n| n.as_str()), deadline).map_err(|e| {
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+            ) {
+                return LinkError::HandshakeTimeout(self.config.handshake_timeout);
+            }
+            LinkError::Tls(format!(
+                "{e} (does the peer run TLS with a certificate from the same CA, naming the node?)"
+            ))
+        })
+    }
+
+    /// Drive the sans-IO handshake over the blocking link, finishing by `deadline`.
+    /// Returns the peer and any bytes read past the handshake.
+    fn handshake(
+        &self,
+        link: &Link,
+        expect: Option<Name>,
+        deadline: Instant,
+    ) -> Result<(PeerInfo, BytesMut), LinkError> {
+        let mut nonce = [0u8; 16];
+        getrandom::fill(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let role = match expect {
+            Some(expect) => Role::Dial { expect },
+            None => Role::Accept {
+                refuse: self.dials.clone(),
+            },
+        };
+        let mut hs = Handshake::new(
+            HandshakeConfig {
+                name: self.name.clone(),
+                incarnation: self.incarnation,
+                secret: self.secret.clone(),
+                role,
+            },
+            nonce,
+        );
+        let mut buf = BytesMut::with_capacity(HANDSHAKE_MAX_FRAME);
+        let mut out = Vec::new();
+        loop {
+            // Send what the machine queued: HELLO first, then AUTH, or a REFUSE.
+            while let Some(f) = hs.poll_transmit() {
+                f.encode(&mut out);
+            }
+            if !out.is_empty() {
+                link.set_deadline(deadline)?;
+                link.write_all(&out)?;
+                out.clear();
+            }
+            if let Some(peer) = hs.peer() {
+                return Ok((peer, buf));
+            }
+            // Read until a whole frame is buffered.
+            let frame = loop {
+                // A TLS record (handshake 0x16 or alert 0x15, version 3.x) where a HELLO
+                // should be: the peer runs TLS and this node does not.
+                if !link.is_tls() && buf.len() >= 2 && matches!(buf[0], 0x15 | 0x16) && buf[1] == 3
+                {
+                    return Err(LinkError::PeerSpeaksTls);
+                }
+                match frame::decode(&mut buf, HANDSHAKE_MAX_FRAME) {
+                    Ok(Some(f)) => break f,
+                    Ok(None) => {}
+                    Err(e) => {
+                        // Not a batchwire peer, or a broken one: say so, best effort.
+                        let reason =
+                            format!("node {:?}: bad handshake frame: {e}", self.name.as_str());
+                        refuse(link, frame::RefuseCode::Protocol, reason);
+                        return Err(e.into());
+                    }
+                }
+                read_small(link, &mut buf, deadline, self.config.handshake_timeout)?;
+            };
+            // Feed it to the machine; on failure send its REFUSE (best effort) and give up.
+            if let Err(e) = hs.handle(frame) {
+                while let Some(f) = hs.poll_transmit() {
+                    f.encode(&mut out);
+                }
+                let _ = link.write_all(&out);
+                return Err(e.into());
+            }
+        }
+    }
+
+    /// With TLS: the peer's certificate must name the node it claimed. (A dialler's rustls
+    /// already checked the name it dialled; the acceptor checks here.) On a mismatch both
+    /// sides learn why: a REFUSE goes out before the connection closes.
+    fn check_certificate(&self, link: &Link, info: &PeerInfo) -> Result<(), LinkError> {
+        if !link.is_tls() {
+            return Ok(());
+        }
+        let res = match link.peer_certificate() {
+            Some(cert) => cert_names(&cert, info.name.as_str()),
+            None => Err("the peer presented no certificate".to_string()),
+        };
+        res.map_err(|why| {
+            let reason = format!(
+                "node {:?} refuses {:?}: {why}",
+                self.name.as_str(),
+                info.name.as_str()
+            );
+            refuse(link, frame::RefuseCode::Name, reason.clone());
+            LinkError::Certificate {
+                peer: info.name.to_string(),
+                reason,
+            }
+        })
+    }
+
+    /// Exchange RESUME frames, let the session reconcile both windows, and make this the
+    /// peer's current connection. Returns it with the bytes read past the peer's RESUME.
+    fn resume(
+        &self,
+        peer: &Arc<Peer>,
+        link: Arc<Link>,
+        info: &PeerInfo,
+        mut buf: BytesMut,
+        deadline: Instant,
+    ) -> Result<(Arc<Conn>, BytesMut), LinkError> {
+        let (id, ours) = peer.session(|s, now| s.handle_connect(now, info.incarnation));
+        let mut out = Vec::new();
+        Frame::Resume(ours).encode(&mut out);
+        link.set_deadline(deadline)?;
+        link.write_all(&out)?;
+        let theirs: Resume = loop {
+            match frame::decode(&mut buf, HANDSHAKE_MAX_FRAME)? {
+                Some(Frame::Resume(r)) => break r,
+                // Refused after the handshake (e.g. our certificate does not name us).
+                Some(Frame::Refuse(r)) => {
+                    return Err(HandshakeError::Refused {
+                        peer: Some(info.name.clone()),
+                        code: r.code,
+                        reason: r.reason,
+                    }
+                    .into());
+                }
+                Some(other) => return Err(LinkError::Unexpected(other.kind_name())),
+                None => read_small(&link, &mut buf, deadline, self.config.handshake_timeout)?,
+            }
+        };
+        // From now on a blocked write returns every `write_check` for the writer to look up.
+        link.set_read_timeout(None)?;
+        link.set_write_timeout(Some(self.config.write_check))?;
+        let conn = Arc::new(Conn::new(id, link));
+        let lane = peer.lane.clone();
+        conn.link.set_waker(Box::new(move || lane.poke()));
+        // Reconcile and install together, so the session's current connection and the
+        // connection the writer uses are always the same one.
+        let replaced = peer.session(|s, now| {
+            let r = s.handle_resume(now, id, theirs)?;
+            Ok::<_, LinkError>((r.resent, peer.install(conn.clone())))
+        })?;
+        let (resent, old) = replaced;
+        peer.stats.resent.fetch_add(resent, Relaxed);
+        if let Some(old) = old {
+            old.close();
+        }
+        Ok((conn, buf))
+    }
+}
+
+/// An inbound handshake's place; freed when dropped.
+pub(crate) struct HandshakeSlot {
+    setup: Arc<Setup>,
+    ip: IpAddr,
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let mut g = self.setup.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = g.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                g.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Send a REFUSE with `reason`, best effort (the connection is about to close).
+fn refuse(link: &Link, code: frame::RefuseCode, reason: String) {
+    let mut out = Vec::new();
+    Frame::Refuse(frame::Refuse { code, reason }).encode(&mut out);
+    let _ = link.write_all(&out);
+}
+
+/// One small read while the connection is being set up, with what is left of `deadline`
+/// as its timeout: end of stream and running out of time are errors.
+fn read_small(
+    link: &Link,
+    buf: &mut BytesMut,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(), LinkError> {
+    let timed_out = LinkError::HandshakeTimeout(timeout);
+    if link.set_deadline(deadline).is_err() {
+        return Err(timed_out);
+    }
+    match read_more(link, buf, 512) {
+        Ok(0) => Err(LinkError::Eof),
+        Ok(_) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(timed_out)
+        }
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,67 @@
+//! The node's threads: started here, and joined at shutdown. Handles of threads that ended
+//! are dropped whenever another starts (their resources are freed then), so a node that
+//! accepts connections for years holds handles only for threads that still run.
+
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// A cheap handle on the node's threads.
+#[derive(Clone, Default)]
+pub(crate) struct Threads(Arc<Mutex<Vec<JoinHandle<()>>>>);
+
+impl Threads {
+    /// Start a thread named `name` running `f`.
+    pub fn spawn(&self, name: String, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+        let h = std::thread::Builder::new().name(name).spawn(f)?;
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.retain(|h| !h.is_finished());
+        g.push(h);
+        Ok(())
+    }
+
+    /// Threads still running.
+    pub fn running(&self) -> usize {
+        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.iter().filter(|h| !h.is_finished()).count()
+    }
+
+    /// Join every thread, including any started meanwhile.
+    pub fn join_all(&self) {
+        loop {
+            let hs = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
+            if hs.is_empty() {
+                return;
+            }
+            for h in hs {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ended_threads_are_forgotten_and_all_are_joined() {
+        let t = Threads::default();
+        for i in 0..50 {
+            t.spawn(format!("t{i}"), || {}).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(
+            t.0.lock().unwrap().len() < 50,
+            "finished handles are pruned"
+        );
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        t.spawn("waits".into(), move || {
+            let _ = rx.recv();
+        })
+        .unwrap();
+        assert!(t.running() >= 1);
+        drop(tx);
+        t.join_all();
+        assert_eq!(t.running(), 0);
+    }
+}

@@ -1,0 +1,237 @@
+//! A peer's writer thread: the only thread that writes to the peer's connections.
+//!
+//! Each round it writes, in one vectored write, **control first** (the acknowledgement or
+//! heartbeat the session says is due, undeliverable notices) and then what the send window
+//! holds that this connection has not had yet. Then it takes the next batch from the lane
+//! as the bundler decides, unless the window is full. So a full window stops data, never
+//! control; and nothing waits behind another peer, which has its own writer.
+//!
+//! It sleeps on its lane, which anyone who has something for it pokes: a control frame
+//! became due, the window opened, the connection changed, the node is shutting down. A
+//! write that blocks (the peer is not reading) returns every `write_check` so the writer
+//! can look up; whether the peer is still alive is the failure detector's call.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use batchwire_core::bundler::{BundlerConfig, FlushReason};
+use batchwire_core::outbox::Batch;
+use batchwire_core::session::{FailReason, PeerState};
+use tracing::{debug, warn};
+
+use crate::io::conn::Conn;
+use crate::io::lane::Next;
+use crate::io::peer::{Peer, decode_frames};
+use crate::io::shutdown::Shutdown;
+use crate::stats::reason_index;
+
+/// What a writer needs besides its peer.
+pub(crate) struct WriterCfg {
+    /// The bundler that drains the peer's own lane; `None` with transfer-queue (the
+    /// bundler thread fills the window from the shared lane).
+    pub bundler: Option<BundlerConfig>,
+    /// Transfer-queue: set once the shared lane is drained at shutdown.
+    pub shared_done: Option<Arc<AtomicBool>>,
+}
+
+/// How long an idle writer sleeps before looking up anyway (it is woken for everything
+/// it has to do; this only bounds the wait).
+const IDLE: Duration = Duration::from_secs(60);
+/// After the shutdown deadline, how long a write to a peer that does not read may go on.
+const GRACE: Duration = Duration::from_secs(1);
+
+/// For the node's lifetime: write what is due, take more, sleep until poked.
+pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
+    let mut bundler = cfg.bundler.as_ref().map(|b| b.build());
+    let mut batch = Batch::default();
+    let mut control = Vec::new();
+    let mut closing = false;
+    loop {
+        // Read the epoch first: a poke after this makes the waits below return at once.
+        let epoch = peer.lane.epoch();
+        let conn = peer.current().filter(|c| !c.is_closed());
+        if let Some(c) = &conn {
+            write_pending(&peer, c, &shutdown, &mut control);
+        }
+        if let Some(deadline) = shutdown.deadline() {
+            if !closing {
+                peer.session(|s, _| s.begin_close(deadline));
+                closing = true;
+            }
+            if close_step(&peer, conn.as_deref(), &cfg, deadline) {
+                return;
+            }
+            // Still flushing: with nothing to take, wait for acknowledgements (a poke),
+            // a reconnect, or the deadline.
+            if bundler.is_none() || peer.lane.is_empty() || peer.window_full() {
+                wait(&peer, epoch, Some(deadline));
+                continue;
+            }
+        }
+        match bundler.as_mut() {
+            Some(b) if !peer.window_full() => {
+                match peer.lane.next_batch(b.as_mut(), epoch, &mut batch) {
+                    Next::Batch(reason) => hold(&peer, &batch, reason),
+                    // Poked, or closed and empty (shutting down: the branch above goes on).
+                    Next::Wake | Next::Drained => {}
+                }
+            }
+            _ => wait(&peer, epoch, None),
+        }
+    }
+}
+
+/// Sleep until poked, or until the shutdown deadline if there is one.
+fn wait(peer: &Peer, epoch: u64, deadline: Option<Instant>) {
+    let d = match deadline {
+        Some(t) => t
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1)),
+        None => IDLE,
+    };
+    peer.lane.wait_epoch(epoch, d);
+}
+
+/// Number a batch and hold it in the window (it is written next round), or hand it back
+/// if the peer is down.
+fn hold(peer: &Peer, batch: &Batch, reason: FlushReason) {
+    let frames: Vec<(&[u8], u32)> = batch
+        .frames
+        .iter()
+        .filter(|f| f.messages > 0)
+        .map(|f| (&batch.buf[f.start..f.end], f.messages))
+        .collect();
+    hold_frames(peer, &frames, reason);
+}
+
+/// Number `frames` into `peer`'s window, or hand them back if it is down (the bundler
+/// thread's path too).
+pub(crate) fn hold_frames(peer: &Peer, frames: &[(&[u8], u32)], reason: FlushReason) {
+    if frames.is_empty() {
+        return;
+    }
+    let held = peer.session(|s, _| match s.state() {
+        PeerState::Down => Err(s.down_reason()),
+        _ => Ok(s.hold(frames)),
+    });
+    match held {
+        Ok(n) => {
+            peer.stats.messages_sent.fetch_add(n, Relaxed);
+            peer.stats.flushes[reason_index(reason)].fetch_add(1, Relaxed);
+        }
+        Err(why) => peer.report_failed(
+            decode_frames(frames.iter().map(|f| f.0)),
+            why.map_or(FailReason::ShutDown, FailReason::Down),
+        ),
+    }
+}
+
+/// One vectored write of what is due on `c`: control frames, then unwritten data.
+fn write_pending(peer: &Peer, c: &Conn, shutdown: &Shutdown, control: &mut Vec<u8>) {
+    let mut go_on = || !c.is_closed() && !past_grace(shutdown);
+    if c.link.tls_pending() {
+        if let Err(e) = c.link.flush_tls(&mut go_on) {
+            fail_write(peer, c, &e);
+            return;
+        }
+    }
+    control.clear();
+    let u = peer.session(|s, _| {
+        while let Some(f) = s.poll_control(c.id) {
+            f.encode(control);
+        }
+        s.unwritten(c.id)
+    });
+    peer.take_notices(control);
+    if control.is_empty() && u.chunks.is_empty() {
+        return;
+    }
+    let mut bufs: Vec<&[u8]> = Vec::with_capacity(u.chunks.len() + 1);
+    if !control.is_empty() {
+        bufs.push(control);
+    }
+    bufs.extend(u.chunks.iter().map(|b| &b[..]));
+    match c.link.write_vectored(&bufs, &mut go_on) {
+        Ok(bytes) => {
+            peer.session(|s, now| match u.ends.last() {
+                None => s.note_sent(now, c.id),
+                Some(end) => s.mark_written(now, c.id, u.generation, *end),
+            });
+            let st = &peer.stats;
+            st.bytes_sent.fetch_add(bytes as u64, Relaxed);
+            if !u.chunks.is_empty() {
+                st.frames_sent.fetch_add(u.chunks.len() as u64, Relaxed);
+                st.record_write(u.messages);
+            }
+        }
+        Err(e) => fail_write(peer, c, &e),
+    }
+    if peer.has_notices() {
+        peer.lane.poke();
+    }
+}
+
+/// A write failed: close the connection. Nothing is lost: what was held stays held and
+/// goes out again on the next connection, where the receiver skips what had arrived.
+fn fail_write(peer: &Peer, c: &Conn, e: &std::io::Error) {
+    if !c.is_closed() {
+        warn!(peer = %peer.name, error = %e, "write failed; connection closed, will resend on reconnect");
+    } else {
+        debug!(peer = %peer.name, error = %e, "write to a closed connection");
+    }
+    c.close();
+}
+
+fn past_grace(shutdown: &Shutdown) -> bool {
+    shutdown
+        .deadline()
+        .is_some_and(|d| Instant::now() >= d + GRACE)
+}
+
+/// Shutting down: once everything queued is held, wait for the acknowledgements (or the
+/// deadline), then say goodbye. Returns true when the writer is done.
+fn close_step(peer: &Peer, conn: Option<&Conn>, cfg: &WriterCfg, deadline: Instant) -> bool {
+    let now = Instant::now();
+    let shared_busy = cfg.shared_done.as_ref().is_some_and(|d| !d.load(Relaxed));
+    let queued = !peer.lane.is_empty() || shared_busy;
+    if queued && now < deadline {
+        return false;
+    }
+    if queued {
+        // The deadline passed with messages still queued (the window was full): hand
+        // them back.
+        let mut b = Batch::default();
+        peer.lane.take_all(&mut b);
+        let frames = b.frames.iter().filter(|f| f.messages > 0);
+        peer.report_failed(
+            decode_frames(frames.map(|f| &b.buf[f.start..f.end])),
+            FailReason::ShutDown,
+        );
+    }
+    match conn {
+        Some(c) => {
+            let Some(frames) = peer.session(|s, now| s.poll_close(now, c.id, false)) else {
+                return false;
+            };
+            let mut out = Vec::new();
+            for f in frames {
+                f.encode(&mut out);
+            }
+            let _ = c.link.write_vectored(&[&out], &mut || false);
+            let _ = c.link.shutdown(std::net::Shutdown::Write);
+            true
+        }
+        None => {
+            let closed = peer.session(|s, now| {
+                s.handle_timeout(now);
+                s.is_closed() || s.state() == PeerState::Down
+            });
+            if closed || now >= deadline {
+                peer.session(|s, _| s.abandon());
+                return true;
+            }
+            false
+        }
+    }
+}

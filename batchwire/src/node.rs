@@ -1,0 +1,145 @@
+//! [`Node`]: start a node, send, subscribe to events, shut down.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use batchwire_core::codec::Name;
+use bytes::Bytes;
+
+use crate::address::Address;
+use crate::config::NodeConfig;
+use crate::error::Error;
+use crate::event::Event;
+use crate::io::runtime::Runtime;
+use crate::mailbox::Mailbox;
+use crate::stats::NodeStats;
+
+/// A running batchwire node. Dropping it shuts it down (see [`Node::shutdown`]).
+pub struct Node {
+    rt: Arc<Runtime>,
+    anonymous: Name,
+}
+
+impl Node {
+    /// Start a node: bind the listen address, start connecting to peers, return at once.
+    pub fn start(config: NodeConfig) -> Result<Node, Error> {
+        Ok(Node {
+            rt: Runtime::start(config)?,
+            anonymous: Name::from_static(""),
+        })
+    }
+
+    /// This node's name.
+    pub fn name(&self) -> &str {
+        self.rt.name.as_str()
+    }
+
+    /// The address the node listens on (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.rt.local_addr
+    }
+
+    /// Register a mailbox named `name` on this node, or take the handle of one declared in
+    /// the config ([`NodeConfig::mailbox`]), with whatever arrived in it meanwhile.
+    pub fn mailbox(&self, name: &str) -> Result<Mailbox, Error> {
+        Ok(Mailbox::new(self.rt.claim_mailbox(name)?, self.rt.clone()))
+    }
+
+    /// Send `payload` to `to` (from the anonymous sender ""). Blocks while the queue toward
+    /// that node is full. Messages from one thread to one mailbox arrive in order.
+    pub fn send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.rt.send(&self.anonymous, to, payload.into(), true)
+    }
+
+    /// Like [`Node::send`], but returns [`Error::Full`] (with the payload) instead of
+    /// blocking.
+    pub fn try_send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.rt.send(&self.anonymous, to, payload.into(), false)
+    }
+
+    /// Send to mailbox `mailbox` on every member, **this node included** (JGroups' null
+    /// destination). See [`Node::send_others`] to leave this node out.
+    pub fn send_all(&self, mailbox: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.rt
+            .send_all(&self.anonymous, mailbox, payload.into(), true)
+    }
+
+    /// Send to mailbox `mailbox` on every member except this node.
+    pub fn send_others(&self, mailbox: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.rt
+            .send_all(&self.anonymous, mailbox, payload.into(), false)
+    }
+
+    /// Send a value serialized with postcard; decode it with `Envelope::value`.
+    pub fn send_value<T: serde::Serialize>(&self, to: &Address, value: &T) -> Result<(), Error> {
+        let bytes = postcard::to_allocvec(value).map_err(|e| Error::Encode(e.to_string()))?;
+        self.send(to, bytes)
+    }
+
+    /// Subscribe to events (peer up/down, connections, handshake failures, undeliverable
+    /// reports, failed sends). Every subscriber gets every event from now on, in a queue of
+    /// `events_capacity` events: the node never waits for a subscriber, so one that falls
+    /// behind loses events and is told how many (`Event::EventsDropped`). A subscriber that
+    /// drops its receiver is forgotten.
+    pub fn events(&self) -> mpsc::Receiver<Event> {
+        self.rt.events.subscribe()
+    }
+
+    /// Threads this node runs now (acceptor, ticker, dialers, writers, one per connection
+    /// or handshake in progress).
+    pub fn threads(&self) -> usize {
+        self.rt.threads()
+    }
+
+    /// Names of the peers with a live connection.
+    pub fn connected_peers(&self) -> Vec<String> {
+        self.rt.connected_peers()
+    }
+
+    /// Wait until every named peer is connected, up to `timeout`. Returns whether they are.
+    pub fn wait_for_peers(&self, peers: &[&str], timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let up = self.connected_peers();
+            if peers.iter().all(|p| up.iter().any(|u| u == p)) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Close every connection now, as a network failure would (for chaos testing: see
+    /// `batchwire bench throughput --break-every`). They reconnect and resume; nothing
+    /// accepted by `send` is lost or delivered twice. Returns how many were closed.
+    pub fn break_connections(&self) -> usize {
+        self.rt.break_connections()
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> NodeStats {
+        self.rt.stats()
+    }
+
+    /// Flush what is queued (up to `shutdown_timeout`), say goodbye to every peer, close
+    /// every connection and mailbox, and join every thread the node started. Messages that
+    /// could not be delivered in time are reported as `SendFailed` and logged.
+    pub fn shutdown(self) {
+        // Drop does the work.
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.rt.shutdown();
+    }
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Node({} on {})", self.rt.name, self.rt.local_addr)
+    }
+}
