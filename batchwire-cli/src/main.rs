@@ -93,7 +93,7 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum WorkerCmd {
-    Throughput(throughput::WorkerArgs),
+    Throughput(crate::bench::stream::WorkerArgs),
     FanIn(fanin::WorkerArgs),
     Mperf(mperf::WorkerArgs),
     Rpc(rpc::WorkerArgs),
@@ -156,6 +156,14 @@ struct BenchArgs {
     /// while it streams (chaos; reliable delivery must lose and repeat nothing).
     #[arg(long, default_value_t = 0)]
     break_every: u64,
+    /// throughput: both nodes send to each other at once (each direction reported and
+    /// verified on its own).
+    #[arg(long)]
+    duplex: bool,
+    /// The nodes' send window in bytes (`NodeConfig::unacked_bytes`; default 16 MiB), e.g.
+    /// 65536 with --duplex to keep both windows full.
+    #[arg(long)]
+    unacked_bytes: Option<usize>,
     /// No progress bar or per-run lines.
     #[arg(long)]
     quiet: bool,
@@ -266,7 +274,7 @@ fn main() -> ExitCode {
                 std::env::var(bench::SECRET_ENV).unwrap_or_else(|_| "batchwire-bench".into());
             let secret = secret.as_bytes();
             match scenario {
-                WorkerCmd::Throughput(a) => throughput::worker(&a, secret),
+                WorkerCmd::Throughput(a) => crate::bench::stream::worker(&a, secret),
                 WorkerCmd::FanIn(a) => fanin::worker(&a, secret),
                 WorkerCmd::Mperf(a) => mperf::worker(&a, secret),
                 WorkerCmd::Rpc(a) => rpc::worker(&a, secret),
@@ -324,6 +332,22 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
     }
     if a.runs == Some(0) {
         return Err("--runs must be at least 1".into());
+    }
+    let throughput_only = [
+        ("--duplex", a.duplex),
+        ("--unacked-bytes", a.unacked_bytes.is_some()),
+        ("--break-every", a.break_every > 0),
+        ("--verify", a.verify),
+    ];
+    if a.scenario != Some(Scenario::Throughput) {
+        if let Some((flag, _)) = throughput_only.iter().find(|(_, on)| *on) {
+            return Err(format!(
+                "{flag} applies to the throughput scenario: batchwire bench throughput {flag} ..."
+            ));
+        }
+    }
+    if a.unacked_bytes == Some(0) {
+        return Err("--unacked-bytes must be above 0".into());
     }
     if a.tls {
         if !a.peers.is_empty() {
@@ -419,6 +443,8 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                         break_every_ms: a.break_every,
                     },
                     verify: a.verify,
+                    duplex: a.duplex,
+                    unacked_bytes: a.unacked_bytes,
                 };
                 throughput::run(&o)
             }

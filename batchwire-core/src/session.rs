@@ -35,6 +35,11 @@ use std::time::{Duration, Instant};
 use crate::frame::{Frame, Message, Resume};
 use crate::reliable::{RecvWindow, SendWindow, SeqError, Unwritten};
 
+/// Bytes delivered since the last acknowledgement above which a reader that has drained
+/// its socket acknowledges at once ([`Session::handle_idle`]). Below it (a request now and
+/// then) the acknowledgement waits for `ack_delay`, as TCP's delayed ACK does.
+pub const IDLE_ACK_BYTES: usize = 16 << 10;
+
 /// The session's knobs (a node's configuration passes them on).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionConfig {
@@ -469,6 +474,22 @@ impl Session {
         }
         if self.ack_deadline.is_none() {
             self.ack_deadline = Some(now + self.cfg.ack_delay);
+        }
+        false
+    }
+
+    /// The reader of connection `id` has taken everything that had arrived and is about to
+    /// wait for more. If at least [`IDLE_ACK_BYTES`] were delivered since the last
+    /// acknowledgement, one is due now rather than after `ack_delay`: a sender whose window
+    /// is full is waiting for exactly that. Returns whether an acknowledgement became due.
+    pub fn handle_idle(&mut self, id: ConnId) -> bool {
+        if !self.is_current(id) || !self.cfg.reliable || self.ack_due {
+            return false;
+        }
+        if self.unacked_bytes >= IDLE_ACK_BYTES {
+            self.ack_due = true;
+            self.ack_deadline = None;
+            return true;
         }
         false
     }

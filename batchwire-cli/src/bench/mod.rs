@@ -11,6 +11,7 @@ pub mod mperf;
 pub mod plot;
 pub mod roundtrip;
 pub mod rpc;
+pub mod stream;
 pub mod throughput;
 
 use std::collections::HashMap;

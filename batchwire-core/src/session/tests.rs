@@ -95,6 +95,28 @@ fn acknowledgements_come_after_ack_every_or_after_the_delay() {
 }
 
 #[test]
+fn a_drained_reader_acknowledges_at_once_after_enough_bytes() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    let d = s.begin_delivery(id, 0, 1).unwrap().unwrap();
+    s.end_delivery(t0, d, 1, 100);
+    assert!(
+        !s.handle_idle(id),
+        "100 B: a request now and then waits for the delay"
+    );
+    let d = s.begin_delivery(id, 1, 10).unwrap().unwrap();
+    s.end_delivery(t0, d, 11, IDLE_ACK_BYTES);
+    assert!(
+        s.handle_idle(id),
+        "a window's worth: the sender may be waiting"
+    );
+    assert_eq!(s.poll_control(id), Some(Frame::Ack(11)));
+    assert!(!s.handle_idle(id), "nothing new since");
+}
+
+#[test]
 fn a_silent_peer_is_declared_down_and_its_messages_handed_back() {
     let t0 = Instant::now();
     let mut s = Session::new(cfg(), t0);

@@ -38,6 +38,7 @@ impl Reader<'_> {
     /// Read frames and act on them until the peer says goodbye (`Ok`) or something breaks.
     pub fn run(&self, mut buf: BytesMut) -> Result<(), LinkError> {
         let mut cache: Option<Arc<MailboxQueue>> = None;
+        let mut drained = false;
         loop {
             while let Some(frame) = frame::decode(&mut buf, self.max_frame)? {
                 self.peer.stats.frames_received.fetch_add(1, Relaxed);
@@ -45,10 +46,16 @@ impl Reader<'_> {
                     return Ok(());
                 }
             }
+            // The last read took all there was: about to wait, so acknowledge now if a
+            // sender may be waiting for it (the session decides).
+            if drained {
+                self.peer.session(|s, _| s.handle_idle(self.conn.id));
+            }
             let n = read_more(&self.conn.link, &mut buf, self.read_bytes)?;
             if n == 0 {
                 return Err(LinkError::Eof);
             }
+            drained = n < self.read_bytes;
             self.peer.stats.bytes_received.fetch_add(n as u64, Relaxed);
             self.peer
                 .session(|s, now| s.handle_heard(now, self.conn.id));

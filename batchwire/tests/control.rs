@@ -1,0 +1,286 @@
+//! Control before data, against real nodes: the three failures of the connection layer v2
+//! issue, each as a test that would have caught it. Every loop is bounded in count and time.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use batchwire::{Address, BundlerKind, Error, Event, Node, NodeConfig};
+use batchwire_core::codec::Name;
+use batchwire_core::frame::{self, Frame, Resume};
+use batchwire_core::handshake::{Handshake, HandshakeConfig, Role};
+use common::*;
+
+const T: Duration = Duration::from_secs(60);
+
+fn seq(p: &[u8]) -> u64 {
+    u64::from_le_bytes(p[..8].try_into().unwrap())
+}
+
+/// Events that say something went wrong with a peer.
+fn bad(events: &std::sync::mpsc::Receiver<Event>) -> Vec<Event> {
+    events
+        .try_iter()
+        .filter(|e| matches!(e, Event::PeerDown { .. } | Event::SendFailed { .. }))
+        .collect()
+}
+
+/// Both nodes stream to each other at full rate through a 64 KiB send window, so each
+/// window is full most of the time and each side's acknowledgements must get past its own
+/// full window. Nobody is declared down, nothing fails, everything arrives once in order.
+#[test]
+fn duplex_saturation_with_a_small_window() {
+    const N: u64 = 2_000_000;
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| {
+            c.mailbox("inbox")
+                .unacked_bytes(64 << 10)
+                .peer_timeout(Duration::from_millis(1500))
+                .heartbeat_interval(Duration::from_millis(100))
+        })
+        .collect();
+    let nodes = start(cfgs);
+    let events: Vec<_> = nodes.iter().map(|n| n.events()).collect();
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for (i, node) in nodes.iter().enumerate() {
+            let other = if i == 0 { "b" } else { "a" };
+            s.spawn(move || {
+                let to = Address::new(other, "inbox").unwrap();
+                for k in 0..N {
+                    node.send(&to, k.to_le_bytes().to_vec()).unwrap();
+                }
+            });
+            s.spawn(move || {
+                let inbox = node.mailbox("inbox").unwrap();
+                let (mut next, mut batch) = (0, Vec::new());
+                while next < N {
+                    inbox
+                        .recv_batch_into(&mut batch, 4096, T)
+                        .unwrap_or_else(|e| panic!("{} stalled at {next}: {e}", node.name()));
+                    for e in batch.drain(..) {
+                        assert_eq!(seq(&e.payload), next, "lost, duplicated or reordered");
+                        next += 1;
+                    }
+                }
+            });
+        }
+    });
+    eprintln!(
+        "2 x {N} messages through 64 KiB windows in {:?}",
+        t0.elapsed()
+    );
+    for (n, ev) in nodes.iter().zip(&events) {
+        assert!(bad(ev).is_empty(), "{}: {:?}", n.name(), bad(ev));
+        let st = n.stats();
+        assert_eq!(st.peers[0].send_failed, 0);
+        assert!(st.peers[0].acked >= N - 4096, "{:?}", st.peers[0]);
+    }
+}
+
+/// A mailbox nobody reads for 3 x peer_timeout while its sender keeps sending: the reader
+/// waits for room without keeping the heartbeats from flowing, so neither side declares the
+/// other down; the sender is held back (Full); then everything arrives.
+#[test]
+fn an_unread_mailbox_for_three_timeouts_is_not_a_dead_peer() {
+    let timeout = Duration::from_millis(600);
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| {
+            c.mailbox("inbox")
+                .mailbox_bytes(64 << 10)
+                .send_queue_bytes(64 << 10)
+                .unacked_bytes(256 << 10)
+                .peer_timeout(timeout)
+                .heartbeat_interval(Duration::from_millis(100))
+        })
+        .collect();
+    let nodes = start(cfgs);
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let (ea, eb) = (a.events(), b.events());
+    let to = Address::new("b", "inbox").unwrap();
+    let (mut sent, mut full) = (0u64, 0u64);
+    // Nobody reads b's inbox for 3 x peer_timeout; a keeps offering messages.
+    let stop = Instant::now() + 3 * timeout;
+    while Instant::now() < stop {
+        match a.try_send(&to, sent.to_le_bytes().to_vec()) {
+            Ok(()) => sent += 1,
+            Err(Error::Full { .. }) => {
+                full += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("send failed: {e}"),
+        }
+    }
+    assert!(full > 100, "the sender was never held back ({sent} sent)");
+    assert!(bad(&ea).is_empty(), "a: {:?}", bad(&ea));
+    assert!(bad(&eb).is_empty(), "b: {:?}", bad(&eb));
+    assert_eq!(a.connected_peers(), ["b"]);
+    // The consumer comes back: everything arrives, once, in order.
+    let inbox = b.mailbox("inbox").unwrap();
+    for i in 0..sent {
+        let e = inbox.recv_timeout(Duration::from_secs(20)).expect("lost");
+        assert_eq!(seq(&e.payload), i);
+    }
+    assert!(inbox.recv_timeout(Duration::from_millis(200)).is_err());
+    assert!(bad(&ea).is_empty() && bad(&eb).is_empty());
+}
+
+/// A raw peer with the secret: it logs in to `addr` as `name`, resumes from scratch, and
+/// then does nothing but what the test asks.
+fn raw_peer(addr: std::net::SocketAddr, name: &str, expect: &str) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut hs = Handshake::new(
+        HandshakeConfig {
+            name: Name::new(name).unwrap(),
+            incarnation: 7,
+            secret: Arc::from(SECRET),
+            role: Role::Dial {
+                expect: Name::new(expect).unwrap(),
+            },
+        },
+        [9; 16],
+    );
+    let mut buf = bytes::BytesMut::new();
+    let mut out = Vec::new();
+    loop {
+        while let Some(f) = hs.poll_transmit() {
+            f.encode(&mut out);
+        }
+        s.write_all(&out).unwrap();
+        out.clear();
+        if hs.is_done() {
+            break;
+        }
+        let f = loop {
+            if let Some(f) = frame::decode(&mut buf, 1 << 16).unwrap() {
+                break f;
+            }
+            let mut chunk = [0u8; 512];
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0, "closed during the handshake");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        hs.handle(f).unwrap();
+    }
+    Frame::Resume(Resume { next: 0, base: 0 }).encode(&mut out);
+    s.write_all(&out).unwrap();
+    s
+}
+
+/// Transfer-queue (one queue, one bundler for every peer): one peer never acknowledges
+/// (its window fills), one never reads (its socket fills); the third peer keeps receiving
+/// data and heartbeats all along, and neither side of that pair declares the other down.
+#[test]
+fn transfer_queue_one_stuck_peer_does_not_stall_the_others() {
+    let addrs = free_addrs(2);
+    let (b_addr, c_addr) = (addrs[0], addrs[1]);
+    let timeout = Duration::from_secs(10);
+    let hb = Duration::from_millis(100);
+    // a1 and a2 dial b (their names sort first); b dials c.
+    let b = Node::start(
+        NodeConfig::new("b", b_addr, SECRET)
+            .bundler(BundlerKind::TransferQueue)
+            .peer("a1", "127.0.0.1:9".parse().unwrap())
+            .peer("a2", "127.0.0.1:9".parse().unwrap())
+            .peer("c", c_addr)
+            .unacked_bytes(64 << 10)
+            .peer_timeout(timeout)
+            .heartbeat_interval(hb),
+    )
+    .unwrap();
+    let c = Node::start(
+        NodeConfig::new("c", c_addr, SECRET)
+            .peer("b", b_addr)
+            .mailbox("inbox")
+            .peer_timeout(Duration::from_millis(800))
+            .heartbeat_interval(hb),
+    )
+    .unwrap();
+    assert!(b.wait_for_peers(&["c"], T));
+    let never_acks = raw_peer(b_addr, "a1", "b");
+    let never_reads = raw_peer(b_addr, "a2", "b");
+    assert!(b.wait_for_peers(&["a1", "a2", "c"], T));
+    let (eb, ec) = (b.events(), c.events());
+    // a1 reads everything but never acknowledges: drain its socket in the background.
+    let drained = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (mut s, drained, stop) = (
+            never_acks.try_clone().unwrap(),
+            drained.clone(),
+            stop.clone(),
+        );
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut chunk = vec![0u8; 1 << 16];
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(n) = s.read(&mut chunk) {
+                    drained.fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+    let inbox = c.mailbox("inbox").unwrap();
+    let payload = vec![7u8; 1000];
+    let (to_a1, to_a2, to_c) = (
+        Address::new("a1", "x").unwrap(),
+        Address::new("a2", "x").unwrap(),
+        Address::new("c", "inbox").unwrap(),
+    );
+    let (mut got, mut next, mut longest_gap) = (0u64, 0u64, Duration::ZERO);
+    let mut last = Instant::now();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(3) {
+        // Offer the stuck peers as much as they take (they soon take nothing).
+        for _ in 0..8 {
+            let _ = b.try_send(&to_a1, payload.clone());
+            let _ = b.try_send(&to_a2, payload.clone());
+        }
+        // The third peer gets a steady stream.
+        for _ in 0..50 {
+            match b.try_send(&to_c, next.to_le_bytes().to_vec()) {
+                Ok(()) => next += 1,
+                Err(Error::Full { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        while let Ok(e) = inbox.try_recv() {
+            assert_eq!(seq(&e.payload), got);
+            got += 1;
+            longest_gap = longest_gap.max(last.elapsed());
+            last = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    stop.store(true, Ordering::Relaxed);
+    reader.join().unwrap();
+    eprintln!(
+        "c received {got} messages in 3 s, longest gap {longest_gap:?}; a1 drained {} B",
+        drained.load(Ordering::Relaxed)
+    );
+    assert!(got > 10_000, "c received only {got}");
+    assert!(
+        longest_gap < Duration::from_millis(500),
+        "c waited {longest_gap:?}"
+    );
+    let sb = b.stats();
+    let (a1, a2) = (sb.peer("a1").unwrap(), sb.peer("a2").unwrap());
+    assert!(a1.unacked_bytes >= 64 << 10, "a1's window is full: {a1:?}");
+    assert!(a2.unacked_bytes > 0, "a2 took something: {a2:?}");
+    // c heard b's heartbeats and data throughout (its timeout is 800 ms), and b did not
+    // declare c down.
+    assert!(!ec.try_iter().any(|e| matches!(e, Event::PeerDown { .. })));
+    assert!(
+        !eb.try_iter()
+            .any(|e| matches!(e, Event::PeerDown { ref peer, .. } if peer == "c"))
+    );
+    drop(never_reads);
+}
