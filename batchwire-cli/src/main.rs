@@ -277,6 +277,7 @@ fn main() -> ExitCode {
                 WorkerCmd::Throughput(a) => crate::bench::stream::worker(&a, secret),
                 WorkerCmd::FanIn(a) => fanin::worker(&a, secret),
                 WorkerCmd::Mperf(a) => mperf::worker(&a, secret),
+                WorkerCmd::Rpc(a) if a.role.starts_with("tcp-") => bench::pingpong::worker(&a),
                 WorkerCmd::Rpc(a) => rpc::worker(&a, secret),
                 WorkerCmd::Roundtrip(a) => roundtrip::worker(&a, secret),
             }

@@ -14,8 +14,6 @@
 //! n1 (per bundler), and its floor, a plain TCP ping-pong of the same size between two
 //! processes (std `TcpStream`, `TCP_NODELAY`, one request in flight).
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -25,8 +23,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     BenchResult, CTL, Common, Context, Ctl, Faults, Overrides, Progress, Rng, Table, add_pairs,
-    hist_to_pairs, median_percentiles, mesh_config, new_histogram, node_addr, parse_results,
-    percentiles_us, print_result, run_workers, share, si, u64_at, us, worker_args,
+    hist_to_pairs, median_percentiles, mesh_config, new_histogram, parse_results, percentiles_us,
+    print_result, run_workers, share, si, u64_at, us, worker_args,
 };
 use batchwire::{Address, BundlerKind, Mailbox, RecvError};
 
@@ -40,7 +38,7 @@ pub const MAILBOX: &str = "rpc";
 pub const TCP_FLOOR: &str = "tcp-ping-pong";
 
 /// How long a call may wait for its reply before the rest of its calls count as lost.
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 const READY: u8 = 1;
 
@@ -208,8 +206,6 @@ fn caller_mailboxes(threads: usize) -> Vec<String> {
 pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     match a.role.as_str() {
         "node" => node_worker(a, secret),
-        "tcp-server" => tcp_server(a),
-        "tcp-client" => tcp_client(a),
         other => Err(format!("unknown rpc role {other:?}")),
     }
 }
@@ -266,66 +262,6 @@ fn node_worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     drop((mbs, server));
     node.shutdown();
     print_result(&report)
-}
-
-fn tcp_server(a: &WorkerArgs) -> Result<(), String> {
-    let addr = node_addr(a.base_port, 1)?;
-    let l = TcpListener::bind(addr).ctx(&format!("tcp listen on {addr}"))?;
-    let (mut s, _) = l.accept().ctx("tcp accept")?;
-    let _ = s.set_nodelay(true);
-    let mut buf = vec![0u8; a.size.max(HEADER)];
-    let mut served = 0u64;
-    loop {
-        match s.read_exact(&mut buf) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::UnexpectedEof => break,
-            Err(e) => return Err(format!("tcp read: {e}")),
-        }
-        s.write_all(&buf).ctx("tcp write")?;
-        served += 1;
-    }
-    print_result(&CallReport {
-        calls: served,
-        ..CallReport::default()
-    })
-}
-
-fn tcp_client(a: &WorkerArgs) -> Result<(), String> {
-    let addr = node_addr(a.base_port, 1)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut s = loop {
-        match TcpStream::connect(addr) {
-            Ok(s) => break s,
-            Err(e) if Instant::now() > deadline => return Err(format!("tcp connect: {e}")),
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
-        }
-    };
-    s.set_nodelay(true).ctx("TCP_NODELAY")?;
-    s.set_read_timeout(Some(CALL_TIMEOUT)).ctx("read timeout")?;
-    let size = a.size.max(HEADER);
-    let (mut req, mut resp) = (vec![0u8; size], vec![0u8; size]);
-    let mut hist = new_histogram()?;
-    let mut rep = CallReport::default();
-    let t0 = Instant::now();
-    for id in 0..a.calls {
-        req[..8].copy_from_slice(&id.to_le_bytes());
-        let t = Instant::now();
-        s.write_all(&req).ctx("tcp write")?;
-        if let Err(e) = s.read_exact(&mut resp) {
-            tracing::warn!(error = %e, "tcp ping-pong: no reply");
-            rep.faults.lost += a.calls - id;
-            break;
-        }
-        hist.saturating_record(t.elapsed().as_nanos() as u64);
-        if u64_at(&resp, 0) == Some(id) {
-            rep.calls += 1;
-        } else {
-            rep.faults.reordered += 1;
-        }
-    }
-    rep.secs = t0.elapsed().as_secs_f64();
-    rep.hist = hist_to_pairs(&hist);
-    print_result(&rep)
 }
 
 /// Options of the scenario, defaults applied.

@@ -417,7 +417,7 @@ impl Side {
     fn new(cfg: SessionConfig, t0: Instant, n: u64) -> Side {
         Side {
             s: Session::new(cfg, t0),
-            id: ConnId(0),
+            id: ConnId::new(0),
             to_send: 0..n,
             got: Vec::new(),
             buf: BytesMut::new(),

@@ -1,0 +1,497 @@
+//! What the scenarios report: the result record and its JSON, medians, latency
+//! histograms, tables and progress bars.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::{Deserialize, Serialize};
+
+use super::workers::{Context, Faults};
+
+/// A row's name: the bundler, with its idle level when several are compared.
+pub fn row_label(bundler: &str, idle: Option<u8>, show_idle: bool) -> String {
+    match idle {
+        Some(l) if show_idle => format!("{bundler} (idle {l})"),
+        _ => bundler.to_string(),
+    }
+}
+
+/// The table of a rate scenario: one column per run, then median, min, max and the
+/// median's megabytes per second under `mb_head`.
+pub fn rate_table(rows: &[BenchResult], runs: usize, show_idle: bool, mb_head: &str) -> Table {
+    let mut head = vec!["bundler".to_string()];
+    head.extend((1..=runs).map(|i| format!("run {i}")));
+    head.extend(["median", "min", "max", mb_head].map(String::from));
+    let mut t = Table::new(head);
+    for r in rows {
+        if r.failed() {
+            t.failed_row(vec![r.label(show_idle)], r.failure());
+            continue;
+        }
+        let mut cells = vec![r.label(show_idle)];
+        cells.extend(r.runs.iter().map(|v| si(*v)));
+        cells.extend([si(r.median), si(r.min), si(r.max)]);
+        cells.push(format!("{:.0}", r.median * r.size as f64 / 1e6));
+        t.row(cells);
+    }
+    t
+}
+
+/// One result: a scenario, a bundler and a size, over several runs. The JSON keys are
+/// stable (see docs/bench.md).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BenchResult {
+    pub scenario: String,
+    pub bundler: String,
+    /// The idle level the nodes ran with (`None` for `raw` and the TCP floor, which have
+    /// no transport threads).
+    pub idle_cpu_level: Option<u8>,
+    pub size: usize,
+    /// Messages (or calls) per run, as the scenario counts them (see `unit`).
+    pub messages: u64,
+    /// The figure of each run, in `unit`.
+    pub runs: Vec<f64>,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub unit: String,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    /// Node processes in each run.
+    pub nodes: usize,
+    /// Sending (or calling) application threads per sending node.
+    pub threads: usize,
+    /// Call latency percentiles in microseconds (`rpc` only; the median over the runs).
+    pub p50_us: Option<f64>,
+    pub p90_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
+}
+
+impl BenchResult {
+    pub fn failed(&self) -> bool {
+        self.lost + self.duplicated + self.reordered > 0
+    }
+
+    /// A result of `scenario` for `bundler` with its figures summarized; counts, faults
+    /// and latency are filled in by the caller.
+    pub fn new(
+        scenario: &str,
+        bundler: &str,
+        idle_cpu_level: Option<u8>,
+        size: usize,
+        runs: Vec<f64>,
+        unit: &str,
+    ) -> BenchResult {
+        let (median, min, max) = summarize(&runs);
+        BenchResult {
+            scenario: scenario.into(),
+            bundler: bundler.into(),
+            idle_cpu_level,
+            size,
+            messages: 0,
+            runs,
+            median,
+            min,
+            max,
+            unit: unit.into(),
+            lost: 0,
+            duplicated: 0,
+            reordered: 0,
+            nodes: 2,
+            threads: 1,
+            p50_us: None,
+            p90_us: None,
+            p99_us: None,
+            p999_us: None,
+        }
+    }
+
+    pub fn with_faults(mut self, f: Faults) -> Self {
+        self.lost = f.lost;
+        self.duplicated = f.duplicated;
+        self.reordered = f.reordered;
+        self
+    }
+
+    /// The latency percentiles, `[p50, p90, p99, p99.9]` in µs.
+    pub fn with_latency(mut self, p: Option<[f64; 4]>) -> Self {
+        if let Some([a, b, c, d]) = p {
+            (self.p50_us, self.p90_us, self.p99_us, self.p999_us) =
+                (Some(a), Some(b), Some(c), Some(d));
+        }
+        self
+    }
+
+    /// The row name: the bundler, with its idle level when several are compared.
+    pub fn label(&self, show_idle: bool) -> String {
+        row_label(&self.bundler, self.idle_cpu_level, show_idle)
+    }
+
+    /// What went wrong, for a FAILED row.
+    pub fn failure(&self) -> String {
+        format!(
+            "FAILED: lost {} duplicated {} reordered {}",
+            self.lost, self.duplicated, self.reordered
+        )
+    }
+}
+
+/// Median, min and max (the median of an even count is the mean of the middle two).
+pub fn summarize(v: &[f64]) -> (f64, f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    let med = if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    };
+    (med, s[0], s[n - 1])
+}
+
+// Latency.
+
+/// A latency histogram in nanoseconds, 1 ns .. 1 hour, 3 significant digits.
+pub fn new_histogram() -> Result<Histogram<u64>, String> {
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).ctx("creating a histogram")
+}
+
+/// A histogram as (value, count) pairs, to send from a worker to the parent.
+pub fn hist_to_pairs(h: &Histogram<u64>) -> Vec<(u64, u64)> {
+    h.iter_recorded()
+        .map(|v| (v.value_iterated_to(), v.count_at_value()))
+        .collect()
+}
+
+/// Add (value, count) pairs from [`hist_to_pairs`] to `h`.
+pub fn add_pairs(h: &mut Histogram<u64>, pairs: &[(u64, u64)]) -> Result<(), String> {
+    for (v, c) in pairs {
+        h.record_n(*v, *c).ctx("merging a histogram")?;
+    }
+    Ok(())
+}
+
+/// p50, p90, p99 and p99.9 in microseconds (`None` if nothing was recorded).
+pub fn percentiles_us(h: &Histogram<u64>) -> Option<[f64; 4]> {
+    if h.is_empty() {
+        return None;
+    }
+    let q = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
+    Some([q(0.50), q(0.90), q(0.99), q(0.999)])
+}
+
+/// The median of each percentile over several runs.
+pub fn median_percentiles(per_run: &[[f64; 4]]) -> Option<[f64; 4]> {
+    if per_run.is_empty() {
+        return None;
+    }
+    let mut out = [0.0; 4];
+    for (k, o) in out.iter_mut().enumerate() {
+        let col: Vec<f64> = per_run.iter().map(|p| p[k]).collect();
+        *o = summarize(&col).0;
+    }
+    Some(out)
+}
+
+// ---------------------------------------------------------------------------------------
+// Output: tables, progress, JSON.
+
+/// Format a rate with an SI suffix (1.23 M).
+pub fn si(v: f64) -> String {
+    if v >= 1e9 {
+        format!("{:.2} G", v / 1e9)
+    } else if v >= 1e6 {
+        format!("{:.2} M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.1} k", v / 1e3)
+    } else {
+        format!("{v:.1} ")
+    }
+}
+
+/// Format a latency in µs with sensible precision.
+pub fn us(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// A text table: the first column left-aligned, the others right-aligned. A failed row
+/// prints its leading cells and then the failure instead of any figure.
+#[derive(Debug, Default)]
+pub struct Table {
+    head: Vec<String>,
+    rows: Vec<(Vec<String>, Option<String>)>,
+}
+
+impl Table {
+    pub fn new<S: Into<String>>(head: impl IntoIterator<Item = S>) -> Table {
+        Table {
+            head: head.into_iter().map(Into::into).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push((cells, None));
+    }
+
+    /// A row whose figures must not be shown: `lead` cells, then `failure`.
+    pub fn failed_row(&mut self, lead: Vec<String>, failure: String) {
+        self.rows.push((lead, Some(failure)));
+    }
+
+    pub fn render(&self) -> String {
+        let mut w: Vec<usize> = self.head.iter().map(|h| h.chars().count()).collect();
+        for (cells, _) in &self.rows {
+            for (i, c) in cells.iter().enumerate() {
+                if i >= w.len() {
+                    w.push(0);
+                }
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+        let line = |cells: &[String]| {
+            let mut s = String::new();
+            for (i, c) in cells.iter().enumerate() {
+                if i == 0 {
+                    s += &format!("{c:<width$}", width = w[0]);
+                } else {
+                    s += &format!("  {c:>width$}", width = w[i]);
+                }
+            }
+            s
+        };
+        let mut out = line(&self.head).trim_end().to_string() + "\n";
+        for (cells, failure) in &self.rows {
+            let mut l = line(cells);
+            if let Some(f) = failure {
+                l += "  ";
+                l += f;
+            }
+            out += l.trim_end();
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// A progress bar on stderr for a scenario's runs, hidden with `--quiet` or when stderr
+/// is not a terminal. Without a bar, finished runs are still listed on stderr (unless
+/// `--quiet`), as one line each.
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    quiet: bool,
+    what: String,
+}
+
+impl Progress {
+    pub fn new(total: u64, what: &str, quiet: bool) -> Progress {
+        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+            let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            let style = ProgressStyle::with_template(
+                "{prefix:>10} [{bar:20}] {pos}/{len} runs {elapsed} (eta {eta}) {wide_msg}",
+            )
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+            b.set_style(style);
+            b.set_prefix(what.to_string());
+            b.enable_steady_tick(Duration::from_millis(250));
+            b
+        });
+        Progress {
+            bar,
+            quiet,
+            what: what.to_string(),
+        }
+    }
+
+    /// Say what runs now.
+    pub fn running(&self, msg: String) {
+        if let Some(b) = &self.bar {
+            // The bar's prefix names the scenario already.
+            let mut words: Vec<&str> = msg.split_whitespace().collect();
+            if words.first() == Some(&self.what.as_str()) {
+                words.remove(0);
+            }
+            b.set_message(words.join(" "));
+        }
+    }
+
+    /// A run finished; `line` says how it went.
+    pub fn done(&self, line: String) {
+        match &self.bar {
+            Some(b) => {
+                b.println(line);
+                b.inc(1);
+            }
+            None if !self.quiet => eprintln!("{line}"),
+            None => {}
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// The machine the bench ran on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Machine {
+    pub cores: usize,
+    pub kernel: String,
+    pub cpu: String,
+}
+
+impl Machine {
+    pub fn detect() -> Machine {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0);
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| format!("{} {}", std::env::consts::OS, s.trim()))
+            .unwrap_or_else(|_| std::env::consts::OS.to_string());
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+        Machine { cores, kernel, cpu }
+    }
+}
+
+/// The commit being measured: `git rev-parse HEAD` in the source tree this binary was
+/// built from if it is still there, else in the current directory; "unknown" without git.
+pub fn current_commit() -> String {
+    let git = |dir: Option<&str>| {
+        let mut c = Command::new("git");
+        if let Some(d) = dir {
+            c.arg("-C").arg(d);
+        }
+        c.args(["rev-parse", "HEAD"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    let src = env!("CARGO_MANIFEST_DIR");
+    let from_src = Path::new(src).join(".git").exists().then(|| git(Some(src)));
+    from_src
+        .flatten()
+        .or_else(|| git(None))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// What `--json` writes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    pub machine: Machine,
+    pub commit: String,
+    pub results: Vec<BenchResult>,
+}
+
+/// Write the results, with the machine and commit, as one JSON object.
+pub fn write_json(path: &Path, results: &[BenchResult]) -> std::io::Result<()> {
+    let r = Report {
+        machine: Machine::detect(),
+        commit: current_commit(),
+        results: results.to_vec(),
+    };
+    let s = serde_json::to_string_pretty(&r).map_err(std::io::Error::other)?;
+    std::fs::write(path, s + "\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn summarize_gives_median_min_max() {
+        assert_eq!(summarize(&[3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
+        assert_eq!(summarize(&[4.0, 1.0, 2.0, 3.0]), (2.5, 1.0, 4.0));
+        assert_eq!(summarize(&[]), (0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn si_suffixes() {
+        assert_eq!(si(1_234_567.0), "1.23 M");
+        assert_eq!(si(999.0), "999.0 ");
+    }
+
+    #[test]
+    fn percentiles_come_from_the_histogram_in_microseconds() {
+        let mut h = new_histogram().unwrap();
+        assert_eq!(percentiles_us(&h), None);
+        for i in 1..=1000u64 {
+            h.record(i * 1000).unwrap(); // 1 µs .. 1000 µs
+        }
+        let [p50, p90, p99, p999] = percentiles_us(&h).unwrap();
+        for (got, want) in [(p50, 500.0), (p90, 900.0), (p99, 990.0), (p999, 999.0)] {
+            assert!((got - want).abs() <= want * 0.002, "{got} vs {want}");
+        }
+        // Shipping a histogram as pairs and merging it back loses nothing.
+        let mut back = new_histogram().unwrap();
+        add_pairs(&mut back, &hist_to_pairs(&h)).unwrap();
+        assert_eq!(back.len(), 1000);
+        assert_eq!(percentiles_us(&back), percentiles_us(&h));
+        assert_eq!(
+            median_percentiles(&[[1.0, 2.0, 3.0, 4.0], [3.0, 4.0, 5.0, 6.0], [2.0; 4]]),
+            Some([2.0, 2.0, 3.0, 4.0])
+        );
+    }
+
+    #[test]
+    fn tables_align_and_failed_rows_show_no_figures() {
+        let mut ok = BenchResult::new("fan-in", "natural", Some(1), 100, vec![1e6, 2e6], "msgs/s");
+        ok.messages = 10;
+        let bad = BenchResult::new("fan-in", "linger", Some(1), 100, vec![3e6, 4e6], "msgs/s")
+            .with_faults(Faults {
+                lost: 2,
+                duplicated: 0,
+                reordered: 1,
+            });
+        assert!(!ok.failed() && bad.failed());
+        let mut t = Table::new(["bundler", "median"]);
+        for r in [&ok, &bad] {
+            if r.failed() {
+                t.failed_row(vec![r.label(false)], r.failure());
+            } else {
+                t.row(vec![r.label(false), si(r.median)]);
+            }
+        }
+        let s = t.render();
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(lines[0], "bundler  median");
+        assert_eq!(lines[1], "natural  1.50 M");
+        assert_eq!(lines[2], "linger   FAILED: lost 2 duplicated 0 reordered 1");
+        assert!(!s.contains("3.50"), "a failed row shows no figure: {s}");
+    }
+
+    #[test]
+    fn machine_and_commit_are_filled() {
+        let m = Machine::detect();
+        assert!(m.cores >= 1);
+        assert!(!m.kernel.is_empty() && !m.cpu.is_empty());
+        assert!(!current_commit().is_empty());
+    }
+}

@@ -1,0 +1,530 @@
+//! Running a scenario's node processes: starting and collecting workers, the barrier the
+//! nodes of one run meet at, per-sender sequence checks, and the bench's TLS.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use batchwire::{Address, BundlerKind, Mailbox, Node, NodeConfig, RecvError};
+
+/// What a receiving worker of a stream (throughput, fan-in) reports.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RecvReport {
+    pub distinct: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    /// Wall clock (ns since the epoch) when the last message arrived.
+    pub end_ns: u128,
+}
+
+/// The end of a receiving worker: wait for the sender at the last barrier (both sides
+/// shut down together), shut down, and print what arrived.
+pub fn finish_receiver(
+    node: Node,
+    ctl: Ctl,
+    mb: batchwire::Mailbox,
+    v: &Verifier,
+    end_ns: u128,
+) -> Result<(), String> {
+    drop(mb);
+    ctl.finish(Duration::from_secs(60))?;
+    node.shutdown();
+    print_result(&RecvReport {
+        distinct: v.distinct,
+        duplicated: v.duplicated,
+        reordered: v.reordered,
+        end_ns,
+    })
+}
+
+/// Start node `i` of an `n`-node bench cluster (with the bench's TLS, if any) and wait
+/// until it is connected to every other node. Returns the node and the others' names.
+pub fn start_cluster_node(
+    cfg: NodeConfig,
+    i: usize,
+    n: usize,
+) -> Result<(Node, Vec<String>), String> {
+    let node =
+        Node::start(with_bench_tls(cfg, None)).ctx(&format!("starting node {}", node_name(i)))?;
+    let others: Vec<String> = (0..n).filter(|j| *j != i).map(node_name).collect();
+    let names: Vec<&str> = others.iter().map(String::as_str).collect();
+    if !node.wait_for_peers(&names, Duration::from_secs(30)) {
+        return Err(format!(
+            "{}: peers did not come up within 30 s (connected: {:?})",
+            node_name(i),
+            node.connected_peers()
+        ));
+    }
+    Ok((node, others))
+}
+
+/// The cluster secret bench processes share (a throwaway; passed in the environment).
+pub const SECRET_ENV: &str = "BATCHWIRE_BENCH_SECRET";
+
+/// Attach what was being done to an error, as a `String`.
+pub trait Context<T> {
+    fn ctx(self, what: &str) -> Result<T, String>;
+}
+
+impl<T, E: std::fmt::Display> Context<T> for Result<T, E> {
+    fn ctx(self, what: &str) -> Result<T, String> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Worker processes.
+
+/// Spawn this binary as a bench worker with `args`; stdout is piped for its result line.
+pub fn spawn_worker(args: &[String]) -> std::io::Result<Child> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    if let Some(dir) = BENCH_TLS.get() {
+        cmd.env(TLS_DIR_ENV, dir);
+    }
+    cmd.arg("bench-worker")
+        .args(args)
+        .env(SECRET_ENV, "batchwire-bench")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+}
+
+/// Where bench workers find their TLS material (`bench --tls`): certificates for n0..n15.
+pub const TLS_DIR_ENV: &str = "BATCHWIRE_BENCH_TLS_DIR";
+
+static BENCH_TLS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// A throwaway CA and certificates for the bench's node names, in a temporary folder
+/// (made once per process). Returns the folder.
+pub fn tls_certs() -> Result<std::path::PathBuf, String> {
+    if let Some(d) = BENCH_TLS.get() {
+        return Ok(d.clone());
+    }
+    let dir = std::env::temp_dir().join(format!("batchwire-bench-tls-{}", std::process::id()));
+    let names: Vec<String> = (0..16).map(node_name).collect();
+    let refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+    crate::certs::generate_certs(&dir, &refs).map_err(|e| e.to_string())?;
+    Ok(BENCH_TLS.get_or_init(|| dir).clone())
+}
+
+/// `bench --tls`: every worker of every scenario runs mutual TLS.
+pub fn enable_tls() -> Result<std::path::PathBuf, String> {
+    tls_certs()
+}
+
+/// In a worker: TLS from the bench's folder (`--tls`, or a `NAME/tls` entry), if any.
+pub fn with_bench_tls(cfg: NodeConfig, dir: Option<&std::path::Path>) -> NodeConfig {
+    let env = std::env::var_os(TLS_DIR_ENV).map(std::path::PathBuf::from);
+    match dir.map(|d| d.to_path_buf()).or(env) {
+        Some(d) => {
+            let files = batchwire::TlsFiles::in_dir(&d, cfg.name());
+            cfg.tls(files)
+        }
+        None => cfg,
+    }
+}
+
+/// The last line of `out` that starts with `tag ` (without the tag), read until EOF.
+fn scan_for(out: impl std::io::Read, tag: &str) -> Option<String> {
+    let tag = format!("{tag} ");
+    let mut found = None;
+    for line in BufReader::new(out).lines().map_while(Result::ok) {
+        if let Some(rest) = line.strip_prefix(&tag) {
+            found = Some(rest.to_string());
+        }
+    }
+    found
+}
+
+/// Wait for a worker and return the payload of its line starting with `tag `.
+pub fn worker_result(mut child: Child, tag: &str, timeout: Duration) -> Result<String, String> {
+    let out = child.stdout.take().ok_or("worker has no stdout")?;
+    let tag = tag.to_string();
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let _ = tx.send(scan_for(out, &tag));
+    });
+    let res = match rx.recv_timeout(timeout) {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) => Err("worker exited without a result".to_string()),
+        Err(_) => {
+            let _ = child.kill();
+            Err(format!("worker gave no result within {timeout:?}"))
+        }
+    };
+    let status = child.wait();
+    let _ = reader.join();
+    match (res, status) {
+        (Ok(s), _) => Ok(s),
+        (Err(e), Ok(st)) if !st.success() => Err(format!("{e} (exit status {st})")),
+        (Err(e), _) => Err(e),
+    }
+}
+
+/// Worker processes of one run; whichever are still running when this is dropped (an
+/// error, a timeout) are killed, so a failed run leaves nothing behind.
+struct Workers(Vec<(Child, String)>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for (c, _) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Start one worker per argument list and return each one's `RESULT` payload, in order.
+/// If any exits without a result, or the time runs out, the others are killed at once.
+pub fn run_workers(args: &[Vec<String>], timeout: Duration) -> Result<Vec<String>, String> {
+    let mut kids = Workers(Vec::new());
+    let (tx, rx) = mpsc::channel();
+    for (i, a) in args.iter().enumerate() {
+        let what = a.iter().take(5).cloned().collect::<Vec<_>>().join(" ");
+        let mut c = spawn_worker(a).map_err(|e| format!("cannot start worker {what}: {e}"))?;
+        let out = c.stdout.take().ok_or("worker has no stdout")?;
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((i, scan_for(out, "RESULT")));
+        });
+        kids.0.push((c, what));
+    }
+    drop(tx);
+    let deadline = Instant::now() + timeout;
+    let mut got: Vec<Option<String>> = vec![None; args.len()];
+    for _ in 0..args.len() {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok((i, Some(s))) => got[i] = Some(s),
+            Ok((i, None)) => {
+                let (c, what) = &mut kids.0[i];
+                let status = c.wait().map(|s| format!(" ({s})")).unwrap_or_default();
+                return Err(format!("worker `{what}` exited without a result{status}"));
+            }
+            Err(_) => return Err(format!("workers gave no result within {timeout:?}")),
+        }
+    }
+    for (c, _) in &mut kids.0 {
+        let _ = c.wait();
+    }
+    kids.0.clear();
+    Ok(got.into_iter().flatten().collect())
+}
+
+/// Parse every worker's JSON result.
+pub fn parse_results<T: serde::de::DeserializeOwned>(lines: &[String]) -> Result<Vec<T>, String> {
+    lines
+        .iter()
+        .map(|l| serde_json::from_str(l).map_err(|e| format!("bad worker result {l:?}: {e}")))
+        .collect()
+}
+
+/// Print a worker's result line (`RESULT {json}`) on stdout.
+pub fn print_result<T: Serialize>(v: &T) -> Result<(), String> {
+    let s = serde_json::to_string(v).ctx("encoding the result")?;
+    println!("RESULT {s}");
+    Ok(())
+}
+
+/// Build a worker's argument list from `(flag, value)` pairs after the scenario and role.
+pub fn worker_args(scenario: &str, role: &str, flags: &[(&str, String)]) -> Vec<String> {
+    let mut v = vec![scenario.to_string(), "--role".into(), role.to_string()];
+    for (k, val) in flags {
+        v.push(format!("--{k}"));
+        v.push(val.clone());
+    }
+    v
+}
+
+/// The wall clock in ns since the epoch (both processes of a run are on one host).
+pub fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// Node `i`'s name in a spawned cluster.
+pub fn node_name(i: usize) -> String {
+    format!("n{i}")
+}
+
+/// Where node `i` of a run listens.
+pub fn node_addr(base_port: u16, i: usize) -> Result<SocketAddr, String> {
+    let port = u16::try_from(base_port as usize + i)
+        .map_err(|_| format!("--base-port {base_port} + {i} is past 65535"))?;
+    Ok(([127, 0, 0, 1], port).into())
+}
+
+/// Node `i` of a full mesh of `n` nodes on loopback, with `mailboxes` declared.
+pub fn mesh_config(
+    i: usize,
+    n: usize,
+    base_port: u16,
+    secret: &[u8],
+    bundler: BundlerKind,
+    idle: u8,
+    mailboxes: &[String],
+) -> Result<NodeConfig, String> {
+    let mut cfg = NodeConfig::new(node_name(i), node_addr(base_port, i)?, secret)
+        .bundler(bundler)
+        .idle_cpu_level(idle);
+    for j in (0..n).filter(|j| *j != i) {
+        cfg = cfg.peer(node_name(j), node_addr(base_port, j)?);
+    }
+    for m in mailboxes {
+        cfg = cfg.mailbox(m.clone());
+    }
+    Ok(cfg)
+}
+
+/// Give the last acknowledgements time to cross before a node shuts down (see [`SETTLE`]).
+pub fn settle() {
+    std::thread::sleep(SETTLE);
+}
+
+/// The nodes of one run meet here: each sends a tag to the "ctl" mailbox of every other
+/// node and waits until it has that tag from all of them (tags may arrive early; they are
+/// counted until asked for).
+pub struct Ctl {
+    mb: Mailbox,
+    others: Vec<Address>,
+    seen: HashMap<u8, usize>,
+}
+
+/// The mailbox the barrier uses; declare it on every node.
+pub const CTL: &str = "ctl";
+
+/// The tag of the last barrier, before shutdown.
+const FINISH: u8 = 255;
+
+/// How long nodes wait after the last barrier before shutting down. Receivers acknowledge
+/// lazily (after a few ms), and a node's shutdown waits for its messages to be
+/// acknowledged: without this pause the barrier's own last message could miss its
+/// acknowledgement and hold up that node's shutdown until its timeout.
+const SETTLE: Duration = Duration::from_millis(25);
+
+impl Ctl {
+    pub fn new(node: &Node, i: usize, n: usize) -> Result<Ctl, String> {
+        let others = (0..n)
+            .filter(|j| *j != i)
+            .map(|j| Address::new(&node_name(j), CTL).ctx("ctl address"))
+            .collect::<Result<_, _>>()?;
+        Ok(Ctl {
+            mb: node.mailbox(CTL).ctx("ctl mailbox")?,
+            others,
+            seen: HashMap::new(),
+        })
+    }
+
+    /// Tell every other node `tag`, and wait until every other node told us `tag`.
+    pub fn barrier(&mut self, tag: u8, timeout: Duration) -> Result<(), String> {
+        for a in &self.others {
+            self.mb.send(a, vec![tag]).ctx("sending to the barrier")?;
+        }
+        let deadline = Instant::now() + timeout;
+        while self.seen.get(&tag).copied().unwrap_or(0) < self.others.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.mb.recv_timeout(left) {
+                Ok(e) => {
+                    if let Some(t) = e.payload.first() {
+                        *self.seen.entry(*t).or_default() += 1;
+                    }
+                }
+                Err(RecvError::Empty) => {}
+                Err(e) => {
+                    return Err(format!(
+                        "barrier {tag}: {} of {} nodes arrived within {timeout:?} ({e})",
+                        self.seen.get(&tag).copied().unwrap_or(0),
+                        self.others.len()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The last barrier of a run: every node is done with every other, so all may shut
+    /// down (none still needs another's server or receiver). Then a short settle.
+    pub fn finish(mut self, timeout: Duration) -> Result<(), String> {
+        self.barrier(FINISH, timeout)?;
+        settle();
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Verification.
+
+/// Lost, duplicated and reordered messages, summed over runs or nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Faults {
+    pub lost: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+}
+
+impl std::ops::AddAssign for Faults {
+    fn add_assign(&mut self, o: Faults) {
+        self.lost += o.lost;
+        self.duplicated += o.duplicated;
+        self.reordered += o.reordered;
+    }
+}
+
+/// Checks numbered messages on several independent streams (a sender, or a sender and
+/// receiver pair): each stream's sequence numbers 0..per_stream must arrive once each, in
+/// order. Counts distinct, duplicated and reordered (a number other than the next one).
+#[derive(Debug, Clone)]
+pub struct Verifier {
+    per_stream: u64,
+    seen: Vec<u64>,
+    next: Vec<u64>,
+    pub distinct: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+}
+
+impl Verifier {
+    pub fn new(streams: usize, per_stream: u64) -> Self {
+        let bits = streams as u64 * per_stream;
+        Verifier {
+            per_stream,
+            seen: vec![0; bits.div_ceil(64) as usize],
+            next: vec![0; streams],
+            distinct: 0,
+            duplicated: 0,
+            reordered: 0,
+        }
+    }
+
+    /// A message that is not one of ours (too short, or numbered out of range): a fault,
+    /// counted as a duplicate.
+    pub fn malformed(&mut self) {
+        self.duplicated += 1;
+    }
+
+    #[inline]
+    pub fn see(&mut self, stream: usize, seq: u64) {
+        if stream >= self.next.len() || seq >= self.per_stream {
+            self.malformed();
+            return;
+        }
+        let bit = stream as u64 * self.per_stream + seq;
+        let (w, b) = ((bit / 64) as usize, bit % 64);
+        if self.seen[w] & (1 << b) != 0 {
+            self.duplicated += 1;
+            return;
+        }
+        self.seen[w] |= 1 << b;
+        self.distinct += 1;
+        if seq != self.next[stream] {
+            self.reordered += 1;
+        }
+        self.next[stream] = seq + 1;
+    }
+
+    /// The faults, given how many messages were expected in all.
+    #[cfg(test)]
+    pub fn faults(&self, expected: u64) -> Faults {
+        Faults {
+            lost: expected.saturating_sub(self.distinct),
+            duplicated: self.duplicated,
+            reordered: self.reordered,
+        }
+    }
+}
+
+/// The little-endian u64 at `at` in `payload`.
+#[inline]
+pub fn u64_at(payload: &[u8], at: usize) -> Option<u64> {
+    let b = payload.get(at..at + 8)?;
+    Some(u64::from_le_bytes(b.try_into().ok()?))
+}
+
+/// The little-endian u32 at `at` in `payload`.
+#[inline]
+pub fn u32_at(payload: &[u8], at: usize) -> Option<u32> {
+    let b = payload.get(at..at + 4)?;
+    Some(u32::from_le_bytes(b.try_into().ok()?))
+}
+
+/// Thread `t`'s part of `total` messages split over `threads` threads.
+pub fn share(total: u64, threads: usize, t: usize) -> u64 {
+    let threads = threads.max(1) as u64;
+    total / threads + u64::from((t as u64) < total % threads)
+}
+
+/// A small fast PRNG (xorshift64*) for picking call targets; no crate needed.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n.max(1)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn verifier_counts_faults_per_stream() {
+        let mut v = Verifier::new(2, 3);
+        for (s, q) in [(0, 0), (1, 0), (0, 1), (1, 2), (1, 1), (0, 1), (0, 2)] {
+            v.see(s, q);
+        }
+        // Stream 1 saw 2 before 1 (two reorderings: 2 skips 1, then 1 goes back).
+        assert_eq!((v.distinct, v.duplicated, v.reordered), (6, 1, 2));
+        v.see(2, 0); // no such stream
+        v.see(0, 3); // out of range
+        assert_eq!(v.duplicated, 3);
+        assert_eq!(
+            v.faults(7),
+            Faults {
+                lost: 1,
+                duplicated: 3,
+                reordered: 2
+            }
+        );
+        let mut ok = Verifier::new(3, 2);
+        for q in 0..2 {
+            for s in 0..3 {
+                ok.see(s, q);
+            }
+        }
+        assert_eq!(ok.faults(6), Faults::default());
+    }
+
+    #[test]
+    fn shares_add_up() {
+        let total: u64 = (0..7).map(|t| share(100, 7, t)).sum();
+        assert_eq!(total, 100);
+        assert_eq!((share(100, 7, 0), share(100, 7, 6)), (15, 14));
+    }
+
+    #[test]
+    fn rng_stays_in_range() {
+        let mut r = Rng::new(7);
+        let mut hit = [false; 3];
+        for _ in 0..100 {
+            hit[r.below(3)] = true;
+        }
+        assert_eq!(hit, [true; 3]);
+    }
+}

@@ -1,0 +1,270 @@
+//! Tests of the parent module.
+
+use super::*;
+use bytes::BytesMut;
+use proptest::prelude::*;
+
+const MAX: usize = 1 << 20;
+
+fn n(s: &str) -> Name {
+    Name::new(s).unwrap()
+}
+
+fn sample_frames() -> Vec<Frame> {
+    let msgs = [
+        Message {
+            to: n("inbox"),
+            from: n("client"),
+            payload: Bytes::from_static(b"hello"),
+        },
+        Message {
+            to: n("x"),
+            from: n(""),
+            payload: Bytes::new(),
+        },
+    ];
+    vec![
+        Frame::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            incarnation: 42,
+            nonce: [7; 16],
+            name: n("node-a"),
+        }),
+        Frame::Auth(Auth { proof: [9; 32] }),
+        Frame::Refuse(Refuse {
+            code: RefuseCode::Secret,
+            reason: "wrong cluster secret".into(),
+        }),
+        Frame::Messages(MessageList::from_messages(&msgs)),
+        Frame::Undeliverable(Undeliverable {
+            count: 3,
+            to: n("nobody"),
+            from: n("me"),
+        }),
+        Frame::Goodbye,
+        Frame::Ack(77),
+        Frame::Resume(Resume { next: 5, base: 3 }),
+    ]
+}
+
+#[test]
+fn every_frame_round_trips() {
+    for f in sample_frames() {
+        let mut v = Vec::new();
+        f.encode(&mut v);
+        let mut buf = BytesMut::from(&v[..]);
+        assert_eq!(decode(&mut buf, MAX).unwrap(), Some(f));
+        assert!(buf.is_empty());
+    }
+}
+
+#[test]
+fn every_truncation_is_incomplete_not_an_error() {
+    for f in sample_frames() {
+        let mut v = Vec::new();
+        f.encode(&mut v);
+        for cut in 0..v.len() {
+            let mut buf = BytesMut::from(&v[..cut]);
+            assert_eq!(decode(&mut buf, MAX), Ok(None), "{f:?} cut at {cut}");
+            assert_eq!(buf.len(), cut, "an incomplete frame consumes nothing");
+        }
+    }
+}
+
+#[test]
+fn huge_length_is_refused_from_the_header_alone() {
+    let buf = [0xff, 0xff, 0xff, 0x7f];
+    assert_eq!(
+        check(&buf, MAX),
+        Err(FrameError::TooLarge {
+            len: 0x7fff_ffff,
+            max: MAX
+        })
+    );
+    assert_eq!(check(&[0, 0, 0, 0], MAX), Err(FrameError::Empty));
+}
+
+#[test]
+fn garbled_frames_are_typed_errors() {
+    // Unknown kind.
+    assert_eq!(
+        decode(&mut BytesMut::from(&[1, 0, 0, 0, 99][..]), MAX),
+        Err(FrameError::UnknownKind(99))
+    );
+    // Hello with the wrong magic.
+    let mut v = Vec::new();
+    Frame::Hello(Hello {
+        version: 1,
+        incarnation: 1,
+        nonce: [0; 16],
+        name: n("a"),
+    })
+    .encode(&mut v);
+    v[5] = b'X';
+    assert!(matches!(
+        decode(&mut BytesMut::from(&v[..]), MAX),
+        Err(FrameError::Malformed { kind: "HELLO", .. })
+    ));
+    // A message list whose count promises more messages than it holds.
+    let mut v = Vec::new();
+    Frame::Messages(MessageList::from_messages(&[])).encode(&mut v);
+    v[5] = 1;
+    assert!(matches!(
+        decode(&mut BytesMut::from(&v[..]), MAX),
+        Err(FrameError::Malformed {
+            kind: "MESSAGES",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn list_writer_matches_from_messages() {
+    let m = Message {
+        to: n("to"),
+        from: n("from"),
+        payload: Bytes::from_static(b"abc"),
+    };
+    let mut v = Vec::new();
+    let mut w = ListWriter::start(&mut v);
+    w.push(&mut v, &m.to, &m.from, &m.payload);
+    w.push(&mut v, &m.to, &m.from, &m.payload);
+    assert_eq!(
+        w.len(&v),
+        LIST_OVERHEAD + 2 * message_len(&m.to, &m.from, 3)
+    );
+    w.finish(&mut v);
+    let mut expect = Vec::new();
+    Frame::Messages(MessageList::from_messages([&m, &m])).encode(&mut expect);
+    assert_eq!(v, expect);
+}
+
+fn arb_name() -> impl Strategy<Value = Name> {
+    "[a-z0-9/_-]{0,20}".prop_map(|s| Name::new(&s).unwrap())
+}
+
+fn arb_message() -> impl Strategy<Value = Message> {
+    (
+        arb_name(),
+        arb_name(),
+        proptest::collection::vec(any::<u8>(), 0..300),
+    )
+        .prop_map(|(to, from, p)| Message {
+            to,
+            from,
+            payload: p.into(),
+        })
+}
+
+proptest! {
+    #[test]
+    fn message_lists_round_trip(msgs in proptest::collection::vec(arb_message(), 0..40)) {
+        let mut v = Vec::new();
+        Frame::Messages(MessageList::from_messages(&msgs)).encode(&mut v);
+        let mut buf = BytesMut::from(&v[..]);
+        let Some(Frame::Messages(list)) = decode(&mut buf, MAX).unwrap() else {
+            panic!("not a message list")
+        };
+        prop_assert_eq!(list.iter().collect::<Vec<_>>(), msgs);
+    }
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let mut buf = BytesMut::from(&bytes[..]);
+        // Decode until error or incomplete; every outcome is fine but a panic.
+        for _ in 0..512 {
+            match decode(&mut buf, 4096) {
+                Ok(Some(Frame::Messages(l))) => { let _ = l.iter().count(); }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+    }
+
+    #[test]
+    fn random_bodies_behind_valid_headers_never_panic(
+        kind in 0u8..8, body in proptest::collection::vec(any::<u8>(), 0..256)
+    ) {
+        let mut v = ((body.len() + 1) as u32).to_le_bytes().to_vec();
+        v.push(kind);
+        v.extend_from_slice(&body);
+        let _ = decode(&mut BytesMut::from(&v[..]), 4096);
+    }
+}
+
+fn msg(to: &str, from: &str, p: &[u8]) -> Message {
+    Message {
+        to: Name::new(to).unwrap(),
+        from: Name::new(from).unwrap(),
+        payload: Bytes::copy_from_slice(p),
+    }
+}
+
+#[test]
+fn runs_group_consecutive_messages_by_mailbox_and_next_message_walks_a_run() {
+    let msgs = [
+        msg("a", "x", b"1"),
+        msg("a", "y", b"2"),
+        msg("b", "x", b"3"),
+        msg("a", "x", b"4"),
+    ];
+    let list = MessageList::from_messages(&msgs);
+    let runs: Vec<_> = list.runs().map(|(to, r, n)| (to.to_vec(), r, n)).collect();
+    assert_eq!(runs.len(), 3);
+    assert_eq!((runs[0].0.as_slice(), runs[0].2), (&b"a"[..], 2));
+    assert_eq!((runs[1].0.as_slice(), runs[1].2), (&b"b"[..], 1));
+    assert_eq!((runs[2].0.as_slice(), runs[2].2), (&b"a"[..], 1));
+    assert_eq!(runs[2].1.end, list.body().len());
+    let mut data = list.body().slice(runs[0].1.clone());
+    let (from, payload, _) = next_message(&mut data).unwrap();
+    assert_eq!((from.as_str(), &payload[..]), ("x", &b"1"[..]));
+    let (from, payload, _) = next_message(&mut data).unwrap();
+    assert_eq!((from.as_str(), &payload[..]), ("y", &b"2"[..]));
+    assert!(next_message(&mut data).is_none());
+}
+
+#[test]
+fn skip_drops_leading_messages_and_advances_the_sequence() {
+    let mut list = MessageList::from_messages(&[
+        msg("a", "x", b"1"),
+        msg("a", "x", b"2"),
+        msg("b", "y", b"3"),
+    ]);
+    list.first_seq = 10;
+    let rest = list.skip(2);
+    assert_eq!(rest.first_seq, 12);
+    let got: Vec<_> = rest.iter().map(|m| m.payload.to_vec()).collect();
+    assert_eq!(got, [b"3".to_vec()]);
+    assert!(list.skip(3).is_empty() && list.skip(9).is_empty());
+    let mut v = vec![0u8; 0];
+    let mut w = ListWriter::start(&mut v);
+    w.push(
+        &mut v,
+        &Name::from_static("a"),
+        &Name::from_static(""),
+        b"z",
+    );
+    w.finish(&mut v);
+    set_first_seq(&mut v, 99);
+    let Ok(Some(Frame::Messages(l))) = decode(&mut BytesMut::from(&v[..]), 1 << 20) else {
+        panic!()
+    };
+    assert_eq!(l.first_seq, 99);
+}
+
+#[test]
+fn a_bad_name_after_a_good_one_is_still_caught() {
+    let list = MessageList::from_messages(&[msg("a", "x", b"1"), msg("bb", "x", b"2")]);
+    let mut v = Vec::new();
+    Frame::Messages(list).encode(&mut v);
+    // The second message's destination "bb" becomes invalid UTF-8.
+    let at = v.iter().rposition(|b| *b == b'b').unwrap();
+    v[at] = 0xff;
+    let err = decode(&mut BytesMut::from(&v[..]), 1 << 20).unwrap_err();
+    assert!(err.to_string().contains("UTF-8"), "{err}");
+}
+
+#[test]
+fn an_empty_list_has_no_runs() {
+    assert_eq!(MessageList::from_messages(&[]).runs().count(), 0);
+}

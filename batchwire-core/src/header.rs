@@ -1,0 +1,40 @@
+//! The frame header, shared by every frame kind: `len:u32 kind:u8`, the kinds, and the
+//! helpers that write a header and patch its length once the body is written.
+
+/// The four bytes every HELLO starts with.
+pub const MAGIC: [u8; 4] = *b"BWIR";
+/// The protocol version this build speaks.
+/// Version 2: role-bound handshake proofs (the acceptor proves only after the dialler).
+pub const PROTOCOL_VERSION: u16 = 2;
+/// Bytes before the body: the length and the kind.
+pub const HEADER_LEN: usize = 5;
+/// Bytes a MESSAGES frame adds around its messages (header, count, first sequence number).
+pub const LIST_OVERHEAD: usize = HEADER_LEN + 4 + 8;
+/// Where a MESSAGES frame's first sequence number sits, from the frame's start.
+pub(crate) const SEQ_OFFSET: usize = HEADER_LEN + 4;
+/// Bytes each message adds around its names and payload (two name lengths, payload length).
+pub const MESSAGE_OVERHEAD: usize = 1 + 1 + 4;
+/// Longest reason text carried in a REFUSE frame.
+pub const MAX_REASON_LEN: usize = 1024;
+
+pub(crate) const KIND_HELLO: u8 = 1;
+pub(crate) const KIND_AUTH: u8 = 2;
+pub(crate) const KIND_REFUSE: u8 = 3;
+pub(crate) const KIND_MESSAGES: u8 = 4;
+pub(crate) const KIND_UNDELIVERABLE: u8 = 5;
+pub(crate) const KIND_GOODBYE: u8 = 6;
+pub(crate) const KIND_ACK: u8 = 7;
+pub(crate) const KIND_RESUME: u8 = 8;
+
+/// Write a frame header with a placeholder length; returns where the frame starts.
+pub(crate) fn begin(out: &mut Vec<u8>, kind: u8) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0, 0, 0, 0, kind]);
+    start
+}
+
+/// Patch the length of the frame that starts at `start`.
+pub(crate) fn finish(out: &mut [u8], start: usize) {
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}

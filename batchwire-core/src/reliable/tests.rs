@@ -1,0 +1,330 @@
+//! Tests of the parent module.
+
+use super::*;
+use crate::codec::Name;
+use crate::frame::{Frame, Resume};
+use crate::outbox::{Batch, Outbox};
+
+/// xorshift64*: a seeded, dependency-free random source for the simulation.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// Encode messages `seqs` (payload = the number) into one held chunk.
+fn hold(w: &mut SendWindow, ob: &mut Outbox, nums: std::ops::Range<u64>) {
+    let (to, from) = (Name::from_static("m"), Name::from_static("s"));
+    for i in nums {
+        ob.push_message(0, &to, &from, &i.to_le_bytes(), None);
+    }
+    let mut b = Batch::default();
+    ob.take(usize::MAX, usize::MAX, &mut b, None);
+    let frames: Vec<_> = b
+        .frames
+        .iter()
+        .map(|f| (&b.buf[f.start..f.end], f.messages))
+        .collect();
+    w.hold(&frames);
+}
+
+/// The receiving end of one simulated connection.
+#[derive(Default)]
+struct Conn {
+    /// Bytes "in the network" (written by the sender, not yet read).
+    wire: Vec<u8>,
+    /// Bytes read by the receiver, not yet a whole frame.
+    buf: BytesMut,
+}
+
+/// Read whatever whole frames `conn` has (up to `max` bytes from the wire), deliver
+/// them through `rw` into `got`. Returns false on a sequence gap (connection closed).
+fn read(conn: &mut Conn, rw: &mut RecvWindow, max: usize, got: &mut Vec<u64>) -> bool {
+    let n = max.min(conn.wire.len());
+    conn.buf.extend_from_slice(&conn.wire[..n]);
+    conn.wire.drain(..n);
+    while let Ok(Some(f)) = frame::decode(&mut conn.buf, 1 << 24) {
+        let Frame::Messages(l) = f else { continue };
+        let Ok(skip) = rw.accept(l.first_seq, l.len() as u32) else {
+            return false;
+        };
+        for m in l.skip(skip).iter() {
+            got.push(u64::from_le_bytes(m.payload[..8].try_into().unwrap()));
+        }
+    }
+    true
+}
+
+/// One seeded run: a stream of `total` messages over connections that break at random
+/// points (mid-frame included), with resends, late frames from dead connections, and
+/// acknowledgements lost with their connection.
+fn simulate(seed: u64, total: u64) -> (Vec<u64>, u32) {
+    let mut rng = Rng(seed | 1);
+    let (mut sw, mut rw) = (SendWindow::default(), RecvWindow::default());
+    let mut ob = Outbox::new(1 << 10);
+    let mut conn = Conn::default();
+    let mut old: Option<Conn> = None;
+    let (mut queued, mut got, mut breaks) = (0u64, Vec::new(), 0u32);
+    let mut acks_in_flight: Vec<u64> = Vec::new();
+    for _ in 0..100_000 {
+        if got.len() as u64 == total {
+            break;
+        }
+        match rng.below(10) {
+            // The application sends a few messages.
+            0..=2 if queued < total => {
+                let n = (1 + rng.below(40)).min(total - queued);
+                hold(&mut sw, &mut ob, queued..queued + n);
+                queued += n;
+            }
+            // The writer writes what is unwritten, sometimes only partly before the
+            // connection breaks (the rest of the write is lost).
+            3 | 4 => {
+                let u = sw.unwritten();
+                for c in &u.chunks {
+                    conn.wire.extend_from_slice(c);
+                }
+                if let Some(end) = u.ends.last() {
+                    sw.mark_written(u.generation, *end);
+                }
+            }
+            // The receiver reads some bytes; sometimes a dead connection's reader
+            // still delivers what it had buffered.
+            5 | 6 => {
+                let max = 1 + rng.below(3000) as usize;
+                if !read(&mut conn, &mut rw, max, &mut got) {
+                    conn = Conn::default(); // gap: that connection is closed
+                }
+                if let Some(o) = old.as_mut() {
+                    if rng.chance(50) {
+                        read(o, &mut rw, usize::MAX, &mut got);
+                        old = None;
+                    }
+                }
+                if let Some(a) = rw.ack_due() {
+                    acks_in_flight.push(a);
+                }
+            }
+            // Acknowledgements arrive (in order, on the live connection).
+            7 => {
+                for a in acks_in_flight.drain(..) {
+                    sw.ack(a).unwrap();
+                }
+            }
+            // The connection breaks at a random point: bytes in flight and acks in
+            // flight are lost; a new connection resumes.
+            8 if rng.chance(30) => {
+                breaks += 1;
+                let keep = rng.below(conn.wire.len() as u64 + 1) as usize;
+                conn.wire.truncate(keep);
+                acks_in_flight.clear();
+                // Its reader may still hand over what fully arrived, later.
+                old = Some(std::mem::take(&mut conn));
+                // RESUME each way.
+                let theirs = Resume {
+                    next: rw.next(),
+                    base: sw.base(),
+                };
+                sw.rewind(theirs.next).unwrap();
+                rw.resume(theirs.base);
+            }
+            _ => {}
+        }
+    }
+    (got, breaks)
+}
+
+#[test]
+fn exactly_once_in_order_across_random_breaks() {
+    let mut total_breaks = 0;
+    for seed in 1..=200u64 {
+        let total = 500 + seed * 7;
+        let (got, breaks) = simulate(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), total);
+        let want: Vec<u64> = (0..total).collect();
+        assert_eq!(got, want, "seed {seed}: {breaks} breaks");
+        total_breaks += breaks;
+    }
+    assert!(
+        total_breaks > 1000,
+        "the simulation broke connections only {total_breaks} times"
+    );
+}
+
+#[test]
+fn acks_free_whole_chunks_and_rewind_resends_from_the_oldest() {
+    let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
+    hold(&mut w, &mut ob, 0..10);
+    hold(&mut w, &mut ob, 10..20);
+    assert_eq!((w.base(), w.next_seq(), w.messages()), (0, 20, 20));
+    let u = w.unwritten();
+    let (c, g) = (u.chunks, u.generation);
+    assert_eq!((c.len(), u.messages), (2, 20));
+    w.mark_written(g, u.ends[1]);
+    assert!(!w.has_unwritten());
+    assert_eq!(
+        w.ack(15),
+        Ok(c[0].len()),
+        "only the first chunk is wholly acknowledged"
+    );
+    assert_eq!(w.base(), 10);
+    w.rewind(12).unwrap();
+    assert!(
+        w.has_unwritten(),
+        "after a break everything held is written again"
+    );
+    w.mark_written(g, 20);
+    assert!(w.has_unwritten(), "a stale generation is ignored");
+}
+
+#[test]
+fn an_ack_during_the_write_does_not_shift_what_is_marked_written() {
+    let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
+    hold(&mut w, &mut ob, 0..10);
+    hold(&mut w, &mut ob, 10..20);
+    let u = w.unwritten();
+    // The first chunk arrives and is acknowledged while the write is still going on,
+    // and the application holds a third chunk meanwhile.
+    w.ack(10).unwrap();
+    hold(&mut w, &mut ob, 20..30);
+    w.mark_written(u.generation, *u.ends.last().unwrap());
+    let rest = w.unwritten();
+    assert_eq!(
+        rest.chunks.len(),
+        1,
+        "the third chunk is still to be written"
+    );
+    assert_eq!(rest.ends, [30]);
+}
+
+#[test]
+fn acknowledged_buffers_are_reused_within_bounds() {
+    let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
+    for round in 0..20u64 {
+        hold(&mut w, &mut ob, round * 10..round * 10 + 10);
+        let u = w.unwritten();
+        w.mark_written(u.generation, w.next_seq());
+        drop(u);
+        w.ack(w.next_seq()).unwrap();
+        assert!(w.free.len() <= FREE_BUFFERS);
+    }
+    assert_eq!(w.free.len(), 1, "one buffer cycles between hold and ack");
+    assert_eq!((w.bytes(), w.messages()), (0, 0));
+}
+
+#[test]
+fn failed_messages_come_back_with_their_payloads() {
+    let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
+    hold(&mut w, &mut ob, 0..5);
+    w.ack(2).unwrap();
+    let failed = w.take_failed(true);
+    let nums: Vec<u64> = failed
+        .iter()
+        .map(|m| u64::from_le_bytes(m.payload[..8].try_into().unwrap()))
+        .collect();
+    assert_eq!(
+        nums,
+        [0, 1, 2, 3, 4],
+        "the chunk was not wholly acknowledged, so all of it"
+    );
+    assert_eq!((w.next_seq(), w.bytes()), (0, 0));
+}
+
+#[test]
+fn receiver_skips_duplicates_refuses_gaps_and_acks_once() {
+    let mut r = RecvWindow::default();
+    assert_eq!(r.accept(0, 10), Ok(0));
+    assert_eq!(
+        r.accept(5, 10),
+        Ok(5),
+        "a resent frame overlapping what arrived"
+    );
+    assert_eq!(r.accept(0, 10), Ok(10));
+    assert_eq!(
+        r.accept(20, 1),
+        Err(SeqError::Gap {
+            expected: 15,
+            got: 20
+        })
+    );
+    assert_eq!(r.ack_due(), Some(15));
+    assert_eq!(r.ack_due(), None);
+    r.resume(30);
+    assert_eq!(r.next(), 15, "a gap is taken only when its frame arrives");
+    assert_eq!(r.accept(30, 2), Ok(0), "the sender gave up 15..30");
+    assert_eq!(r.next(), 32);
+    r.reset();
+    assert_eq!(r.next(), 0);
+}
+
+#[test]
+fn forged_acks_and_resumes_are_violations_that_change_nothing() {
+    let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
+    hold(&mut w, &mut ob, 0..10);
+    assert_eq!(
+        w.ack(11),
+        Err(SeqError::AckBeyondSent { ack: 11, sent: 10 })
+    );
+    assert_eq!(
+        w.ack(u64::MAX),
+        Err(SeqError::AckBeyondSent {
+            ack: u64::MAX,
+            sent: 10
+        })
+    );
+    assert_eq!(
+        w.rewind(u64::MAX),
+        Err(SeqError::ResumeBeyondSent {
+            next: u64::MAX,
+            sent: 10
+        })
+    );
+    assert_eq!((w.base(), w.messages()), (0, 10), "nothing was dropped");
+    assert_eq!(
+        w.ack(10).map(|b| b > 0),
+        Ok(true),
+        "the edge itself is fine"
+    );
+    assert_eq!(w.ack(3), Ok(0), "a stale ack changes nothing");
+}
+
+#[test]
+fn a_forged_resume_base_cannot_make_the_receiver_skip_real_messages() {
+    let mut r = RecvWindow::default();
+    assert_eq!(r.accept(0, 5), Ok(0));
+    r.resume(u64::MAX);
+    // The real stream goes on where it was: nothing is skipped.
+    assert_eq!(r.accept(5, 5), Ok(0));
+    assert_eq!(r.next(), 10);
+    // A frame at the forged base itself overflows.
+    r.resume(u64::MAX);
+    assert_eq!(
+        r.accept(u64::MAX, 1),
+        Err(SeqError::Overflow {
+            first: u64::MAX,
+            count: 1
+        })
+    );
+    assert_eq!(
+        r.accept(u64::MAX - 1, 1),
+        Err(SeqError::Gap {
+            expected: 10,
+            got: u64::MAX - 1
+        })
+    );
+    assert_eq!(r.next(), 10, "violations change nothing");
+    // Edges: the largest frame that fits is fine once announced.
+    r.resume(u64::MAX - 1);
+    assert_eq!(r.accept(u64::MAX - 1, 1), Ok(0));
+    assert_eq!(r.next(), u64::MAX);
+    assert_eq!(r.accept(u64::MAX, 0), Ok(0));
+}

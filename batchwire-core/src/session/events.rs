@@ -1,0 +1,114 @@
+//! What a session reports: why a peer went down, why messages failed, and the events the
+//! IO layer acts on.
+
+use std::time::Duration;
+
+use crate::frame::Message;
+
+/// One connection of a session. Frames from a connection that is no longer current are
+/// ignored (their content is resent on the current one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(u64);
+
+impl ConnId {
+    pub(crate) fn new(n: u64) -> ConnId {
+        ConnId(n)
+    }
+}
+
+/// Why a peer was declared down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DownReason {
+    /// Connected, but nothing was heard from it for `after` (while this node listened).
+    Silent {
+        /// The `peer_timeout` that passed.
+        after: Duration,
+    },
+    /// Not connected for `after`.
+    Unreachable {
+        /// The `peer_timeout` that passed.
+        after: Duration,
+    },
+    /// It said goodbye (it shut down).
+    Left,
+}
+
+impl std::fmt::Display for DownReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DownReason::Silent { after } => write!(f, "silent for more than {after:?}"),
+            DownReason::Unreachable { after } => write!(f, "unreachable for more than {after:?}"),
+            DownReason::Left => write!(f, "the peer shut down"),
+        }
+    }
+}
+
+/// Why messages are handed back as failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailReason {
+    /// The peer was declared down before acknowledging them.
+    Down(DownReason),
+    /// The peer restarted (a new incarnation) before acknowledging them.
+    Restarted,
+    /// This node shut down before the peer acknowledged them.
+    ShutDown,
+    /// Unsequenced mode: the connection broke before they were written.
+    ConnectionLost,
+}
+
+impl std::fmt::Display for FailReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FailReason::Down(r) => write!(f, "the peer was declared down ({r})"),
+            FailReason::Restarted => {
+                write!(
+                    f,
+                    "the peer restarted (new incarnation) before acknowledging"
+                )
+            }
+            FailReason::ShutDown => write!(f, "this node shut down before the peer acknowledged"),
+            FailReason::ConnectionLost => {
+                write!(
+                    f,
+                    "the connection broke before they were written (unsequenced mode)"
+                )
+            }
+        }
+    }
+}
+
+/// Something the IO layer must act on or report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SessionEvent {
+    /// The peer is up (first connection, or back after being declared down).
+    Up {
+        /// Its incarnation.
+        incarnation: u64,
+    },
+    /// The peer restarted: numbering starts again both ways.
+    Restarted {
+        /// Its new incarnation.
+        incarnation: u64,
+    },
+    /// The peer was declared down. Fail what is still queued for it.
+    Down {
+        /// Why.
+        reason: DownReason,
+    },
+    /// These messages will never be delivered (none was delivered twice; some may have
+    /// been delivered once before the peer stopped acknowledging).
+    Failed {
+        /// The messages, with their payloads.
+        messages: Vec<Message>,
+        /// Why.
+        reason: FailReason,
+    },
+    /// Close this connection (the peer was declared down while it was current).
+    Close {
+        /// The connection.
+        conn: ConnId,
+    },
+}
