@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use batchwire_core::codec::Name;
 use bytes::Bytes;
@@ -99,17 +99,7 @@ impl Node {
 
     /// Wait until every named peer is connected, up to `timeout`. Returns whether they are.
     pub fn wait_for_peers(&self, peers: &[&str], timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let up = self.connected_peers();
-            if peers.iter().all(|p| up.iter().any(|u| u == p)) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        self.rt.wait_for_peers(peers, timeout)
     }
 
     /// Close every connection now, as a network failure would (for chaos testing: see

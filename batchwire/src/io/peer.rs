@@ -26,12 +26,48 @@ use crate::io::lane::Lane;
 use crate::io::timer::Timer;
 use crate::stats::PeerCounters;
 
-/// What every peer's dispatch needs: the node's name (for logs), the event bus, and the
-/// ticker's alarm.
+/// What every peer's dispatch needs: the node's name (for logs), the event bus, the
+/// ticker's alarm, and the watch on connections coming and going.
 pub(crate) struct PeerCtx {
     pub node: Name,
     pub events: Events,
     pub timer: Timer,
+    pub conns: ConnWatch,
+}
+
+/// Connections coming and going, for whoever waits for them (`wait_for_peers`, the
+/// shutdown's last goodbyes).
+#[derive(Default)]
+pub(crate) struct ConnWatch {
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl ConnWatch {
+    fn changed(&self) {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.cv.notify_all();
+    }
+
+    /// Wait until `cond()` holds (re-checked whenever a connection comes or goes) or
+    /// `deadline` passes. Returns whether it holds.
+    pub fn wait_until(&self, deadline: Instant, mut cond: impl FnMut() -> bool) -> bool {
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if cond() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            g = self
+                .cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
 }
 
 /// One peer.
@@ -251,6 +287,7 @@ impl Peer {
             .unwrap_or_else(|p| p.into_inner())
             .replace(conn);
         self.lane.poke();
+        self.ctx.conns.changed();
         old
     }
 
@@ -262,6 +299,7 @@ impl Peer {
         }
         drop(g);
         self.lane.poke();
+        self.ctx.conns.changed();
     }
 
     /// The turn to deliver: only one reader of this peer delivers at a time. While waiting
@@ -338,6 +376,7 @@ mod tests {
             node: Name::from_static("me"),
             events: Events::new(16),
             timer: Timer::new(),
+            conns: ConnWatch::default(),
         });
         let cfg = SessionConfig {
             unacked_bytes: unacked,

@@ -35,7 +35,7 @@ use crate::io::events::Events;
 use crate::io::lane::{Lane, PushError};
 use crate::io::link::TlsConfigs;
 use crate::io::mailbox::{Envelope, MailboxQueue, Mailboxes, Refused};
-use crate::io::peer::PeerCtx;
+use crate::io::peer::{ConnWatch, PeerCtx};
 use crate::io::peers::Peers;
 use crate::io::setup::Setup;
 use crate::io::shutdown::Shutdown;
@@ -52,6 +52,7 @@ pub(crate) struct Runtime {
     pub config: NodeConfig,
     pub idle: IdleStrategy,
     setup: Arc<Setup>,
+    ctx: Arc<PeerCtx>,
     pub peers: Peers,
     pub mailboxes: Mailboxes,
     pub events: Events,
@@ -111,6 +112,7 @@ impl Runtime {
             node: name.clone(),
             events: events.clone(),
             timer: timer.clone(),
+            conns: ConnWatch::default(),
         });
         let shared = config.bundler.kind.shared_queue();
         let shared_lane = shared.then(|| {
@@ -124,7 +126,7 @@ impl Runtime {
         });
         let shared_done = shared.then(|| Arc::new(AtomicBool::new(false)));
         let peers = Peers::new(
-            ctx,
+            ctx.clone(),
             config.clone(),
             writers.clone(),
             shutdown.clone(),
@@ -162,6 +164,7 @@ impl Runtime {
             local_addr,
             idle,
             setup: setup.clone(),
+            ctx,
             peers: peers.clone(),
             mailboxes,
             events,
@@ -395,6 +398,14 @@ impl Runtime {
         }
     }
 
+    /// Wait until every named peer is connected, up to `timeout`.
+    pub fn wait_for_peers(&self, names: &[&str], timeout: Duration) -> bool {
+        self.ctx.conns.wait_until(Instant::now() + timeout, || {
+            let up = self.connected_peers();
+            names.iter().all(|n| up.iter().any(|u| u == n))
+        })
+    }
+
     /// Names of the peers with a live connection.
     pub fn connected_peers(&self) -> Vec<String> {
         let mut v: Vec<String> = self
@@ -488,11 +499,12 @@ impl Runtime {
         }
         let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
         // 3. Give peers a moment to answer our goodbye by closing; then close the rest.
-        let deadline = Instant::now() + Duration::from_millis(500);
         let peers = self.peers.all();
-        while Instant::now() < deadline && peers.iter().any(|p| p.current().is_some()) {
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        self.ctx
+            .conns
+            .wait_until(Instant::now() + Duration::from_millis(500), || {
+                peers.iter().all(|p| p.current().is_none())
+            });
         self.mailboxes.close_all();
         for p in self.peers.all() {
             if let Some(c) = p.current() {
