@@ -98,6 +98,7 @@ enum WorkerCmd {
     Mperf(mperf::WorkerArgs),
     Rpc(rpc::WorkerArgs),
     Roundtrip(roundtrip::WorkerArgs),
+    Scale(crate::bench::scale::WorkerArgs),
 }
 
 #[derive(clap::Args)]
@@ -164,6 +165,12 @@ struct BenchArgs {
     /// 65536 with --duplex to keep both windows full.
     #[arg(long)]
     unacked_bytes: Option<usize>,
+    /// scale: the peer counts of the node measured, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,128")]
+    peer_counts: Vec<usize>,
+    /// scale: seconds of idle measured per peer count.
+    #[arg(long, default_value_t = 10)]
+    idle_secs: u64,
     /// No progress bar or per-run lines.
     #[arg(long)]
     quiet: bool,
@@ -176,6 +183,8 @@ enum Scenario {
     Mperf,
     Rpc,
     Roundtrip,
+    /// What a node costs per peer (threads, memory, idle CPU); not in the quick default.
+    Scale,
 }
 
 impl Scenario {
@@ -186,6 +195,7 @@ impl Scenario {
             Scenario::Mperf => "mperf",
             Scenario::Rpc => "rpc",
             Scenario::Roundtrip => "roundtrip",
+            Scenario::Scale => "scale",
         }
     }
 
@@ -280,6 +290,7 @@ fn main() -> ExitCode {
                 WorkerCmd::Rpc(a) if a.role.starts_with("tcp-") => bench::pingpong::worker(&a),
                 WorkerCmd::Rpc(a) => rpc::worker(&a, secret),
                 WorkerCmd::Roundtrip(a) => roundtrip::worker(&a, secret),
+                WorkerCmd::Scale(a) => crate::bench::scale::worker(&a, secret),
             }
         }
     };
@@ -453,6 +464,10 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
             Scenario::Mperf => mperf::run(&common, &over),
             Scenario::Rpc => rpc::run(&common, &over),
             Scenario::Roundtrip => roundtrip::run(&common, &over),
+            Scenario::Scale => {
+                common.refuse_remote("scale")?;
+                crate::bench::scale::run(&a.peer_counts, a.idle_secs, a.base_port, a.quiet)
+            }
         };
         results.extend(res?);
         if !a.quiet {

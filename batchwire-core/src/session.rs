@@ -444,7 +444,7 @@ impl Session {
     /// Bytes (of any kind) were written on connection `id`.
     pub fn note_sent(&mut self, now: Instant, id: ConnId) {
         if let Some(c) = self.current.as_mut().filter(|c| c.id == id) {
-            c.last_sent = now;
+            c.last_sent = c.last_sent.max(now);
         }
     }
 
@@ -513,11 +513,13 @@ impl Session {
     // ---- outputs ----------------------------------------------------------------------
 
     /// The next control frame for connection `id`: an acknowledgement (which is also the
-    /// heartbeat) when one is due. Due whatever the send window holds.
-    pub fn poll_control(&mut self, id: ConnId) -> Option<Frame> {
+    /// heartbeat) when one is due. Due whatever the send window holds. The frame counts as
+    /// sent at `now` (the caller writes it next), so the heartbeat clock restarts here.
+    pub fn poll_control(&mut self, now: Instant, id: ConnId) -> Option<Frame> {
         if !self.is_current(id) || !(self.ack_due || self.heartbeat_due) {
             return None;
         }
+        self.note_sent(now, id);
         self.ack_due = false;
         self.heartbeat_due = false;
         self.ack_deadline = None;

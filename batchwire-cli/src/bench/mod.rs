@@ -12,6 +12,7 @@ pub mod pingpong;
 pub mod plot;
 pub mod roundtrip;
 pub mod rpc;
+pub mod scale;
 pub mod stream;
 pub mod throughput;
 

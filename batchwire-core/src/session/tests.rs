@@ -72,11 +72,39 @@ fn a_full_send_window_still_lets_acknowledgements_and_heartbeats_out() {
         s.end_delivery(t0, d, 64, 64 * 20),
         "64 messages: ack at once"
     );
-    assert_eq!(s.poll_control(id), Some(Frame::Ack(64)));
+    assert_eq!(s.poll_control(t0, id), Some(Frame::Ack(64)));
     // And with nothing to acknowledge, a heartbeat after the interval.
     s.handle_timeout(t0 + 100 * MS);
-    assert_eq!(s.poll_control(id), Some(Frame::Ack(64)));
+    assert_eq!(s.poll_control(t0 + 100 * MS, id), Some(Frame::Ack(64)));
     assert!(s.window_full(), "still full: control does not wait for it");
+}
+
+#[test]
+fn a_heartbeat_handed_out_restarts_the_heartbeat_clock() {
+    // The ticker may run between the writer taking the heartbeat and writing it: it must
+    // not make another one due.
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    let mut sent = 0;
+    let mut now = t0;
+    while now < t0 + Duration::from_secs(10) {
+        if s.poll_timeout().is_some_and(|t| t <= now) {
+            s.handle_timeout(now);
+        }
+        if s.poll_control(now, id).is_some() {
+            sent += 1;
+            // A ticker round before the write completes and is noted.
+            s.handle_timeout(now + MS);
+        }
+        s.handle_heard(now, id);
+        now += MS;
+    }
+    assert_eq!(
+        sent, 99,
+        "one heartbeat per 100 ms interval in 10 s, no doubles"
+    );
 }
 
 #[test]
@@ -87,11 +115,11 @@ fn acknowledgements_come_after_ack_every_or_after_the_delay() {
     let (id, _) = connect(&mut s, &mut peer, t0);
     let d = s.begin_delivery(id, 0, 10).unwrap().unwrap();
     assert!(!s.end_delivery(t0, d, 10, 100), "10 < 64: not yet");
-    assert_eq!(s.poll_control(id), None);
+    assert_eq!(s.poll_control(t0, id), None);
     assert_eq!(s.poll_timeout(), Some(t0 + 5 * MS));
     s.handle_timeout(t0 + 5 * MS);
-    assert_eq!(s.poll_control(id), Some(Frame::Ack(10)));
-    assert_eq!(s.poll_control(id), None, "given once");
+    assert_eq!(s.poll_control(t0, id), Some(Frame::Ack(10)));
+    assert_eq!(s.poll_control(t0, id), None, "given once");
 }
 
 #[test]
@@ -112,7 +140,7 @@ fn a_drained_reader_acknowledges_at_once_after_enough_bytes() {
         s.handle_idle(id),
         "a window's worth: the sender may be waiting"
     );
-    assert_eq!(s.poll_control(id), Some(Frame::Ack(11)));
+    assert_eq!(s.poll_control(t0, id), Some(Frame::Ack(11)));
     assert!(!s.handle_idle(id), "nothing new since");
 }
 
@@ -377,7 +405,7 @@ fn after_handle_timeout_the_next_deadline_is_in_the_future() {
                 }
             }
             2 => {
-                let _ = s.poll_control(id);
+                let _ = s.poll_control(now, id);
             }
             3 => s.handle_heard(now, id),
             4 => s.set_paused(now, rng % 2 == 0),
@@ -432,7 +460,7 @@ impl Side {
         if w.bytes.len() >= w.cap {
             return; // blocked in write(): nothing goes out, control included
         }
-        while let Some(f) = self.s.poll_control(self.id) {
+        while let Some(f) = self.s.poll_control(now, self.id) {
             f.encode(&mut w.bytes);
             self.s.note_sent(now, self.id);
         }

@@ -137,8 +137,8 @@ fn write_pending(peer: &Peer, c: &Conn, shutdown: &Shutdown, control: &mut Vec<u
         }
     }
     control.clear();
-    let u = peer.session(|s, _| {
-        while let Some(f) = s.poll_control(c.id) {
+    let u = peer.session(|s, now| {
+        while let Some(f) = s.poll_control(now, c.id) {
             f.encode(control);
         }
         s.unwritten(c.id)

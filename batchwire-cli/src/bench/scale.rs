@@ -1,0 +1,262 @@
+//! The `scale` scenario: what one node costs per peer. A hub node process has N peers (N
+//! leaf nodes in a second process, which dial it); once all are connected and settled, the
+//! hub reads its own threads and resident memory, then its CPU time over an idle window
+//! (nothing sent; only heartbeats flow). Run for several N (default 1, 16 and 128).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::{BenchResult, Context, Progress, Table, print_result, spawn_worker, worker_result};
+use batchwire::{Node, NodeConfig};
+
+/// Arguments of the worker processes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// hub or leaves.
+    #[arg(long)]
+    pub role: String,
+    /// Peers of the hub (= leaf nodes).
+    #[arg(long)]
+    pub peers: usize,
+    /// The hub listens here; leaf i on base-port + 1 + i.
+    #[arg(long)]
+    pub base_port: u16,
+    /// Seconds of idle measured.
+    #[arg(long)]
+    pub idle_secs: u64,
+}
+
+/// What the hub reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HubReport {
+    pub peers: usize,
+    pub threads: u64,
+    pub rss_kib: u64,
+    /// CPU time (user + system) used during the idle window, in milliseconds.
+    pub idle_cpu_ms: f64,
+    pub idle_secs: f64,
+    /// Frames received per second during the idle window (the peers' heartbeats).
+    pub frames_per_sec: f64,
+}
+
+fn leaf_name(i: usize) -> String {
+    // Sorting before "hub": the leaves dial it.
+    format!("a{i:04}")
+}
+
+fn addr(base: u16, i: usize) -> Result<SocketAddr, String> {
+    let port =
+        u16::try_from(base as usize + i).map_err(|_| format!("port {base}+{i} is too large"))?;
+    Ok(SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+/// (threads, resident KiB, CPU ms) of this process, from /proc.
+fn own_usage() -> Result<(u64, u64, f64), String> {
+    let status = std::fs::read_to_string("/proc/self/status").ctx("reading /proc/self/status")?;
+    let field = |k: &str| -> Result<u64, String> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("no {k} in /proc/self/status"))
+    };
+    let stat = std::fs::read_to_string("/proc/self/stat").ctx("reading /proc/self/stat")?;
+    // Fields after the command name (which may hold spaces): utime is the 14th field
+    // overall, stime the 15th, in clock ticks (100 per second on Linux).
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let cpu_ms = (ticks(11) + ticks(12)) as f64 * 10.0;
+    Ok((field("Threads:")?, field("VmRSS:")?, cpu_ms))
+}
+
+/// Run a worker role.
+pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
+    let deadline = Duration::from_secs(60 + a.peers as u64 / 2);
+    match a.role.as_str() {
+        "hub" => {
+            let mut cfg = NodeConfig::new("hub", addr(a.base_port, 0)?, secret);
+            for i in 0..a.peers {
+                cfg = cfg.peer(leaf_name(i), addr(a.base_port, 1 + i)?);
+            }
+            let node = Node::start(cfg).ctx("starting the hub")?;
+            let names: Vec<String> = (0..a.peers).map(leaf_name).collect();
+            let refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+            if !node.wait_for_peers(&refs, deadline) {
+                return Err(format!(
+                    "only {} of {} peers connected",
+                    node.connected_peers().len(),
+                    a.peers
+                ));
+            }
+            // Let the connection threads of the start settle, then measure.
+            std::thread::sleep(Duration::from_secs(2));
+            let frames = |n: &Node| {
+                n.stats()
+                    .peers
+                    .iter()
+                    .map(|p| p.frames_received)
+                    .sum::<u64>()
+            };
+            let (threads, rss_kib, cpu0) = own_usage()?;
+            let (f0, t0) = (frames(&node), Instant::now());
+            std::thread::sleep(Duration::from_secs(a.idle_secs));
+            let (_, _, cpu1) = own_usage()?;
+            let secs = t0.elapsed().as_secs_f64();
+            let f1 = frames(&node);
+            node.shutdown();
+            print_result(&HubReport {
+                peers: a.peers,
+                threads,
+                rss_kib,
+                idle_cpu_ms: cpu1 - cpu0,
+                idle_secs: secs,
+                frames_per_sec: (f1 - f0) as f64 / secs,
+            })
+        }
+        "leaves" => {
+            let hub = addr(a.base_port, 0)?;
+            let nodes = (0..a.peers)
+                .map(|i| {
+                    let cfg = NodeConfig::new(leaf_name(i), addr(a.base_port, 1 + i)?, secret)
+                        .peer("hub", hub);
+                    Node::start(cfg).ctx("starting a leaf")
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            // Stay until the hub has measured and said goodbye (or the time is up).
+            let end = Instant::now() + deadline + Duration::from_secs(a.idle_secs + 30);
+            let mut seen_up = vec![false; nodes.len()];
+            while Instant::now() < end {
+                let mut done = true;
+                for (n, up) in nodes.iter().zip(seen_up.iter_mut()) {
+                    let connected = !n.connected_peers().is_empty();
+                    *up |= connected;
+                    done &= *up && !connected;
+                }
+                if done {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            drop(nodes);
+            print_result(&())
+        }
+        other => Err(format!("unknown scale role {other:?}")),
+    }
+}
+
+/// Run the scenario for each peer count.
+pub fn run(
+    counts: &[usize],
+    idle_secs: u64,
+    base_port: u16,
+    quiet: bool,
+) -> Result<Vec<BenchResult>, String> {
+    let progress = Progress::new(counts.len() as u64, "scale", quiet);
+    let mut reports = Vec::new();
+    for &n in counts {
+        if n == 0 {
+            return Err("peer counts must be at least 1".into());
+        }
+        progress.running(format!("scale: a node with {n} peers"));
+        let args = |role: &str| -> Vec<String> {
+            [
+                "scale",
+                "--role",
+                role,
+                "--peers",
+                &n.to_string(),
+                "--base-port",
+                &base_port.to_string(),
+                "--idle-secs",
+                &idle_secs.to_string(),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+        };
+        let hub = spawn_worker(&args("hub")).ctx("starting the hub")?;
+        let leaves = spawn_worker(&args("leaves")).ctx("starting the leaves")?;
+        let timeout = Duration::from_secs(120 + idle_secs + n as u64);
+        let r = worker_result(hub, "RESULT", timeout)?;
+        let _ = worker_result(leaves, "RESULT", timeout);
+        let r: HubReport = serde_json::from_str(&r).ctx("hub result")?;
+        progress.done(format!(
+            "  {n} peers: {} threads, {:.1} MiB, idle CPU {:.2}%",
+            r.threads,
+            r.rss_kib as f64 / 1024.0,
+            cpu_percent(&r)
+        ));
+        reports.push(r);
+    }
+    print_table(&reports);
+    Ok(reports
+        .iter()
+        .flat_map(|r| {
+            let row = |what: &str, v: f64, unit: &str| {
+                let mut b = BenchResult::new("scale", what, Some(1), 0, vec![v], unit);
+                b.nodes = r.peers + 1;
+                b.messages = 0;
+                b
+            };
+            [
+                row(
+                    &format!("{} peers: threads", r.peers),
+                    r.threads as f64,
+                    "threads",
+                ),
+                row(
+                    &format!("{} peers: resident memory", r.peers),
+                    r.rss_kib as f64,
+                    "KiB",
+                ),
+                row(
+                    &format!("{} peers: idle CPU", r.peers),
+                    cpu_percent(r),
+                    "% of one core",
+                ),
+            ]
+        })
+        .collect())
+}
+
+fn cpu_percent(r: &HubReport) -> f64 {
+    100.0 * r.idle_cpu_ms / 1000.0 / r.idle_secs.max(1e-9)
+}
+
+fn print_table(reports: &[HubReport]) {
+    println!(
+        "\nscale: one node (natural, defaults: heartbeat 500 ms) with N peers, each peer a node in another process; measured on the node after connecting, idle (nothing sent)"
+    );
+    let mut t = Table::new([
+        "peers",
+        "threads",
+        "resident MiB",
+        "idle CPU % of one core",
+        "frames/s received (heartbeats)",
+    ]);
+    for r in reports {
+        t.row(vec![
+            r.peers.to_string(),
+            r.threads.to_string(),
+            format!("{:.1}", r.rss_kib as f64 / 1024.0),
+            format!("{:.2}", cpu_percent(r)),
+            format!("{:.0}", r.frames_per_sec),
+        ]);
+    }
+    print!("{}", t.render());
+    if let (Some(a), Some(b)) = (reports.first(), reports.last()) {
+        if b.peers > a.peers {
+            let per = |x: f64, y: f64| (y - x) / (b.peers - a.peers) as f64;
+            println!(
+                "per additional peer: {:.1} threads, {:.0} KiB resident, {:.3}% of a core idle",
+                per(a.threads as f64, b.threads as f64),
+                per(a.rss_kib as f64, b.rss_kib as f64),
+                per(cpu_percent(a), cpu_percent(b)),
+            );
+        }
+    }
+}
