@@ -29,7 +29,7 @@ def run(binary, args, out):
 
 
 def key(r):
-    return (r["scenario"], r["bundler"], r.get("size"))
+    return (r["scenario"], r["bundler"] + (f" {r['nodes']}x{r['threads']}" if r["scenario"] == "rpc" else ""), r.get("size"))
 
 
 def fmt(v, unit):
@@ -53,6 +53,7 @@ def main():
     a = p.parse_args(argv[:cut])
     args = argv[cut + 1:]
     figures = {"old": {}, "new": {}}
+    latency = {"old": {}, "new": {}}
     units = {}
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
@@ -61,8 +62,12 @@ def main():
                 for r in run(binary, args, out):
                     figures[which].setdefault(key(r), []).append(r["median"])
                     units[key(r)] = r["unit"]
+                    if r.get("p50_us") is not None:
+                        lat = latency[which].setdefault(key(r), {"p50": [], "p99": []})
+                        lat["p50"].append(r["p50_us"])
+                        lat["p99"].append(r["p99_us"])
                 print(f"round {i + 1}/{a.rounds} {which} done", file=sys.stderr)
-    print(f"{'scenario':<12} {'bundler':<18} {'size':>6}  {'old median (min-max)':>28}  {'new median (min-max)':>28}  new/old")
+    print(f"{'scenario':<12} {'bundler':<22} {'size':>6}  {'old median (min-max)':>28}  {'new median (min-max)':>28}  new/old")
     for k in sorted(figures["old"], key=str):
         o, n = figures["old"][k], figures["new"].get(k, [])
         if not n:
@@ -71,7 +76,12 @@ def main():
         mo, mn = statistics.median(o), statistics.median(n)
         so = f"{fmt(mo, u)} ({fmt(min(o), u)}-{fmt(max(o), u)})"
         sn = f"{fmt(mn, u)} ({fmt(min(n), u)}-{fmt(max(n), u)})"
-        print(f"{k[0]:<12} {k[1]:<18} {str(k[2]):>6}  {so:>28}  {sn:>28}  {mn / mo:6.2f} {u}")
+        print(f"{k[0]:<12} {k[1]:<22} {str(k[2]):>6}  {so:>28}  {sn:>28}  {mn / mo:6.2f} {u}")
+        lo, ln = latency["old"].get(k), latency["new"].get(k)
+        if lo and ln:
+            for p in ("p50", "p99"):
+                a, b = statistics.median(lo[p]), statistics.median(ln[p])
+                print(f"{'':<12} {'  latency ' + p + ' us':<22} {'':>6}  {a:>28.1f}  {b:>28.1f}  {b / a:6.2f}")
 
 
 if __name__ == "__main__":

@@ -162,6 +162,8 @@ impl Lane {
     pub fn close(&self) {
         let mut g = self.lock();
         g.closed = true;
+        // A consumer waiting for a poke (`wait_epoch`) must look up too.
+        g.epoch += 1;
         self.not_empty.notify_all();
         self.not_full.notify_all();
     }
@@ -301,7 +303,12 @@ mod tests {
         );
         assert_eq!(b.messages(), 4);
         l.close();
-        assert_eq!(l.next_batch(nat.as_mut(), 0, &mut b), Next::Drained);
+        assert_eq!(
+            l.next_batch(nat.as_mut(), 0, &mut b),
+            Next::Wake,
+            "closing wakes a consumer waiting on an older epoch"
+        );
+        assert_eq!(l.next_batch(nat.as_mut(), l.epoch(), &mut b), Next::Drained);
         assert_eq!(push(&l, 9, true), Err(PushError::Closed));
     }
 

@@ -213,3 +213,109 @@ pub(crate) fn read_more(
     buf.truncate(len + *r.as_ref().unwrap_or(&0));
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::conn::Conn;
+    use crate::io::lane::Lane;
+    use crate::io::link::Link;
+    use crate::io::peer::{ConnWatch, PeerCtx};
+    use crate::io::timer::Timer;
+    use batchwire_core::bundler::BundlerConfig;
+    use batchwire_core::frame::{Message, Resume};
+    use batchwire_core::idle::IdleStrategy;
+    use batchwire_core::session::{PeerState, Session, SessionConfig};
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_reader_waiting_for_a_full_mailbox_is_paused_and_gives_up_when_replaced() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut theirs = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (ours, _) = l.accept().unwrap();
+        let ctx = Arc::new(PeerCtx {
+            node: Name::from_static("me"),
+            events: Events::new(64),
+            timer: Timer::new(),
+            conns: ConnWatch::default(),
+        });
+        let timeout = Duration::from_millis(300);
+        let cfg = SessionConfig {
+            peer_timeout: timeout,
+            heartbeat_interval: Duration::from_millis(100),
+            ..SessionConfig::default()
+        };
+        let b = BundlerConfig::default().build();
+        let lane = Arc::new(Lane::new(
+            1 << 20,
+            b.as_ref(),
+            1 << 16,
+            IdleStrategy::default(),
+        ));
+        let peer = Arc::new(Peer::new(
+            0,
+            Name::from_static("p"),
+            ctx.clone(),
+            Session::new(cfg, Instant::now()),
+            lane,
+        ));
+        let id = peer.session(|s, now| {
+            let (id, _) = s.handle_connect(now, 1);
+            s.handle_resume(now, id, Resume { next: 0, base: 0 })
+                .unwrap();
+            id
+        });
+        let conn = Arc::new(Conn::new(id, Arc::new(Link::Plain(ours))));
+        peer.install(conn.clone());
+        let mailboxes = Mailboxes::default();
+        let name = Name::from_static("inbox");
+        let mb = mailboxes.get_or_insert(&name, || {
+            MailboxQueue::new(name.clone(), 10, IdleStrategy::default())
+        });
+        // Two frames of one message each: the first fills the mailbox, the second waits.
+        let mut out = Vec::new();
+        for seq in 0..2u64 {
+            let mut list = MessageList::from_messages(&[Message {
+                to: name.clone(),
+                from: Name::from_static("x"),
+                payload: bytes::Bytes::from(vec![seq as u8; 50]),
+            }]);
+            list.first_seq = seq;
+            Frame::Messages(list).encode(&mut out);
+        }
+        theirs.write_all(&out).unwrap();
+        let events = ctx.events.clone();
+        let (p, c, m) = (peer.clone(), conn.clone(), mailboxes.clone());
+        let reader = std::thread::spawn(move || {
+            Reader {
+                peer: &p,
+                conn: &c,
+                mailboxes: &m,
+                events: &events,
+                max_frame: 1 << 20,
+                read_bytes: 1 << 16,
+            }
+            .run(BytesMut::new())
+        });
+        // Long past the peer's timeout, and nothing heard: not down, the reader is paused.
+        std::thread::sleep(3 * timeout);
+        peer.session(|s, now| s.handle_timeout(now));
+        assert_eq!(peer.state(), PeerState::Up);
+        // The connection is replaced: the reader gives up within its recheck, and what it
+        // delivered (the first message) counts.
+        let t0 = Instant::now();
+        conn.close();
+        let r = reader.join().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        assert!(matches!(r, Err(LinkError::Replaced)), "{r:?}");
+        assert_eq!(mb.len(), 1);
+        let (id2, resume) = peer.session(|s, now| s.handle_connect(now, 1));
+        assert_eq!(
+            resume.next, 1,
+            "the first message was delivered, the second will come again"
+        );
+        let _ = id2;
+    }
+}

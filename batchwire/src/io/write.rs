@@ -235,3 +235,139 @@ fn close_step(peer: &Peer, conn: Option<&Conn>, cfg: &WriterCfg, deadline: Insta
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::conn::Conn;
+    use crate::io::events::Events;
+    use crate::io::lane::Lane;
+    use crate::io::link::Link;
+    use crate::io::peer::{ConnWatch, PeerCtx};
+    use crate::io::timer::Timer;
+    use batchwire_core::codec::Name;
+    use batchwire_core::frame::{self, Frame, Resume};
+    use batchwire_core::idle::IdleStrategy;
+    use batchwire_core::outbox::Outbox;
+    use batchwire_core::session::{Session, SessionConfig};
+    use bytes::BytesMut;
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+
+    /// A peer whose session is connected over a real loopback socket; returns the peer
+    /// and the other end of the socket.
+    fn connected_peer(cfg: SessionConfig) -> (Arc<Peer>, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (theirs, _) = l.accept().unwrap();
+        ours.set_write_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let ctx = Arc::new(PeerCtx {
+            node: Name::from_static("me"),
+            events: Events::new(64),
+            timer: Timer::new(),
+            conns: ConnWatch::default(),
+        });
+        let b = BundlerConfig::default().build();
+        let lane = Arc::new(Lane::new(
+            1 << 20,
+            b.as_ref(),
+            1 << 16,
+            IdleStrategy::default(),
+        ));
+        let peer = Arc::new(Peer::new(
+            0,
+            Name::from_static("p"),
+            ctx,
+            Session::new(cfg, Instant::now()),
+            lane,
+        ));
+        let id = peer.session(|s, now| {
+            let (id, _) = s.handle_connect(now, 1);
+            s.handle_resume(now, id, Resume { next: 0, base: 0 })
+                .unwrap();
+            id
+        });
+        peer.install(Arc::new(Conn::new(id, Arc::new(Link::Plain(ours)))));
+        (peer, theirs)
+    }
+
+    /// Frames read from `s` until `want` says stop or 10 s pass.
+    fn read_until(s: &mut TcpStream, want: impl Fn(&Frame) -> bool) -> Vec<Frame> {
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let (mut buf, mut got) = (BytesMut::new(), Vec::new());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            while let Some(f) = frame::decode(&mut buf, 1 << 20).unwrap() {
+                let stop = want(&f);
+                got.push(f);
+                if stop {
+                    return got;
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            if let Ok(n) = s.read(&mut chunk) {
+                buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+        panic!("not found in {got:?}")
+    }
+
+    #[test]
+    fn a_due_ack_goes_out_although_the_window_is_full_and_goodbye_comes_last() {
+        let cfg = SessionConfig {
+            unacked_bytes: 100,
+            ack_every: 10,
+            ..SessionConfig::default()
+        };
+        let (peer, mut theirs) = connected_peer(cfg);
+        // Fill the window: 20 messages, never acknowledged.
+        let mut ob = Outbox::new(1 << 12);
+        for i in 0..20u64 {
+            ob.push_message(
+                0,
+                &Name::from_static("m"),
+                &Name::from_static(""),
+                &i.to_le_bytes(),
+                None,
+            );
+        }
+        let mut b = Batch::default();
+        ob.take(usize::MAX, usize::MAX, &mut b, None);
+        hold(&peer, &b, FlushReason::Drained);
+        assert!(peer.window_full());
+        let shutdown = Shutdown::default();
+        let (p, sd) = (peer.clone(), shutdown.clone());
+        let writer = std::thread::spawn(move || {
+            run_writer(
+                p,
+                WriterCfg {
+                    bundler: Some(BundlerConfig::default()),
+                    shared_done: None,
+                },
+                sd,
+            )
+        });
+        read_until(&mut theirs, |f| matches!(f, Frame::Messages(_)));
+        // Ten messages arrive from the peer: an acknowledgement is due, window or not.
+        let id = peer.current().unwrap().id;
+        peer.session(|s, now| {
+            let d = s.begin_delivery(id, 0, 10).unwrap().unwrap();
+            s.end_delivery(now, d, 10, 200)
+        });
+        read_until(&mut theirs, |f| *f == Frame::Ack(10));
+        assert!(peer.window_full(), "control did not wait for the window");
+        // Shutting down with the window still unacknowledged: failed at the deadline, then
+        // the goodbye, and the writer ends.
+        shutdown.drain(Instant::now() + Duration::from_millis(200));
+        peer.lane.close();
+        let end = read_until(&mut theirs, |f| *f == Frame::Goodbye);
+        assert!(
+            matches!(end[end.len() - 2], Frame::Ack(_)),
+            "a final ack before goodbye: {end:?}"
+        );
+        writer.join().unwrap();
+        assert_eq!(peer.stats.send_failed.load(Relaxed), 20);
+    }
+}
