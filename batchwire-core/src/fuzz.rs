@@ -33,12 +33,7 @@ pub fn frames(data: &[u8]) {
     }
     let mut batch = Batch::default();
     ob.take(usize::MAX, usize::MAX, &mut batch, None);
-    let held: Vec<_> = batch
-        .frames
-        .iter()
-        .map(|f| (&batch.buf[f.start..f.end], f.messages))
-        .collect();
-    sw.hold(&held);
+    sw.hold(&batch.message_frames());
     // Each iteration consumes at least one frame header, so this ends.
     while let Ok(Some(f)) = frame::decode(&mut buf, MAX_FRAME) {
         let (next, base) = (rw.next(), sw.base());

@@ -58,11 +58,40 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.frames.is_empty()
     }
+    /// Its MESSAGES frames with their message counts (see [`message_frames`]).
+    pub fn message_frames(&self) -> Vec<(&[u8], u32)> {
+        message_frames(&self.buf, &self.frames)
+    }
     /// Groups of consecutive frames with the same destination: each group is one write
     /// (per destination peer, for the null destination).
     pub fn groups(&self) -> impl Iterator<Item = &[FrameMeta]> + '_ {
         groups(&self.frames)
     }
+}
+
+/// The MESSAGES frames among `frames` (control frames left out), as slices of `buf` with
+/// their message counts: what a send window holds.
+pub fn message_frames<'a>(buf: &'a [u8], frames: &[FrameMeta]) -> Vec<(&'a [u8], u32)> {
+    frames
+        .iter()
+        .filter(|f| f.messages > 0)
+        .map(|f| (&buf[f.start..f.end], f.messages))
+        .collect()
+}
+
+/// Messages numbered `nums` (the payload is the number, 8 bytes) in one batch: a fixture
+/// of the tests that drive windows and sessions.
+#[cfg(test)]
+pub(crate) fn numbered(nums: std::ops::Range<u64>) -> Batch {
+    // Frames of 1 KiB: a batch of a few dozen messages spans several.
+    let mut ob = Outbox::new(1 << 10);
+    let (to, from) = (Name::from_static("m"), Name::from_static("s"));
+    for i in nums {
+        ob.push_message(0, &to, &from, &i.to_le_bytes(), None);
+    }
+    let mut b = Batch::default();
+    ob.take(usize::MAX, usize::MAX, &mut b, None);
+    b
 }
 
 /// Split frames into groups of consecutive frames with the same destination.

@@ -121,6 +121,7 @@ pub trait Bundler: Send {
 /// The strategies, by CLI name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum BundlerKind {
     /// One frame and one write per message: the unbundled baseline.
     None,

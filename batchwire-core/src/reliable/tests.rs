@@ -1,9 +1,8 @@
 //! Tests of the parent module.
 
 use super::*;
-use crate::codec::Name;
 use crate::frame::{Frame, Resume};
-use crate::outbox::{Batch, Outbox};
+use crate::outbox::numbered;
 
 /// xorshift64*: a seeded, dependency-free random source for the simulation.
 struct Rng(u64);
@@ -22,20 +21,9 @@ impl Rng {
     }
 }
 
-/// Encode messages `seqs` (payload = the number) into one held chunk.
-fn hold(w: &mut SendWindow, ob: &mut Outbox, nums: std::ops::Range<u64>) {
-    let (to, from) = (Name::from_static("m"), Name::from_static("s"));
-    for i in nums {
-        ob.push_message(0, &to, &from, &i.to_le_bytes(), None);
-    }
-    let mut b = Batch::default();
-    ob.take(usize::MAX, usize::MAX, &mut b, None);
-    let frames: Vec<_> = b
-        .frames
-        .iter()
-        .map(|f| (&b.buf[f.start..f.end], f.messages))
-        .collect();
-    w.hold(&frames);
+/// Encode messages `nums` (payload = the number) into one held chunk.
+fn hold(w: &mut SendWindow, nums: std::ops::Range<u64>) {
+    w.hold(&numbered(nums).message_frames());
 }
 
 /// The receiving end of one simulated connection.
@@ -71,7 +59,6 @@ fn read(conn: &mut Conn, rw: &mut RecvWindow, max: usize, got: &mut Vec<u64>) ->
 fn simulate(seed: u64, total: u64) -> (Vec<u64>, u32) {
     let mut rng = Rng(seed | 1);
     let (mut sw, mut rw) = (SendWindow::default(), RecvWindow::default());
-    let mut ob = Outbox::new(1 << 10);
     let mut conn = Conn::default();
     let mut old: Option<Conn> = None;
     let (mut queued, mut got, mut breaks) = (0u64, Vec::new(), 0u32);
@@ -84,7 +71,7 @@ fn simulate(seed: u64, total: u64) -> (Vec<u64>, u32) {
             // The application sends a few messages.
             0..=2 if queued < total => {
                 let n = (1 + rng.below(40)).min(total - queued);
-                hold(&mut sw, &mut ob, queued..queued + n);
+                hold(&mut sw, queued..queued + n);
                 queued += n;
             }
             // The writer writes what is unwritten, sometimes only partly before the
@@ -162,9 +149,9 @@ fn exactly_once_in_order_across_random_breaks() {
 
 #[test]
 fn acks_free_whole_chunks_and_rewind_resends_from_the_oldest() {
-    let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
-    hold(&mut w, &mut ob, 0..10);
-    hold(&mut w, &mut ob, 10..20);
+    let mut w = SendWindow::default();
+    hold(&mut w, 0..10);
+    hold(&mut w, 10..20);
     assert_eq!((w.base(), w.next_seq(), w.messages()), (0, 20, 20));
     let u = w.unwritten();
     let (c, g) = (u.chunks, u.generation);
@@ -188,14 +175,14 @@ fn acks_free_whole_chunks_and_rewind_resends_from_the_oldest() {
 
 #[test]
 fn an_ack_during_the_write_does_not_shift_what_is_marked_written() {
-    let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
-    hold(&mut w, &mut ob, 0..10);
-    hold(&mut w, &mut ob, 10..20);
+    let mut w = SendWindow::default();
+    hold(&mut w, 0..10);
+    hold(&mut w, 10..20);
     let u = w.unwritten();
     // The first chunk arrives and is acknowledged while the write is still going on,
     // and the application holds a third chunk meanwhile.
     w.ack(10).unwrap();
-    hold(&mut w, &mut ob, 20..30);
+    hold(&mut w, 20..30);
     w.mark_written(u.generation, *u.ends.last().unwrap());
     let rest = w.unwritten();
     assert_eq!(
@@ -208,9 +195,9 @@ fn an_ack_during_the_write_does_not_shift_what_is_marked_written() {
 
 #[test]
 fn acknowledged_buffers_are_reused_within_bounds() {
-    let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
+    let mut w = SendWindow::default();
     for round in 0..20u64 {
-        hold(&mut w, &mut ob, round * 10..round * 10 + 10);
+        hold(&mut w, round * 10..round * 10 + 10);
         let u = w.unwritten();
         w.mark_written(u.generation, w.next_seq());
         drop(u);
@@ -223,8 +210,8 @@ fn acknowledged_buffers_are_reused_within_bounds() {
 
 #[test]
 fn failed_messages_come_back_with_their_payloads() {
-    let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
-    hold(&mut w, &mut ob, 0..5);
+    let mut w = SendWindow::default();
+    hold(&mut w, 0..5);
     w.ack(2).unwrap();
     let failed = w.take_failed(true);
     let nums: Vec<u64> = failed
@@ -268,8 +255,8 @@ fn receiver_skips_duplicates_refuses_gaps_and_acks_once() {
 
 #[test]
 fn forged_acks_and_resumes_are_violations_that_change_nothing() {
-    let (mut w, mut ob) = (SendWindow::default(), Outbox::new(1 << 10));
-    hold(&mut w, &mut ob, 0..10);
+    let mut w = SendWindow::default();
+    hold(&mut w, 0..10);
     assert_eq!(
         w.ack(11),
         Err(SeqError::AckBeyondSent { ack: 11, sent: 10 })

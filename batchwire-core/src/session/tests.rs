@@ -3,9 +3,7 @@
 //! are) that plays the three failures of the connection layer v2 issue.
 
 use super::*;
-use crate::codec::Name;
 use crate::frame;
-use crate::outbox::{Batch, Outbox};
 use bytes::BytesMut;
 
 const MS: Duration = Duration::from_millis(1);
@@ -24,19 +22,7 @@ fn cfg() -> SessionConfig {
 
 /// Encode messages numbered `nums` (payload = the number) and hold them.
 fn hold(s: &mut Session, nums: std::ops::Range<u64>) {
-    let mut ob = Outbox::new(1 << 12);
-    let (to, from) = (Name::from_static("m"), Name::from_static("s"));
-    for i in nums {
-        ob.push_message(0, &to, &from, &i.to_le_bytes(), None);
-    }
-    let mut b = Batch::default();
-    ob.take(usize::MAX, usize::MAX, &mut b, None);
-    let frames: Vec<_> = b
-        .frames
-        .iter()
-        .map(|f| (&b.buf[f.start..f.end], f.messages))
-        .collect();
-    s.hold(&frames);
+    s.hold(&crate::outbox::numbered(nums).message_frames());
 }
 
 /// Connect two sessions directly (both RESUMEs applied). Returns (a's id, b's id).

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use batchwire_core::bundler::BundlerConfig;
-use batchwire_core::outbox::{ALL, Batch, groups};
+use batchwire_core::outbox::{ALL, Batch, groups, message_frames};
 
 use crate::io::lane::{Lane, Next};
 use crate::io::peers::Peers;
@@ -28,11 +28,7 @@ pub(crate) fn run_bundler(
         match lane.next_batch(bundler.as_mut(), epoch, &mut batch) {
             Next::Batch(reason) => {
                 for group in groups(&batch.frames) {
-                    let frames: Vec<(&[u8], u32)> = group
-                        .iter()
-                        .filter(|f| f.messages > 0)
-                        .map(|f| (&batch.buf[f.start..f.end], f.messages))
-                        .collect();
+                    let frames = message_frames(&batch.buf, group);
                     let targets = match group[0].dest {
                         ALL => peers.all(),
                         id => peers.by_id(id).into_iter().collect(),

@@ -45,7 +45,8 @@ struct Inner {
     closed: bool,
     writer_waiting: bool,
     senders_waiting: usize,
-    /// Bumped whenever the writer must look up (`poke`).
+    /// Bumped whenever the consumer must look up (`poke`, `close`); mirrored in
+    /// `Lane::epoch` for lock-free reads.
     epoch: u64,
 }
 
@@ -63,6 +64,8 @@ pub(crate) struct Lane {
     pub high_water: AtomicU64,
     /// Nanoseconds senders spent blocked on a full lane.
     pub blocked_ns: AtomicU64,
+    /// `Inner::epoch`, readable without the lock senders contend for (written under it).
+    epoch: AtomicU64,
 }
 
 impl Lane {
@@ -88,6 +91,7 @@ impl Lane {
             idle,
             high_water: AtomicU64::new(0),
             blocked_ns: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
         }
     }
 
@@ -142,11 +146,13 @@ impl Lane {
     pub fn poke(&self) {
         let mut g = self.lock();
         g.epoch += 1;
+        self.epoch.store(g.epoch, Ordering::Release);
         self.not_empty.notify_all();
     }
 
+    /// The current epoch (no lock: the writer reads it once per round).
     pub fn epoch(&self) -> u64 {
-        self.lock().epoch
+        self.epoch.load(Ordering::Acquire)
     }
 
     /// Wait until the epoch moves past `epoch` (a poke) or `d` passes.
@@ -164,6 +170,7 @@ impl Lane {
         g.closed = true;
         // A consumer waiting for a poke (`wait_epoch`) must look up too.
         g.epoch += 1;
+        self.epoch.store(g.epoch, Ordering::Release);
         self.not_empty.notify_all();
         self.not_full.notify_all();
     }

@@ -90,6 +90,8 @@ pub(crate) struct Peer {
     room: Condvar,
     room_lock: Mutex<()>,
     notices: Mutex<Notices>,
+    /// Whether `notices` holds any (read by the writer every round without the lock).
+    has_notices: AtomicBool,
     pub stats: PeerCounters,
 }
 
@@ -131,6 +133,7 @@ impl Peer {
             room: Condvar::new(),
             room_lock: Mutex::new(()),
             notices: Mutex::new(Notices::default()),
+            has_notices: AtomicBool::new(false),
             stats: PeerCounters::default(),
         }
     }
@@ -190,13 +193,7 @@ impl Peer {
                     reason,
                 });
                 // What is still queued for it can only go to it: hand it back too.
-                let mut b = Batch::default();
-                self.lane.take_all(&mut b);
-                let frames = b.frames.iter().filter(|f| f.messages > 0);
-                self.report_failed(
-                    decode_frames(frames.map(|f| &b.buf[f.start..f.end])),
-                    FailReason::Down(reason),
-                );
+                self.fail_queued(FailReason::Down(reason));
                 self.wake_senders();
             }
             SessionEvent::Failed { messages, reason } => self.report_failed(messages, reason),
@@ -207,6 +204,14 @@ impl Peer {
             }
             _ => {}
         }
+    }
+
+    /// Hand back everything queued in this peer's lane as failed.
+    pub fn fail_queued(&self, reason: FailReason) {
+        let mut b = Batch::default();
+        self.lane.take_all(&mut b);
+        let frames = b.message_frames();
+        self.report_failed(decode_frames(frames.iter().map(|f| f.0)), reason);
     }
 
     /// Count, log and report messages that will never be delivered, with their payloads.
@@ -323,6 +328,7 @@ impl Peer {
             None if n.pairs.len() < NOTICE_PAIRS => n.pairs.push((to.clone(), from.clone(), count)),
             None => n.summary = n.summary.saturating_add(count),
         }
+        self.has_notices.store(true, Ordering::Release);
         drop(n);
         self.lane.poke();
     }
@@ -330,6 +336,9 @@ impl Peer {
     /// Encode up to `NOTICES_PER_WRITE` waiting notices into `out` (the writer's control
     /// path).
     pub fn take_notices(&self, out: &mut Vec<u8>) {
+        if !self.has_notices() {
+            return;
+        }
         let mut n = self.notices.lock().unwrap_or_else(|p| p.into_inner());
         let empty = Name::from_static("");
         for _ in 0..NOTICES_PER_WRITE {
@@ -339,16 +348,17 @@ impl Peer {
                     let c = std::mem::take(&mut n.summary);
                     (empty.clone(), empty.clone(), c)
                 }
-                None => return,
+                None => break,
             };
             Frame::Undeliverable(Undeliverable { count, to, from }).encode(out);
         }
+        self.has_notices
+            .store(!n.pairs.is_empty() || n.summary > 0, Ordering::Release);
     }
 
-    /// Whether notices wait.
+    /// Whether notices wait (no lock).
     pub fn has_notices(&self) -> bool {
-        let n = self.notices.lock().unwrap_or_else(|p| p.into_inner());
-        !n.pairs.is_empty() || n.summary > 0
+        self.has_notices.load(Ordering::Acquire)
     }
 }
 
@@ -364,24 +374,25 @@ pub(crate) fn decode_frames<'a>(frames: impl Iterator<Item = &'a [u8]>) -> Vec<M
     out
 }
 
+/// Fixtures of the io layer's tests: a peer of its own (no node around it), connected
+/// over a link the test holds the other end of.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
+    use crate::io::link::Link;
     use batchwire_core::bundler::BundlerConfig;
+    use batchwire_core::frame::Resume;
     use batchwire_core::idle::IdleStrategy;
     use batchwire_core::session::SessionConfig;
 
-    fn peer(unacked: usize) -> Peer {
+    /// A peer "p" of a node "me", with a session of `cfg`.
+    pub fn peer(cfg: SessionConfig) -> Arc<Peer> {
         let ctx = Arc::new(PeerCtx {
             node: Name::from_static("me"),
-            events: Events::new(16),
+            events: Events::new(64),
             timer: Timer::new(),
             conns: ConnWatch::default(),
         });
-        let cfg = SessionConfig {
-            unacked_bytes: unacked,
-            ..SessionConfig::default()
-        };
         let b = BundlerConfig::default().build();
         let lane = Arc::new(Lane::new(
             1 << 20,
@@ -389,18 +400,33 @@ mod tests {
             1 << 16,
             IdleStrategy::default(),
         ));
-        Peer::new(
-            0,
-            Name::from_static("p"),
-            ctx,
-            Session::new(cfg, Instant::now()),
-            lane,
-        )
+        let session = Session::new(cfg, Instant::now());
+        Arc::new(Peer::new(0, Name::from_static("p"), ctx, session, lane))
     }
+
+    /// Connect `peer`'s session (both RESUMEs from scratch) over `link` and make it the
+    /// current connection.
+    pub fn connect(peer: &Peer, link: Link) -> Arc<Conn> {
+        let id = peer.session(|s, now| {
+            let (id, _) = s.handle_connect(now, 1);
+            s.handle_resume(now, id, Resume { next: 0, base: 0 })
+                .unwrap();
+            id
+        });
+        let conn = Arc::new(Conn::new(id, Arc::new(link)));
+        peer.install(conn.clone());
+        conn
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use batchwire_core::session::SessionConfig;
 
     #[test]
     fn undeliverable_notices_are_summed_and_bounded() {
-        let p = peer(1 << 20);
+        let p = testing::peer(SessionConfig::default());
         let from = Name::from_static("x");
         for i in 0..1000 {
             let to = Name::new(&format!("nobody-{i}")).unwrap();

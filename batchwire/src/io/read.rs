@@ -217,15 +217,11 @@ pub(crate) fn read_more(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::conn::Conn;
-    use crate::io::lane::Lane;
     use crate::io::link::Link;
-    use crate::io::peer::{ConnWatch, PeerCtx};
-    use crate::io::timer::Timer;
-    use batchwire_core::bundler::BundlerConfig;
-    use batchwire_core::frame::{Message, Resume};
+    use crate::io::peer::testing;
+    use batchwire_core::frame::Message;
     use batchwire_core::idle::IdleStrategy;
-    use batchwire_core::session::{PeerState, Session, SessionConfig};
+    use batchwire_core::session::{PeerState, SessionConfig};
     use std::io::Write;
     use std::net::{TcpListener, TcpStream};
     use std::time::{Duration, Instant};
@@ -235,40 +231,13 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut theirs = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (ours, _) = l.accept().unwrap();
-        let ctx = Arc::new(PeerCtx {
-            node: Name::from_static("me"),
-            events: Events::new(64),
-            timer: Timer::new(),
-            conns: ConnWatch::default(),
-        });
         let timeout = Duration::from_millis(300);
-        let cfg = SessionConfig {
+        let peer = testing::peer(SessionConfig {
             peer_timeout: timeout,
             heartbeat_interval: Duration::from_millis(100),
             ..SessionConfig::default()
-        };
-        let b = BundlerConfig::default().build();
-        let lane = Arc::new(Lane::new(
-            1 << 20,
-            b.as_ref(),
-            1 << 16,
-            IdleStrategy::default(),
-        ));
-        let peer = Arc::new(Peer::new(
-            0,
-            Name::from_static("p"),
-            ctx.clone(),
-            Session::new(cfg, Instant::now()),
-            lane,
-        ));
-        let id = peer.session(|s, now| {
-            let (id, _) = s.handle_connect(now, 1);
-            s.handle_resume(now, id, Resume { next: 0, base: 0 })
-                .unwrap();
-            id
         });
-        let conn = Arc::new(Conn::new(id, Arc::new(Link::Plain(ours))));
-        peer.install(conn.clone());
+        let conn = testing::connect(&peer, Link::Plain(ours));
         let mailboxes = Mailboxes::default();
         let name = Name::from_static("inbox");
         let mb = mailboxes.get_or_insert(&name, || {
@@ -286,7 +255,7 @@ mod tests {
             Frame::Messages(list).encode(&mut out);
         }
         theirs.write_all(&out).unwrap();
-        let events = ctx.events.clone();
+        let events = Events::new(16);
         let (p, c, m) = (peer.clone(), conn.clone(), mailboxes.clone());
         let reader = std::thread::spawn(move || {
             Reader {

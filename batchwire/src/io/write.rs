@@ -96,13 +96,7 @@ fn wait(peer: &Peer, epoch: u64, deadline: Option<Instant>) {
 /// Number a batch and hold it in the window (it is written next round), or hand it back
 /// if the peer is down.
 fn hold(peer: &Peer, batch: &Batch, reason: FlushReason) {
-    let frames: Vec<(&[u8], u32)> = batch
-        .frames
-        .iter()
-        .filter(|f| f.messages > 0)
-        .map(|f| (&batch.buf[f.start..f.end], f.messages))
-        .collect();
-    hold_frames(peer, &frames, reason);
+    hold_frames(peer, &batch.message_frames(), reason);
 }
 
 /// Number `frames` into `peer`'s window, or hand them back if it is down (the bundler
@@ -201,13 +195,7 @@ fn close_step(peer: &Peer, conn: Option<&Conn>, cfg: &WriterCfg, deadline: Insta
     if queued {
         // The deadline passed with messages still queued (the window was full): hand
         // them back.
-        let mut b = Batch::default();
-        peer.lane.take_all(&mut b);
-        let frames = b.frames.iter().filter(|f| f.messages > 0);
-        peer.report_failed(
-            decode_frames(frames.map(|f| &b.buf[f.start..f.end])),
-            FailReason::ShutDown,
-        );
+        peer.fail_queued(FailReason::ShutDown);
     }
     match conn {
         Some(c) => {
@@ -239,17 +227,12 @@ fn close_step(peer: &Peer, conn: Option<&Conn>, cfg: &WriterCfg, deadline: Insta
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::conn::Conn;
-    use crate::io::events::Events;
-    use crate::io::lane::Lane;
     use crate::io::link::Link;
-    use crate::io::peer::{ConnWatch, PeerCtx};
-    use crate::io::timer::Timer;
+    use crate::io::peer::testing;
     use batchwire_core::codec::Name;
-    use batchwire_core::frame::{self, Frame, Resume};
-    use batchwire_core::idle::IdleStrategy;
+    use batchwire_core::frame::{self, Frame};
     use batchwire_core::outbox::Outbox;
-    use batchwire_core::session::{Session, SessionConfig};
+    use batchwire_core::session::SessionConfig;
     use bytes::BytesMut;
     use std::io::Read;
     use std::net::{TcpListener, TcpStream};
@@ -262,33 +245,8 @@ mod tests {
         let (theirs, _) = l.accept().unwrap();
         ours.set_write_timeout(Some(Duration::from_millis(100)))
             .unwrap();
-        let ctx = Arc::new(PeerCtx {
-            node: Name::from_static("me"),
-            events: Events::new(64),
-            timer: Timer::new(),
-            conns: ConnWatch::default(),
-        });
-        let b = BundlerConfig::default().build();
-        let lane = Arc::new(Lane::new(
-            1 << 20,
-            b.as_ref(),
-            1 << 16,
-            IdleStrategy::default(),
-        ));
-        let peer = Arc::new(Peer::new(
-            0,
-            Name::from_static("p"),
-            ctx,
-            Session::new(cfg, Instant::now()),
-            lane,
-        ));
-        let id = peer.session(|s, now| {
-            let (id, _) = s.handle_connect(now, 1);
-            s.handle_resume(now, id, Resume { next: 0, base: 0 })
-                .unwrap();
-            id
-        });
-        peer.install(Arc::new(Conn::new(id, Arc::new(Link::Plain(ours)))));
+        let peer = testing::peer(cfg);
+        testing::connect(&peer, Link::Plain(ours));
         (peer, theirs)
     }
 
