@@ -34,6 +34,7 @@ pub fn frames(data: &[u8]) {
     let mut batch = Batch::default();
     ob.take(usize::MAX, usize::MAX, &mut batch, None);
     sw.hold(&batch.message_frames());
+    sw.unwritten();
     // Each iteration consumes at least one frame header, so this ends.
     while let Ok(Some(f)) = frame::decode(&mut buf, MAX_FRAME) {
         let (next, base) = (rw.next(), sw.base());

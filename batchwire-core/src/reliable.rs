@@ -91,6 +91,9 @@ pub struct Unwritten {
 pub struct SendWindow {
     chunks: VecDeque<Chunk>,
     next_seq: u64,
+    /// One past the last message ever handed out to be written (on any connection): the
+    /// peer cannot have received, so cannot acknowledge, anything at or above it.
+    sent: u64,
     /// Chunks before this index are written on the current connection.
     cursor: usize,
     /// Bumped by [`SendWindow::rewind`]; a `mark_written` for an older generation is stale.
@@ -109,6 +112,11 @@ impl SendWindow {
     /// The sequence number the next message gets.
     pub fn next_seq(&self) -> u64 {
         self.next_seq
+    }
+
+    /// One past the last message ever handed out to be written, on any connection.
+    pub fn sent(&self) -> u64 {
+        self.sent
     }
 
     /// The oldest sequence number still held (= `next_seq` when nothing is held).
@@ -155,14 +163,15 @@ impl SendWindow {
         self.next_seq - first
     }
 
-    /// Number `n` messages without holding them (the unsequenced baseline).
-    pub fn skip(&mut self, n: u64) {
-        self.next_seq += n;
-    }
-
     /// What is not yet written on the current connection (cheap clones), with the
-    /// generation to pass back to [`SendWindow::mark_written`].
-    pub fn unwritten(&self) -> Unwritten {
+    /// generation to pass back to [`SendWindow::mark_written`]. It counts as sent from
+    /// now on: the peer may acknowledge it before the write returns.
+    pub fn unwritten(&mut self) -> Unwritten {
+        if let Some(c) = self.chunks.back() {
+            if self.cursor < self.chunks.len() {
+                self.sent = self.sent.max(c.end_seq);
+            }
+        }
         let rest = self.chunks.iter().skip(self.cursor);
         Unwritten {
             chunks: rest.clone().map(|c| c.data.clone()).collect(),
@@ -196,12 +205,12 @@ impl SendWindow {
     /// The peer acknowledged every message below `next`: drop the chunks it covers.
     /// Returns the bytes freed. An acknowledgement below what was already acknowledged is
     /// stale (acks and heartbeats may pass each other) and changes nothing; one above what
-    /// was sent is a protocol violation.
+    /// was written is a protocol violation.
     pub fn ack(&mut self, next: u64) -> Result<usize, SeqError> {
-        if next > self.next_seq {
+        if next > self.sent {
             return Err(SeqError::AckBeyondSent {
                 ack: next,
-                sent: self.next_seq,
+                sent: self.sent,
             });
         }
         Ok(self.drop_below(next))
@@ -247,10 +256,10 @@ impl SendWindow {
     /// start writing from the oldest held chunk again.
     /// A `peer_next` above what was sent is a protocol violation (nothing changes).
     pub fn rewind(&mut self, peer_next: u64) -> Result<(), SeqError> {
-        if peer_next > self.next_seq {
+        if peer_next > self.sent {
             return Err(SeqError::ResumeBeyondSent {
                 next: peer_next,
-                sent: self.next_seq,
+                sent: self.sent,
             });
         }
         self.drop_below(peer_next);
@@ -274,6 +283,7 @@ impl SendWindow {
         self.generation += 1;
         if restart {
             self.next_seq = 0;
+            self.sent = 0;
         }
         out
     }

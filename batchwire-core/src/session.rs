@@ -142,6 +142,8 @@ pub struct Session {
     /// Shutting down: give up on unacknowledged messages at this time.
     closing: Option<Instant>,
     said_goodbye: bool,
+    /// A delivery is between `begin_delivery` and `end_delivery`.
+    delivering: bool,
     down_reason: Option<DownReason>,
     events: VecDeque<SessionEvent>,
 }
@@ -167,6 +169,7 @@ impl Session {
             heartbeat_due: false,
             closing: None,
             said_goodbye: false,
+            delivering: false,
             down_reason: None,
             events: VecDeque::new(),
         }
@@ -202,6 +205,16 @@ impl Session {
     /// Whether the send window is full: take no more data until acknowledgements come.
     pub fn window_full(&self) -> bool {
         self.send.bytes() >= self.cfg.unacked_bytes
+    }
+
+    /// Whether a delivery is in progress (between `begin_delivery` and `end_delivery`).
+    pub fn delivering(&self) -> bool {
+        self.delivering
+    }
+
+    /// Whether this node is shutting down (see [`Session::begin_close`]).
+    pub fn is_closing(&self) -> bool {
+        self.closing.is_some()
     }
 
     /// Why the peer was last declared down.
@@ -305,10 +318,10 @@ impl Session {
             return Ok(0);
         }
         self.handle_heard(now, id);
-        if next > self.send.next_seq() {
+        if next > self.send.sent() {
             return Err(SeqError::AckBeyondSent {
                 ack: next,
-                sent: self.send.next_seq(),
+                sent: self.send.sent(),
             });
         }
         if !self.cfg.reliable {
@@ -339,10 +352,13 @@ impl Session {
         first: u64,
         count: u32,
     ) -> Result<Option<Delivery>, SeqError> {
-        if !self.is_current(id) {
+        // After the goodbye nothing more is delivered: the peer fails what it did not see
+        // acknowledged in it.
+        if !self.is_current(id) || self.said_goodbye {
             return Ok(None);
         }
         let skip = self.recv.check(first, count)?;
+        self.delivering = true;
         Ok(Some(Delivery {
             epoch: self.recv_epoch,
             first,
@@ -355,6 +371,7 @@ impl Session {
     /// carrying `bytes` bytes. Returns whether an acknowledgement became due now (wake the
     /// writer); otherwise one may be due at the new [`Session::poll_timeout`].
     pub fn end_delivery(&mut self, now: Instant, d: Delivery, upto: u64, bytes: usize) -> bool {
+        self.delivering = false;
         if d.epoch != self.recv_epoch {
             return false;
         }
@@ -410,6 +427,16 @@ impl Session {
 
     // ---- the send path ----------------------------------------------------------------
 
+    /// Whether [`Session::hold`] may take more: not once the peer is down (the reason) or
+    /// the goodbye was said (this node shut down).
+    pub fn holdable(&self) -> Result<(), FailReason> {
+        match (self.state, self.down_reason) {
+            (PeerState::Down, Some(r)) => Err(FailReason::Down(r)),
+            _ if self.said_goodbye => Err(FailReason::ShutDown),
+            _ => Ok(()),
+        }
+    }
+
     /// Number encoded MESSAGES frames (each with its message count) and hold them until
     /// acknowledged (or, unsequenced, until written). Returns the message count.
     pub fn hold(&mut self, frames: &[(&[u8], u32)]) -> u64 {
@@ -418,7 +445,7 @@ impl Session {
 
     /// What the current connection has not been given yet, oldest first, with the
     /// generation to pass to [`Session::mark_written`]. Nothing before the RESUME.
-    pub fn unwritten(&self, id: ConnId) -> Unwritten {
+    pub fn unwritten(&mut self, id: ConnId) -> Unwritten {
         if !self.is_current(id) || !self.send.has_unwritten() {
             return Unwritten {
                 generation: self.send.generation(),
@@ -554,7 +581,12 @@ impl Session {
         if self.closing.is_none() || self.said_goodbye || queued || !self.is_current(id) {
             return None;
         }
+        let before_deadline = self.closing.is_some_and(|t| now < t);
         if self.cfg.reliable && self.send.messages() > 0 {
+            return None;
+        }
+        // The final acknowledgement must cover a delivery in progress (unless time is up).
+        if self.delivering && before_deadline {
             return None;
         }
         self.said_goodbye = true;

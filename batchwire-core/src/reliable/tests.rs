@@ -212,6 +212,7 @@ fn acknowledged_buffers_are_reused_within_bounds() {
 fn failed_messages_come_back_with_their_payloads() {
     let mut w = SendWindow::default();
     hold(&mut w, 0..5);
+    w.unwritten();
     w.ack(2).unwrap();
     let failed = w.take_failed(true);
     let nums: Vec<u64> = failed
@@ -257,6 +258,12 @@ fn receiver_skips_duplicates_refuses_gaps_and_acks_once() {
 fn forged_acks_and_resumes_are_violations_that_change_nothing() {
     let mut w = SendWindow::default();
     hold(&mut w, 0..10);
+    assert_eq!(
+        w.ack(5),
+        Err(SeqError::AckBeyondSent { ack: 5, sent: 0 }),
+        "nothing was written yet"
+    );
+    w.unwritten();
     assert_eq!(
         w.ack(11),
         Err(SeqError::AckBeyondSent { ack: 11, sent: 10 })

@@ -246,8 +246,9 @@ fn forged_values_are_violations_and_change_nothing() {
     hold(&mut s, 0..3);
     let (id, _) = s.handle_connect(t0, 5);
     assert_eq!(
-        s.handle_resume(t0, id, Resume { next: 4, base: 0 }),
-        Err(SeqError::ResumeBeyondSent { next: 4, sent: 3 })
+        s.handle_resume(t0, id, Resume { next: 1, base: 0 }),
+        Err(SeqError::ResumeBeyondSent { next: 1, sent: 0 }),
+        "nothing was ever written"
     );
     assert_eq!((s.current(), s.state()), (None, PeerState::Connecting));
     s.handle_resume(
@@ -259,6 +260,11 @@ fn forged_values_are_violations_and_change_nothing() {
         },
     )
     .unwrap();
+    assert_eq!(
+        s.handle_ack(t0, id, 1),
+        Err(SeqError::AckBeyondSent { ack: 1, sent: 0 })
+    );
+    s.unwritten(id);
     assert_eq!(
         s.handle_ack(t0, id, 4),
         Err(SeqError::AckBeyondSent { ack: 4, sent: 3 })
@@ -332,6 +338,7 @@ fn goodbye_waits_for_acknowledgements_or_the_deadline() {
     let mut peer = Session::new(cfg(), t0);
     let (id, _) = connect(&mut s, &mut peer, t0);
     hold(&mut s, 0..3);
+    s.unwritten(id);
     s.begin_close(t0 + 1000 * MS);
     assert_eq!(s.poll_close(t0, id, false), None, "3 unacknowledged");
     assert_eq!(
@@ -353,6 +360,7 @@ fn goodbye_waits_for_acknowledgements_or_the_deadline() {
     let mut s = Session::new(cfg(), t0);
     let (id, _) = connect(&mut s, &mut peer, t0);
     hold(&mut s, 0..3);
+    s.unwritten(id);
     s.begin_close(t0 + 1000 * MS);
     s.handle_heard(t0 + 900 * MS, id);
     assert_eq!(s.poll_close(t0 + 999 * MS, id, false), None);
@@ -364,6 +372,40 @@ fn goodbye_waits_for_acknowledgements_or_the_deadline() {
             ..
         }
     )));
+}
+
+#[test]
+fn the_goodbye_covers_a_delivery_in_progress_and_nothing_is_delivered_after_it() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    s.begin_close(t0 + 1000 * MS);
+    // A reader is in the middle of delivering five messages: the final acknowledgement
+    // must include them, so the goodbye waits for the delivery to end...
+    let d = s.begin_delivery(id, 0, 5).unwrap().unwrap();
+    assert!(s.delivering());
+    assert_eq!(s.poll_close(t0, id, false), None);
+    s.end_delivery(t0, d, 5, 50);
+    assert_eq!(
+        s.poll_close(t0, id, false),
+        Some([Frame::Ack(5), Frame::Goodbye])
+    );
+    // ...and what arrives after the goodbye is not delivered (the peer fails it).
+    assert_eq!(s.begin_delivery(id, 5, 3), Ok(None));
+    assert_eq!(
+        s.holdable(),
+        Err(FailReason::ShutDown),
+        "and nothing more is held"
+    );
+    // A delivery stuck past the deadline (a full mailbox) does not hold the goodbye up.
+    let mut s = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    s.begin_close(t0 + 1000 * MS);
+    let _stuck = s.begin_delivery(id, 0, 5).unwrap().unwrap();
+    s.handle_heard(t0 + 900 * MS, id);
+    assert_eq!(s.poll_close(t0 + 999 * MS, id, false), None);
+    assert!(s.poll_close(t0 + 1000 * MS, id, false).is_some());
 }
 
 #[test]

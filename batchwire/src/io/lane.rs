@@ -192,6 +192,12 @@ impl Lane {
         self.lock().outbox.is_empty()
     }
 
+    /// Whether the lane is closed and empty: nothing more can come out of it.
+    pub fn is_drained(&self) -> bool {
+        let g = self.lock();
+        g.closed && g.outbox.is_empty()
+    }
+
     /// Wait (per the idle strategy) until the bundler says to flush, then move the frames
     /// to write into `batch`. Returns `Reconnect` as soon as the epoch moves past `epoch`.
     pub fn next_batch(&self, bundler: &mut dyn Bundler, epoch: u64, batch: &mut Batch) -> Next {

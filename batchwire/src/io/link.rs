@@ -324,10 +324,8 @@ impl Link {
                             let n = conn.read_tls(&mut &pending[..])?;
                             pending.drain(..n);
                             if let Err(e) = conn.process_new_packets() {
-                                // Tell the peer why (an alert), best effort.
-                                let mut alert = Vec::new();
-                                let _ = conn.write_tls(&mut alert);
-                                let _ = (&*sock).write_all(&alert);
+                                // The connection closes; only the writer writes to the
+                                // socket, so no alert goes out from here.
                                 return Err(io_err(e));
                             }
                             // Protocol replies (key updates) wait in rustls for the writer,

@@ -83,6 +83,9 @@ pub(crate) struct Peer {
     /// Held by the reader delivering a frame, so two readers of this peer (a replaced
     /// connection's and its successor's) never interleave their deliveries.
     delivery: Mutex<()>,
+    /// Taken before the session lock is released and held while its events are acted on,
+    /// so events reach the application in the order the session produced them.
+    dispatching: Mutex<()>,
     /// The session's state, for the send path (no lock per message).
     state: AtomicU8,
     /// The session's window is full (transfer-queue senders wait on `room` meanwhile).
@@ -128,6 +131,7 @@ impl Peer {
             lane,
             conn: Mutex::new(None),
             delivery: Mutex::new(()),
+            dispatching: Mutex::new(()),
             state: AtomicU8::new(0),
             window_full: AtomicBool::new(false),
             room: Condvar::new(),
@@ -143,17 +147,25 @@ impl Peer {
     pub fn session<R>(&self, f: impl FnOnce(&mut Session, Instant) -> R) -> R {
         let mut s = self.session.lock().unwrap_or_else(|p| p.into_inner());
         let due = |s: &Session| s.current().is_some_and(|c| s.control_due(c));
-        let (due_before, full_before, empty_before) =
-            (due(&s), s.window_full(), s.window_messages() == 0);
+        let (due_before, full_before, empty_before, delivering_before) = (
+            due(&s),
+            s.window_full(),
+            s.window_messages() == 0,
+            s.delivering(),
+        );
         let now = Instant::now();
         let r = f(&mut s, now);
         let events: Vec<SessionEvent> = std::iter::from_fn(|| s.poll_event()).collect();
         let deadline = s.poll_timeout();
         let (due_after, full_after, empty_after) =
             (due(&s), s.window_full(), s.window_messages() == 0);
+        // A writer waiting to say goodbye waits for a delivery in progress to end.
+        let delivered = delivering_before && !s.delivering() && s.is_closing();
         // The mirrors are written under the lock, so they follow the session's order.
         self.state.store(state_code(s.state()), Ordering::Release);
         self.window_full.store(full_after, Ordering::Release);
+        let _order = (!events.is_empty())
+            .then(|| self.dispatching.lock().unwrap_or_else(|p| p.into_inner()));
         drop(s);
         if full_before && !full_after {
             self.wake_senders();
@@ -161,6 +173,7 @@ impl Peer {
         if (due_after && !due_before)
             || (full_before && !full_after)
             || (empty_after && !empty_before)
+            || delivered
         {
             self.lane.poke();
         }
@@ -334,10 +347,11 @@ impl Peer {
     }
 
     /// Encode up to `NOTICES_PER_WRITE` waiting notices into `out` (the writer's control
-    /// path).
-    pub fn take_notices(&self, out: &mut Vec<u8>) {
+    /// path). Returns them, to put back with [`Peer::restore_notices`] if the write fails.
+    pub fn take_notices(&self, out: &mut Vec<u8>) -> Vec<(Name, Name, u32)> {
+        let mut taken = Vec::new();
         if !self.has_notices() {
-            return;
+            return taken;
         }
         let mut n = self.notices.lock().unwrap_or_else(|p| p.into_inner());
         let empty = Name::from_static("");
@@ -350,10 +364,24 @@ impl Peer {
                 }
                 None => break,
             };
-            Frame::Undeliverable(Undeliverable { count, to, from }).encode(out);
+            Frame::Undeliverable(Undeliverable {
+                count,
+                to: to.clone(),
+                from: from.clone(),
+            })
+            .encode(out);
+            taken.push((to, from, count));
         }
         self.has_notices
             .store(!n.pairs.is_empty() || n.summary > 0, Ordering::Release);
+        taken
+    }
+
+    /// Notices whose write failed: counted again, for the next connection.
+    pub fn restore_notices(&self, notices: Vec<(Name, Name, u32)>) {
+        for (to, from, count) in notices {
+            self.report_undeliverable(&to, &from, count);
+        }
     }
 
     /// Whether notices wait (no lock).

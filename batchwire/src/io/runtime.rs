@@ -494,8 +494,14 @@ impl Runtime {
         self.shutdown.stop();
         self.timer.wake();
         let mut wake = self.local_addr;
-        if wake.ip().is_unspecified() {
-            wake.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        match wake.ip() {
+            std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+                wake.set_ip(std::net::Ipv4Addr::LOCALHOST.into())
+            }
+            std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+                wake.set_ip(std::net::Ipv6Addr::LOCALHOST.into())
+            }
+            _ => {}
         }
         let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
         // 3. Give peers a moment to answer our goodbye by closing; then close the rest.

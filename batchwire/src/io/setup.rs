@@ -163,6 +163,11 @@ impl Setup {
             }
         };
         let (conn, buf) = conn;
+        // Stopped meanwhile: the node's last sweep of its connections may already be past,
+        // so this one closes itself (its reader then ends at once).
+        if self.shutdown.is_stopped() {
+            conn.close();
+        }
         peer.stats.connects.fetch_add(1, Relaxed);
         info!(node = %self.name, peer = %info.name, %addr, "connected");
         self.events.emit(Event::Connected {

@@ -105,19 +105,13 @@ pub(crate) fn hold_frames(peer: &Peer, frames: &[(&[u8], u32)], reason: FlushRea
     if frames.is_empty() {
         return;
     }
-    let held = peer.session(|s, _| match s.state() {
-        PeerState::Down => Err(s.down_reason()),
-        _ => Ok(s.hold(frames)),
-    });
+    let held = peer.session(|s, _| s.holdable().map(|()| s.hold(frames)));
     match held {
         Ok(n) => {
             peer.stats.messages_sent.fetch_add(n, Relaxed);
             peer.stats.flushes[reason_index(reason)].fetch_add(1, Relaxed);
         }
-        Err(why) => peer.report_failed(
-            decode_frames(frames.iter().map(|f| f.0)),
-            why.map_or(FailReason::ShutDown, FailReason::Down),
-        ),
+        Err(why) => peer.report_failed(decode_frames(frames.iter().map(|f| f.0)), why),
     }
 }
 
@@ -137,7 +131,7 @@ fn write_pending(peer: &Peer, c: &Conn, shutdown: &Shutdown, control: &mut Vec<u
         }
         s.unwritten(c.id)
     });
-    peer.take_notices(control);
+    let notices = peer.take_notices(control);
     if control.is_empty() && u.chunks.is_empty() {
         return;
     }
@@ -159,7 +153,10 @@ fn write_pending(peer: &Peer, c: &Conn, shutdown: &Shutdown, control: &mut Vec<u
                 st.record_write(u.messages);
             }
         }
-        Err(e) => fail_write(peer, c, &e),
+        Err(e) => {
+            fail_write(peer, c, &e);
+            peer.restore_notices(notices);
+        }
     }
     if peer.has_notices() {
         peer.lane.poke();
@@ -183,16 +180,23 @@ fn past_grace(shutdown: &Shutdown) -> bool {
         .is_some_and(|d| Instant::now() >= d + GRACE)
 }
 
-/// Shutting down: once everything queued is held, wait for the acknowledgements (or the
-/// deadline), then say goodbye. Returns true when the writer is done.
+/// Shutting down: once the lane is closed and everything in it (and, with transfer-queue,
+/// in the shared queue) is held, wait for the acknowledgements (or the deadline), then say
+/// goodbye. Returns true when the writer is done.
 fn close_step(peer: &Peer, conn: Option<&Conn>, cfg: &WriterCfg, deadline: Instant) -> bool {
     let now = Instant::now();
-    let shared_busy = cfg.shared_done.as_ref().is_some_and(|d| !d.load(Relaxed));
-    let queued = !peer.lane.is_empty() || shared_busy;
-    if queued && now < deadline {
+    // The bundler thread drains the shared queue promptly (it touches no socket): wait for
+    // it even past the deadline, or what it still holds for this peer would go unreported.
+    if cfg.shared_done.as_ref().is_some_and(|d| !d.load(Relaxed)) {
         return false;
     }
-    if queued {
+    // Until the lane is closed a sender may still add to it; until it is empty there is
+    // more to hold.
+    let drained = peer.lane.is_drained();
+    if !drained && now < deadline {
+        return false;
+    }
+    if !drained {
         // The deadline passed with messages still queued (the window was full): hand
         // them back.
         peer.fail_queued(FailReason::ShutDown);
