@@ -141,6 +141,12 @@ impl Name {
         Name(Bytes::from_static(s.as_bytes()))
     }
 
+    /// The same name in a buffer of its own: a name read off the wire is a slice of the
+    /// receive buffer and would keep all of it alive in a long-lived table.
+    pub fn detached(&self) -> Name {
+        Name(Bytes::copy_from_slice(&self.0))
+    }
+
     pub fn as_str(&self) -> &str {
         // Checked in every constructor; from_utf8 on a short name costs a few nanoseconds
         // and keeps this crate free of `unsafe`.
@@ -177,6 +183,36 @@ impl std::fmt::Display for Name {
         f.write_str(self.as_str())
     }
 }
+
+/// FNV-1a for maps keyed by names: node and mailbox names are short, and SipHash showed up
+/// in profiles of the send path. The maps keyed by names from the network are bounded by
+/// their owners (and only ever looked up with names a peer sent, or filled with a bound).
+#[derive(Default, Clone, Copy, Debug)]
+pub struct NameHash;
+
+impl std::hash::BuildHasher for NameHash {
+    type Hasher = Fnv;
+    fn build_hasher(&self) -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+/// The hasher of [`NameHash`].
+pub struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+}
+
+/// A map keyed by names.
+pub type NameMap<V> = std::collections::HashMap<Name, V, NameHash>;
 
 impl std::borrow::Borrow<[u8]> for Name {
     fn borrow(&self) -> &[u8] {

@@ -9,10 +9,29 @@
 //! UNDELIV (5) = count:u32 to:name from:name
 //! GOODBYE (6) = (empty)                   orderly close: no more frames follow
 //! ACK     (7) = next:u64                  every message below `next` was received
-//! RESUME  (8) = next:u64 base:u64         first frame after the handshake: received below
-//!                                         `next`; the sender keeps nothing below `base`
+//! RESUME  (8) = next:u64 base:u64 keep:u64  first frame after the handshake: received below
+//!                                         `next`; the sender keeps nothing below `base`;
+//!                                         it goes on with no fragmented message whose first
+//!                                         fragment is numbered below `keep`
+//! FRAGMENT(9) = seq:u64 id:u64 total:u64 offset:u64 to:name from:name data
+//!                                         a piece of one message (bulk, or too large for one
+//!                                         frame): one sequence number each; `id` is the
+//!                                         sequence number of the message's first piece;
+//!                                         the pieces of a message are sent in order
+//! CREDIT (10) = count:u16 { mailbox:name bytes:u64 }*count
+//!                                         the application took this many bytes of your
+//!                                         messages out of these mailboxes: send that much more
+//! SYNC   (11) = next:u64 window:u64 max_payload:u64 count:u16 { mailbox:name held:u64 }*count
+//!                                         where credit stands, as of message `next`: your
+//!                                         messages below it hold `held` bytes in each listed
+//!                                         mailbox (0 in the others); each mailbox takes up to
+//!                                         `window` bytes from you; payloads up to `max_payload`
 //! name    = len:u8 utf8
 //! ```
+//!
+//! A message's *charge* against its mailbox's credit is its encoded size in a MESSAGES
+//! frame ([`message_len`]); a fragmented message charges the same in total, split over its
+//! pieces ([`Fragment::charge`]: each piece its data, the first also the names and lengths).
 //!
 //! The HELLO layout is frozen across protocol versions so that a node can always read a
 //! peer's version and refuse it with a clear reason.
@@ -28,11 +47,12 @@ use bytes::{Bytes, BytesMut};
 
 use crate::codec::{Codec, DecodeError, Name, Reader};
 pub use crate::header::{
-    HEADER_LEN, LIST_OVERHEAD, MAGIC, MAX_REASON_LEN, MESSAGE_OVERHEAD, PROTOCOL_VERSION,
+    FRAGMENT_OVERHEAD, HEADER_LEN, LIST_OVERHEAD, MAGIC, MAX_FRAME_LEN, MAX_REASON_LEN,
+    MESSAGE_OVERHEAD, PROTOCOL_VERSION,
 };
 use crate::header::{
-    KIND_ACK, KIND_AUTH, KIND_GOODBYE, KIND_HELLO, KIND_MESSAGES, KIND_REFUSE, KIND_RESUME,
-    KIND_UNDELIVERABLE, begin, finish,
+    KIND_ACK, KIND_AUTH, KIND_CREDIT, KIND_FRAGMENT, KIND_GOODBYE, KIND_HELLO, KIND_MESSAGES,
+    KIND_REFUSE, KIND_RESUME, KIND_SYNC, KIND_UNDELIVERABLE, begin, finish,
 };
 pub use crate::messages::{
     ListWriter, Message, MessageIter, MessageList, MessageSpan, check_message, encode_message,
@@ -68,6 +88,9 @@ pub enum Frame {
     /// Every message below this sequence number was received.
     Ack(u64),
     Resume(Resume),
+    Fragment(Fragment),
+    Credit(Credit),
+    Sync(Sync),
 }
 
 /// The first frame after a handshake, each way: where the two sides' streams stand.
@@ -78,6 +101,219 @@ pub struct Resume {
     /// The oldest sequence number the sender of this frame still holds for its peer;
     /// anything below it that the peer has not received was given up (reported failed).
     pub base: u64,
+    /// The sender of this frame goes on with no fragmented message whose first piece is
+    /// numbered below this: the peer drops what it reassembled of those.
+    pub keep: u64,
+}
+
+impl Resume {
+    /// A RESUME from scratch: nothing received, nothing held, nothing in pieces.
+    pub const FRESH: Resume = Resume {
+        next: 0,
+        base: 0,
+        keep: 0,
+    };
+}
+
+/// One piece of a message sent in pieces (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fragment {
+    /// This piece's sequence number.
+    pub seq: u64,
+    /// The sequence number of the message's first piece: the message's id.
+    pub id: u64,
+    /// The whole message's payload length.
+    pub total: u64,
+    /// Where this piece's data starts in the payload.
+    pub offset: u64,
+    /// The destination mailbox.
+    pub to: Name,
+    /// The sending mailbox.
+    pub from: Name,
+    /// The data (a slice of the receive buffer when read).
+    pub data: Bytes,
+}
+
+impl Fragment {
+    /// Whether this is the message's first piece.
+    pub fn is_first(&self) -> bool {
+        self.offset == 0
+    }
+
+    /// Whether this is the message's last piece.
+    pub fn is_last(&self) -> bool {
+        self.offset + self.data.len() as u64 == self.total
+    }
+
+    /// What this piece charges against its mailbox's credit (see the module documentation).
+    pub fn charge(&self) -> u64 {
+        fragment_charge(self.offset, self.data.len(), &self.to, &self.from)
+    }
+}
+
+/// The credit charge of a piece of `len` bytes at `offset` of a message from `from` to `to`:
+/// its data, and for the first piece also what a message adds around its payload, so that a
+/// message's pieces charge exactly [`message_len`] in total.
+pub fn fragment_charge(offset: u64, len: usize, to: &Name, from: &Name) -> u64 {
+    let head = if offset == 0 {
+        MESSAGE_OVERHEAD + to.len() + from.len()
+    } else {
+        0
+    };
+    (len + head) as u64
+}
+
+/// Append a FRAGMENT frame's header and fields, up to (not including) its `data_len` bytes
+/// of data, which the caller writes next (from the payload, without copying it here).
+#[allow(clippy::too_many_arguments)]
+pub fn encode_fragment_head(
+    out: &mut Vec<u8>,
+    seq: u64,
+    id: u64,
+    total: u64,
+    offset: u64,
+    to: &Name,
+    from: &Name,
+    data_len: usize,
+) {
+    let start = begin(out, KIND_FRAGMENT);
+    for v in [seq, id, total, offset] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    to.encode(out);
+    from.encode(out);
+    let len = (out.len() - start - 4 + data_len) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+impl Codec for Fragment {
+    fn encode(&self, out: &mut Vec<u8>) {
+        // Body only (the frame header is written by `Frame::encode`).
+        for v in [self.seq, self.id, self.total, self.offset] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        self.to.encode(out);
+        self.from.encode(out);
+        out.extend_from_slice(&self.data);
+    }
+    /// Checks that the piece lies inside its message and that only a first piece (offset 0)
+    /// is its own id.
+    fn read(r: &mut Reader) -> Result<Self, DecodeError> {
+        let seq = r.u64("sequence number")?;
+        let id = r.u64("message id")?;
+        let total = r.u64("total length")?;
+        let offset = r.u64("offset")?;
+        let to = r.name("destination mailbox")?;
+        let from = r.name("sending mailbox")?;
+        let data = r.take(r.remaining(), "data")?;
+        let bad = |detail: String| DecodeError::Invalid {
+            what: "fragment",
+            detail,
+        };
+        if offset
+            .checked_add(data.len() as u64)
+            .is_none_or(|end| end > total)
+        {
+            return Err(bad(format!(
+                "{} bytes at offset {offset} run past the message's {total} bytes",
+                data.len()
+            )));
+        }
+        if (offset == 0) != (id == seq) || id > seq {
+            return Err(bad(format!(
+                "piece {seq} at offset {offset} names message {id}: a first piece is its own id, a later one comes after it"
+            )));
+        }
+        if data.is_empty() && total != 0 {
+            return Err(bad("an empty piece of a non-empty message".into()));
+        }
+        Ok(Fragment {
+            seq,
+            id,
+            total,
+            offset,
+            to,
+            from,
+            data,
+        })
+    }
+}
+
+/// Credit given back: the application took this many bytes out of each mailbox.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Credit {
+    pub grants: Vec<(Name, u64)>,
+}
+
+/// Most entries in one CREDIT or SYNC frame.
+pub const MAX_CREDIT_ENTRIES: usize = 1024;
+
+fn encode_entries(out: &mut Vec<u8>, entries: &[(Name, u64)]) {
+    let n = entries.len().min(MAX_CREDIT_ENTRIES);
+    out.extend_from_slice(&(n as u16).to_le_bytes());
+    for (name, v) in &entries[..n] {
+        name.encode(out);
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn read_entries(r: &mut Reader) -> Result<Vec<(Name, u64)>, DecodeError> {
+    let n = r.u16("entry count")? as usize;
+    if n > MAX_CREDIT_ENTRIES {
+        return Err(DecodeError::Invalid {
+            what: "entry count",
+            detail: format!("{n} > {MAX_CREDIT_ENTRIES}"),
+        });
+    }
+    // Each entry takes at least 9 bytes, so `n` is bounded by the frame before anything
+    // is kept for it; entries are pushed as they are read.
+    let mut v = Vec::new();
+    for _ in 0..n {
+        let name = r.name("mailbox")?;
+        v.push((name, r.u64("bytes")?));
+    }
+    Ok(v)
+}
+
+impl Codec for Credit {
+    fn encode(&self, out: &mut Vec<u8>) {
+        encode_entries(out, &self.grants);
+    }
+    fn read(r: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(Credit {
+            grants: read_entries(r)?,
+        })
+    }
+}
+
+/// Where credit stands (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Sync {
+    /// The snapshot covers the messages below this sequence number.
+    pub next: u64,
+    /// Bytes each mailbox takes from the peer at once.
+    pub window: u64,
+    /// The largest payload this node accepts.
+    pub max_payload: u64,
+    /// Bytes of the peer's messages (below `next`) held per mailbox; others hold none.
+    pub held: Vec<(Name, u64)>,
+}
+
+impl Codec for Sync {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.next.to_le_bytes());
+        out.extend_from_slice(&self.window.to_le_bytes());
+        out.extend_from_slice(&self.max_payload.to_le_bytes());
+        encode_entries(out, &self.held);
+    }
+    fn read(r: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(Sync {
+            next: r.u64("next")?,
+            window: r.u64("window")?,
+            max_payload: r.u64("max payload")?,
+            held: read_entries(r)?,
+        })
+    }
 }
 
 impl Frame {
@@ -92,6 +328,9 @@ impl Frame {
             Frame::Goodbye => "GOODBYE",
             Frame::Ack(_) => "ACK",
             Frame::Resume(_) => "RESUME",
+            Frame::Fragment(_) => "FRAGMENT",
+            Frame::Credit(_) => "CREDIT",
+            Frame::Sync(_) => "SYNC",
         }
     }
 
@@ -109,7 +348,11 @@ impl Frame {
             Frame::Resume(r) => {
                 out.extend_from_slice(&r.next.to_le_bytes());
                 out.extend_from_slice(&r.base.to_le_bytes());
+                out.extend_from_slice(&r.keep.to_le_bytes());
             }
+            Frame::Fragment(f) => f.encode(out),
+            Frame::Credit(c) => c.encode(out),
+            Frame::Sync(s) => s.encode(out),
         }
         finish(out, start);
     }
@@ -124,6 +367,9 @@ impl Frame {
             Frame::Goodbye => KIND_GOODBYE,
             Frame::Ack(_) => KIND_ACK,
             Frame::Resume(_) => KIND_RESUME,
+            Frame::Fragment(_) => KIND_FRAGMENT,
+            Frame::Credit(_) => KIND_CREDIT,
+            Frame::Sync(_) => KIND_SYNC,
         }
     }
 
@@ -146,9 +392,13 @@ impl Frame {
                     Ok(Frame::Resume(Resume {
                         next,
                         base: r.u64("base")?,
+                        keep: r.u64("keep")?,
                     }))
                 }),
             ),
+            KIND_FRAGMENT => ("FRAGMENT", Fragment::read(&mut r).map(Frame::Fragment)),
+            KIND_CREDIT => ("CREDIT", Credit::read(&mut r).map(Frame::Credit)),
+            KIND_SYNC => ("SYNC", Sync::read(&mut r).map(Frame::Sync)),
             other => return Err(FrameError::UnknownKind(other)),
         };
         let frame = res.and_then(|f| r.expect_empty().map(|_| f));

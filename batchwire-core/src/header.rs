@@ -5,7 +5,9 @@
 pub const MAGIC: [u8; 4] = *b"BWIR";
 /// The protocol version this build speaks.
 /// Version 2: role-bound handshake proofs (the acceptor proves only after the dialler).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// Version 3: large messages in fragments, per-mailbox credit (FRAGMENT, CREDIT, SYNC), and
+/// RESUME's `keep`.
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Bytes before the body: the length and the kind.
 pub const HEADER_LEN: usize = 5;
 /// Bytes a MESSAGES frame adds around its messages (header, count, first sequence number).
@@ -14,6 +16,13 @@ pub const LIST_OVERHEAD: usize = HEADER_LEN + 4 + 8;
 pub(crate) const SEQ_OFFSET: usize = HEADER_LEN + 4;
 /// Bytes each message adds around its names and payload (two name lengths, payload length).
 pub const MESSAGE_OVERHEAD: usize = 1 + 1 + 4;
+/// Bytes a FRAGMENT frame adds around its names and data (header, four u64 fields, two
+/// name lengths).
+pub const FRAGMENT_OVERHEAD: usize = HEADER_LEN + 4 * 8 + 2;
+/// The longest frame any batchwire node sends: MESSAGES frames close at `frame_bytes` (at
+/// most 1 MiB) and a message in one is at most `fragment_bytes` (at most 1 MiB), so every
+/// frame fits. A reader refuses longer ones before buffering them.
+pub const MAX_FRAME_LEN: usize = 2 * (1 << 20) + 4096;
 /// Longest reason text carried in a REFUSE frame.
 pub const MAX_REASON_LEN: usize = 1024;
 
@@ -25,6 +34,9 @@ pub(crate) const KIND_UNDELIVERABLE: u8 = 5;
 pub(crate) const KIND_GOODBYE: u8 = 6;
 pub(crate) const KIND_ACK: u8 = 7;
 pub(crate) const KIND_RESUME: u8 = 8;
+pub(crate) const KIND_FRAGMENT: u8 = 9;
+pub(crate) const KIND_CREDIT: u8 = 10;
+pub(crate) const KIND_SYNC: u8 = 11;
 
 /// Write a frame header with a placeholder length; returns where the frame starts.
 pub(crate) fn begin(out: &mut Vec<u8>, kind: u8) -> usize {

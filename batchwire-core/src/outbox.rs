@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use super::bundler::QueueLevel;
 use super::codec::Name;
-use super::frame::{Frame, LIST_OVERHEAD, ListWriter, message_len};
+use super::frame::{self as wire, Frame, LIST_OVERHEAD, ListWriter, message_len};
 
 /// Where a frame goes: a peer's index, or every member ([`ALL`], JGroups' null destination).
 pub type Dest = u32;
@@ -220,6 +220,23 @@ impl Outbox {
                 end: self.buf.len(),
                 messages,
             });
+        }
+    }
+
+    /// Call `f(mailbox, charge)` for every message queued for `dest` (or for every
+    /// member): what they charge against credit (a recount: see `credit`).
+    pub fn charges(&mut self, dest: Dest, mut f: impl FnMut(&Name, u64)) {
+        self.close_open();
+        for fm in &self.frames {
+            if fm.messages == 0 || (fm.dest != dest && fm.dest != ALL) {
+                continue;
+            }
+            let mut b = bytes::BytesMut::from(&self.buf[fm.start..fm.end]);
+            if let Ok(Some(Frame::Messages(l))) = wire::decode(&mut b, usize::MAX) {
+                for m in l.iter() {
+                    f(&m.to, message_len(&m.to, &m.from, m.payload.len()) as u64);
+                }
+            }
         }
     }
 

@@ -16,7 +16,11 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 
-use super::frame::{self, Message, set_first_seq};
+use super::bulk::Piece;
+use super::codec::Name;
+use super::frame::{
+    self, Message, encode_fragment_head, fragment_charge, message_len, set_first_seq,
+};
 
 /// A sequence number or acknowledgement from the peer that does not add up: a protocol
 /// violation. The connection is closed; nothing is skipped, discarded or acknowledged
@@ -67,10 +71,40 @@ pub enum SeqError {
 /// Frames written, or waiting to be written, and not yet acknowledged, in one chunk.
 #[derive(Debug, Clone)]
 struct Chunk {
+    /// MESSAGES frames; or, for a piece, its FRAGMENT frame's header and fields.
     data: Bytes,
     first_seq: u64,
     /// One past the last message's sequence number.
     end_seq: u64,
+    /// A piece of a message in pieces: its data is written from the caller's payload.
+    piece: Option<HeldPiece>,
+}
+
+/// A piece in the window: a slice of the whole message's payload, which is kept (shared,
+/// not copied) so that the message can be handed back whole if it fails.
+#[derive(Debug, Clone)]
+struct HeldPiece {
+    to: Name,
+    from: Name,
+    payload: Bytes,
+    offset: usize,
+    len: usize,
+}
+
+impl HeldPiece {
+    fn data(&self) -> Bytes {
+        self.payload.slice(self.offset..self.offset + self.len)
+    }
+    fn is_last(&self) -> bool {
+        self.offset + self.len == self.payload.len()
+    }
+}
+
+impl Chunk {
+    /// Bytes this chunk puts on the wire.
+    fn wire_len(&self) -> usize {
+        self.data.len() + self.piece.as_ref().map_or(0, |p| p.len)
+    }
 }
 
 /// What the current connection has not been given yet (cheap clones of the held chunks).
@@ -80,8 +114,10 @@ pub struct Unwritten {
     pub chunks: Vec<Bytes>,
     /// Where each chunk ends: one past its last message's sequence number.
     pub ends: Vec<u64>,
-    /// Messages in them.
+    /// Messages (and pieces) in them.
     pub messages: u64,
+    /// Frames in them.
+    pub frames: u64,
     /// Pass back to `mark_written`: a connection change in between makes it stale.
     pub generation: u64,
 }
@@ -99,6 +135,8 @@ pub struct SendWindow {
     /// Bumped by [`SendWindow::rewind`]; a `mark_written` for an older generation is stale.
     generation: u64,
     bytes: usize,
+    /// Of `bytes`, those of pieces (the bulk lane's share).
+    bulk_bytes: usize,
     /// Buffers of acknowledged chunks, reused for new ones: allocating (and the kernel
     /// zeroing fresh pages for) one buffer per batch showed up at 10 KB messages.
     free: Vec<BytesMut>,
@@ -134,6 +172,11 @@ impl SendWindow {
         self.next_seq - self.base()
     }
 
+    /// Bytes of pieces held (written and unacknowledged, or unwritten).
+    pub fn bulk_bytes(&self) -> usize {
+        self.bulk_bytes
+    }
+
     pub fn generation(&self) -> u64 {
         self.generation
     }
@@ -159,8 +202,50 @@ impl SendWindow {
             data: data.freeze(),
             first_seq: first,
             end_seq: self.next_seq,
+            piece: None,
         });
         self.next_seq - first
+    }
+
+    /// Hold one piece as a FRAGMENT frame with the next sequence number. Its id is its own
+    /// sequence number if it is a first piece, else `p.id` (the caller checked it). The data
+    /// is not copied: the frame's header is written here and the data is a slice of the
+    /// payload. Returns the piece's sequence number.
+    pub fn hold_piece(&mut self, p: &Piece) -> u64 {
+        let seq = self.next_seq;
+        let id = if p.is_first() {
+            seq
+        } else {
+            p.id.unwrap_or(seq)
+        };
+        let mut head = Vec::with_capacity(frame::FRAGMENT_OVERHEAD + p.to.len() + p.from.len());
+        encode_fragment_head(
+            &mut head,
+            seq,
+            id,
+            p.payload.len() as u64,
+            p.offset as u64,
+            &p.to,
+            &p.from,
+            p.len,
+        );
+        let c = Chunk {
+            data: Bytes::from(head),
+            first_seq: seq,
+            end_seq: seq + 1,
+            piece: Some(HeldPiece {
+                to: p.to.clone(),
+                from: p.from.clone(),
+                payload: p.payload.clone(),
+                offset: p.offset,
+                len: p.len,
+            }),
+        };
+        self.bytes += c.wire_len();
+        self.bulk_bytes += c.wire_len();
+        self.chunks.push_back(c);
+        self.next_seq += 1;
+        seq
     }
 
     /// What is not yet written on the current connection (cheap clones), with the
@@ -172,13 +257,26 @@ impl SendWindow {
                 self.sent = self.sent.max(c.end_seq);
             }
         }
-        let rest = self.chunks.iter().skip(self.cursor);
-        Unwritten {
-            chunks: rest.clone().map(|c| c.data.clone()).collect(),
-            ends: rest.clone().map(|c| c.end_seq).collect(),
-            messages: rest.map(|c| c.end_seq - c.first_seq).sum(),
+        let mut u = Unwritten {
             generation: self.generation,
+            ..Unwritten::default()
+        };
+        for c in self.chunks.iter().skip(self.cursor) {
+            u.chunks.push(c.data.clone());
+            u.ends.push(c.end_seq);
+            u.messages += c.end_seq - c.first_seq;
+            match &c.piece {
+                Some(p) => {
+                    u.frames += 1;
+                    if p.len > 0 {
+                        u.chunks.push(p.data());
+                        u.ends.push(c.end_seq);
+                    }
+                }
+                None => u.frames += frame_count(&c.data),
+            }
         }
+        u
     }
 
     /// Whether anything is held that the current connection has not been given.
@@ -222,7 +320,10 @@ impl SendWindow {
             if c.end_seq > next {
                 break;
             }
-            freed += c.data.len();
+            freed += c.wire_len();
+            if c.piece.is_some() {
+                self.bulk_bytes -= c.wire_len();
+            }
             if let Some(c) = self.chunks.pop_front() {
                 // Unique once the writer's clones are gone (they are, long before the ack).
                 if self.free.len() < FREE_BUFFERS {
@@ -269,16 +370,29 @@ impl SendWindow {
     }
 
     /// Forget everything held (the peer restarted or was declared down) and return those
-    /// messages so they can be handed back. Sequence numbers continue unless `restart`.
+    /// messages so they can be handed back. Sequence numbers continue unless `restart`. A
+    /// message in pieces is handed back here if its last piece is held; otherwise the rest
+    /// of it is still queued, and it is handed back from there.
     pub fn take_failed(&mut self, restart: bool) -> Vec<Message> {
         let mut out = Vec::new();
         for c in self.chunks.drain(..) {
+            if let Some(p) = c.piece {
+                if p.is_last() {
+                    out.push(Message {
+                        to: p.to,
+                        from: p.from,
+                        payload: p.payload,
+                    });
+                }
+                continue;
+            }
             let mut buf = BytesMut::from(&c.data[..]);
             while let Ok(Some(frame::Frame::Messages(l))) = frame::decode(&mut buf, usize::MAX) {
                 out.extend(l.iter());
             }
         }
         self.bytes = 0;
+        self.bulk_bytes = 0;
         self.cursor = 0;
         self.generation += 1;
         if restart {
@@ -287,6 +401,42 @@ impl SendWindow {
         }
         out
     }
+}
+
+impl SendWindow {
+    /// Call `f(mailbox, charge)` for every message (and piece) held from sequence number
+    /// `from` on: what the peer has not received of them (a credit recount).
+    pub fn charges_from(&self, from: u64, mut f: impl FnMut(&Name, u64)) {
+        for c in self.chunks.iter().filter(|c| c.end_seq > from) {
+            if let Some(p) = &c.piece {
+                if c.first_seq >= from {
+                    f(
+                        &p.to,
+                        fragment_charge(p.offset as u64, p.len, &p.to, &p.from),
+                    );
+                }
+                continue;
+            }
+            let mut buf = BytesMut::from(&c.data[..]);
+            while let Ok(Some(frame::Frame::Messages(l))) = frame::decode(&mut buf, usize::MAX) {
+                for (k, m) in l.iter().enumerate() {
+                    if l.first_seq + k as u64 >= from {
+                        f(&m.to, message_len(&m.to, &m.from, m.payload.len()) as u64);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How many frames an encoded run of whole frames holds.
+fn frame_count(mut b: &[u8]) -> u64 {
+    let mut n = 0;
+    while let Ok(Some(len)) = frame::check(b, usize::MAX) {
+        b = &b[len..];
+        n += 1;
+    }
+    n
 }
 
 /// The receiving side of one peer's stream.

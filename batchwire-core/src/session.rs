@@ -32,6 +32,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::bulk::Piece;
+use crate::codec::Name;
 use crate::frame::{Frame, Message, Resume};
 
 mod events;
@@ -62,6 +64,9 @@ pub struct SessionConfig {
     /// Declare the peer down when nothing was heard for this long (while listening), or
     /// when it was unreachable for this long.
     pub peer_timeout: Duration,
+    /// Most bytes of pieces (the bulk lane) held unacknowledged: ordinary messages and
+    /// control frames never wait behind more bulk data than this.
+    pub bulk_inflight: usize,
 }
 
 impl Default for SessionConfig {
@@ -74,6 +79,7 @@ impl Default for SessionConfig {
             ack_delay: Duration::from_millis(5),
             heartbeat_interval: Duration::from_millis(500),
             peer_timeout: Duration::from_secs(3),
+            bulk_inflight: 512 << 10,
         }
     }
 }
@@ -96,6 +102,19 @@ pub struct Resumed {
     pub replaced: Option<ConnId>,
     /// Messages that will be written again.
     pub resent: u64,
+    /// The peer goes on with no message in pieces whose id is below this: drop what was
+    /// reassembled of those.
+    pub keep: u64,
+}
+
+/// Why [`Session::hold_piece`] did not number a piece.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PieceRefused {
+    /// Nothing more is held for the peer (down, or the goodbye was said): leave the message
+    /// queued; it is handed back from there with this reason.
+    Failed(FailReason),
+    /// The peer restarted since the message's first piece: send it again from the start.
+    Restart,
 }
 
 /// A frame of messages being delivered: what to skip, and where it ends. Hand it back to
@@ -144,6 +163,8 @@ pub struct Session {
     said_goodbye: bool,
     /// A delivery is between `begin_delivery` and `end_delivery`.
     delivering: bool,
+    /// The id of the message whose pieces are being numbered (its last is not yet).
+    in_pieces: Option<u64>,
     down_reason: Option<DownReason>,
     events: VecDeque<SessionEvent>,
 }
@@ -170,6 +191,7 @@ impl Session {
             closing: None,
             said_goodbye: false,
             delivering: false,
+            in_pieces: None,
             down_reason: None,
             events: VecDeque::new(),
         }
@@ -202,9 +224,35 @@ impl Session {
         self.send.messages()
     }
 
-    /// Whether the send window is full: take no more data until acknowledgements come.
+    /// Whether the send window is full for ordinary messages: take no more of them until
+    /// acknowledgements come. (Pieces have a budget of their own, see `bulk_room`.)
     pub fn window_full(&self) -> bool {
-        self.send.bytes() >= self.cfg.unacked_bytes
+        self.send.bytes() - self.send.bulk_bytes() >= self.cfg.unacked_bytes
+    }
+
+    /// Whether another piece may be held: the bulk bytes held are below `bulk_inflight`.
+    /// That budget is the bulk lane's own, beside the ordinary window, so a flood of
+    /// ordinary messages cannot starve bulk (it keeps `bulk_inflight` in flight per
+    /// acknowledgement round trip), and ordinary messages never queue behind more than
+    /// `bulk_inflight` bytes of pieces.
+    pub fn bulk_room(&self) -> bool {
+        self.send.bulk_bytes() < self.cfg.bulk_inflight
+    }
+
+    /// Bytes of pieces held (see [`Session::bulk_room`]).
+    pub fn bulk_bytes(&self) -> usize {
+        self.send.bulk_bytes()
+    }
+
+    /// The next sequence number expected from the peer.
+    pub fn recv_next(&self) -> u64 {
+        self.recv.next()
+    }
+
+    /// Call `f(mailbox, charge)` for every message (and piece) held from sequence number
+    /// `from` on (a credit recount: see `credit`).
+    pub fn charges_from(&self, from: u64, f: impl FnMut(&Name, u64)) {
+        self.send.charges_from(from, f)
     }
 
     /// Whether a delivery is in progress (between `begin_delivery` and `end_delivery`).
@@ -241,6 +289,7 @@ impl Session {
             self.recv_epoch += 1;
             self.unacked_messages = 0;
             self.unacked_bytes = 0;
+            self.in_pieces = None;
             self.events
                 .push_back(SessionEvent::Restarted { incarnation });
         }
@@ -250,6 +299,7 @@ impl Session {
         let resume = Resume {
             next: self.recv.next(),
             base: self.send.base(),
+            keep: self.in_pieces.unwrap_or(self.send.next_seq()),
         };
         (id, resume)
     }
@@ -281,6 +331,7 @@ impl Session {
         Ok(Resumed {
             replaced: replaced.map(|c| c.id),
             resent: if before > 0 { self.send.messages() } else { 0 },
+            keep: theirs.keep,
         })
     }
 
@@ -441,6 +492,30 @@ impl Session {
     /// acknowledged (or, unsequenced, until written). Returns the message count.
     pub fn hold(&mut self, frames: &[(&[u8], u32)]) -> u64 {
         self.send.hold(frames)
+    }
+
+    /// Number one piece of a message in pieces and hold it (see `bulk`). Returns the
+    /// message's id. A later piece is numbered only if its message's first piece was
+    /// numbered for this incarnation of the peer (else [`PieceRefused::Restart`]).
+    pub fn hold_piece(&mut self, p: &Piece) -> Result<u64, PieceRefused> {
+        self.holdable().map_err(PieceRefused::Failed)?;
+        if !p.is_first() && (p.id.is_none() || self.in_pieces != p.id) {
+            return Err(PieceRefused::Restart);
+        }
+        let seq = self.send.hold_piece(p);
+        let id = if p.is_first() {
+            seq
+        } else {
+            p.id.unwrap_or(seq)
+        };
+        self.in_pieces = (!p.is_last()).then_some(id);
+        Ok(id)
+    }
+
+    /// The message in pieces was handed back before its last piece (its queue was emptied):
+    /// the next RESUME tells the peer to drop what it has of it.
+    pub fn give_up_pieces(&mut self) {
+        self.in_pieces = None;
     }
 
     /// What the current connection has not been given yet, oldest first, with the
@@ -614,6 +689,8 @@ impl Session {
         }
         self.state = PeerState::Down;
         self.down_reason = Some(reason);
+        // The rest of a message in pieces is handed back from the queue.
+        self.in_pieces = None;
         self.events.push_back(SessionEvent::Down { reason });
         let messages = self.send.take_failed(false);
         self.push_failed(messages, FailReason::Down(reason));

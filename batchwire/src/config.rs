@@ -10,6 +10,9 @@ use batchwire_core::session::SessionConfig;
 
 use crate::error::Error;
 
+/// The largest `max_payload` a node may be configured with.
+const MAX_PAYLOAD_LIMIT: u64 = 16 << 30;
+
 /// One peer in the static member list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerSpec {
@@ -90,6 +93,7 @@ pub struct NodeConfig {
     pub(crate) mailbox_bytes: usize,
     pub(crate) max_payload: usize,
     pub(crate) frame_bytes: usize,
+    pub(crate) fragment_bytes: usize,
     pub(crate) read_bytes: usize,
     pub(crate) reconnect_min: Duration,
     pub(crate) reconnect_max: Duration,
@@ -116,6 +120,7 @@ impl std::fmt::Debug for NodeConfig {
             .field("send_queue_bytes", &self.send_queue_bytes)
             .field("mailbox_bytes", &self.mailbox_bytes)
             .field("max_payload", &self.max_payload)
+            .field("fragment_bytes", &self.fragment_bytes)
             .field("session", &self.session)
             .field("tls", &self.tls)
             .finish_non_exhaustive()
@@ -136,9 +141,10 @@ impl NodeConfig {
             bundler: BundlerConfig::default(),
             idle_cpu_level: batchwire_core::idle::DEFAULT_LEVEL,
             send_queue_bytes: 4 << 20,
-            mailbox_bytes: 4 << 20,
-            max_payload: 16 << 20,
+            mailbox_bytes: 16 << 20,
+            max_payload: 64 << 20,
             frame_bytes: 64 << 10,
+            fragment_bytes: 64 << 10,
             read_bytes: 64 << 10,
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(2),
@@ -218,29 +224,56 @@ impl NodeConfig {
         self
     }
 
-    /// Bound of each peer's outbound queue, in bytes. When full, `send` blocks and
-    /// `try_send` returns `Full`. Default 4 MiB.
+    /// Bound of each of a peer's outbound queues (ordinary and bulk), in bytes. When full,
+    /// `send` blocks and `try_send` returns `Full`. Default 4 MiB.
     pub fn send_queue_bytes(mut self, bytes: usize) -> Self {
         self.send_queue_bytes = bytes;
         self
     }
 
-    /// Bound of each mailbox's queue, in bytes; a full mailbox stops its connection's reader
-    /// (TCP flow control then slows the senders). Default 4 MiB.
+    /// Each mailbox's budget per sender, in bytes: the credit each other node gets in it. A
+    /// node may have this many bytes of messages on their way to one mailbox here or waiting
+    /// in it; past that its sends to that mailbox wait (`try_send` returns `Full`) until the
+    /// application takes some, while its sends to other mailboxes go on. The connection's
+    /// reader never waits for a mailbox. Sends from this node's own threads wait while the
+    /// mailbox holds this much. So a mailbox holds at most `mailbox_bytes` per sending node
+    /// (plus one message each), and a node that sends past twice that plus `max_payload` is
+    /// disconnected. It is also what one sender can have in flight to one mailbox: below
+    /// ~8 MiB, 100 B streams stall on the loop of grants on a busy 2-core machine. Default
+    /// 16 MiB.
     pub fn mailbox_bytes(mut self, bytes: usize) -> Self {
         self.mailbox_bytes = bytes;
         self
     }
 
-    /// Largest payload `send` accepts. Use the same value on every node. Default 16 MiB.
+    /// Largest payload `send` accepts (`Error::PayloadTooLarge` beyond it); once connected,
+    /// also no larger than the peer accepts. Up to 16 GiB. A message this large needs that
+    /// much memory at the receiver while it is reassembled. Default 64 MiB.
     pub fn max_payload(mut self, bytes: usize) -> Self {
         self.max_payload = bytes;
         self
     }
 
-    /// A MESSAGES frame is closed once it holds this many bytes. Default 64 KiB.
+    /// A MESSAGES frame is closed once it holds this many bytes (at most 1 MiB). Default
+    /// 64 KiB.
     pub fn frame_bytes(mut self, bytes: usize) -> Self {
         self.frame_bytes = bytes;
+        self
+    }
+
+    /// Messages larger than this are sent in pieces of this size (at most 1 MiB),
+    /// interleaved with other traffic to the same peer and reassembled at the receiver, so
+    /// a large message never holds up small ones. Default 64 KiB.
+    pub fn fragment_bytes(mut self, bytes: usize) -> Self {
+        self.fragment_bytes = bytes;
+        self
+    }
+
+    /// Most bytes of pieces (large and bulk messages) in flight to one peer, unacknowledged:
+    /// ordinary messages never wait behind more bulk data than this, and bulk keeps this
+    /// much in flight however many ordinary messages are sent. Default 512 KiB.
+    pub fn bulk_inflight_bytes(mut self, bytes: usize) -> Self {
+        self.session.bulk_inflight = bytes;
         self
     }
 
@@ -376,9 +409,10 @@ impl NodeConfig {
         Ok(s)
     }
 
-    /// The largest frame a receiver accepts: one maximum payload plus room for headers.
+    /// The largest frame a receiver accepts: what any batchwire node sends (frames and
+    /// pieces are at most 1 MiB each, see `validate`).
     pub(crate) fn max_frame(&self) -> usize {
-        self.max_payload.max(self.frame_bytes) + 1024
+        batchwire_core::frame::MAX_FRAME_LEN
     }
 
     pub(crate) fn validate(&self) -> Result<(), Error> {
@@ -391,6 +425,8 @@ impl NodeConfig {
             ("mailbox_bytes", self.mailbox_bytes),
             ("max_payload", self.max_payload),
             ("frame_bytes", self.frame_bytes),
+            ("fragment_bytes", self.fragment_bytes),
+            ("bulk_inflight_bytes", self.session.bulk_inflight),
             ("read_bytes", self.read_bytes),
             ("max_handshakes", self.max_handshakes),
             (
@@ -419,8 +455,19 @@ impl NodeConfig {
         if self.write_check.is_zero() || self.handshake_timeout.is_zero() {
             return bad("write_check and handshake_timeout must be above 0".into());
         }
-        if self.max_payload > u32::MAX as usize - 2048 {
-            return bad("max_payload must be below 4 GiB".into());
+        if self.max_payload as u64 > MAX_PAYLOAD_LIMIT {
+            return bad(format!(
+                "max_payload ({}) must be at most 16 GiB",
+                self.max_payload
+            ));
+        }
+        for (what, v) in [
+            ("frame_bytes", self.frame_bytes),
+            ("fragment_bytes", self.fragment_bytes),
+        ] {
+            if v > 1 << 20 {
+                return bad(format!("{what} ({v}) must be at most 1 MiB"));
+            }
         }
         Ok(())
     }
@@ -452,5 +499,11 @@ mod tests {
         assert!(e.to_string().contains("peer_timeout"), "{e}");
         let c = NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "");
         assert!(c.validate().is_err());
+        let c = NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "s");
+        c.clone().max_payload(1 << 30).validate().unwrap();
+        let e = c.clone().max_payload(usize::MAX).validate().unwrap_err();
+        assert!(e.to_string().contains("max_payload"), "{e}");
+        let e = c.fragment_bytes(2 << 20).validate().unwrap_err();
+        assert!(e.to_string().contains("fragment_bytes"), "{e}");
     }
 }

@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 mod address;
+mod class;
 mod config;
 mod error;
 mod event;
@@ -19,6 +20,7 @@ mod node;
 mod stats;
 
 pub use crate::address::Address;
+pub use crate::class::Class;
 pub use crate::config::{NodeConfig, PeerSpec, TlsFiles};
 pub use crate::error::{Error, RecvError};
 pub use crate::event::{

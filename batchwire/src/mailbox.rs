@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::address::Address;
+use crate::class::Class;
 use crate::error::{Error, RecvError};
 use crate::io::mailbox::{Envelope, MailboxQueue};
 use crate::io::runtime::Runtime;
@@ -99,14 +100,39 @@ impl Mailbox {
         self.len() == 0
     }
 
-    /// Send `payload` to `to`, from this mailbox. Blocks while the outbound queue is full.
+    /// Send `payload` to `to`, from this mailbox. Blocks while the outbound queue is full
+    /// or the destination mailbox's credit is used up (see [`crate::Node::send`]).
     pub fn send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
-        self.rt.send(&self.queue.name, to, payload.into(), true)
+        self.rt
+            .send(&self.queue.name, to, payload.into(), Class::Ordinary, true)
     }
 
     /// Like [`Mailbox::send`] but returns `Error::Full` instead of blocking.
     pub fn try_send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
-        self.rt.send(&self.queue.name, to, payload.into(), false)
+        self.rt
+            .send(&self.queue.name, to, payload.into(), Class::Ordinary, false)
+    }
+
+    /// Like [`Mailbox::send`], in lane `class` (see [`Class`]).
+    pub fn send_with(
+        &self,
+        to: &Address,
+        payload: impl Into<Bytes>,
+        class: Class,
+    ) -> Result<(), Error> {
+        self.rt
+            .send(&self.queue.name, to, payload.into(), class, true)
+    }
+
+    /// Like [`Mailbox::try_send`], in lane `class`.
+    pub fn try_send_with(
+        &self,
+        to: &Address,
+        payload: impl Into<Bytes>,
+        class: Class,
+    ) -> Result<(), Error> {
+        self.rt
+            .send(&self.queue.name, to, payload.into(), class, false)
     }
 
     /// Send to mailbox `mailbox` on every member, this node included.

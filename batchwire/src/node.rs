@@ -8,6 +8,7 @@ use batchwire_core::codec::Name;
 use bytes::Bytes;
 
 use crate::address::Address;
+use crate::class::Class;
 use crate::config::NodeConfig;
 use crate::error::Error;
 use crate::event::Event;
@@ -47,15 +48,43 @@ impl Node {
     }
 
     /// Send `payload` to `to` (from the anonymous sender ""). Blocks while the queue toward
-    /// that node is full. Messages from one thread to one mailbox arrive in order.
+    /// that node is full, or while the destination mailbox's credit is used up (its
+    /// application is not taking messages fast enough; sends to other mailboxes go on).
+    /// Messages from one thread to one mailbox arrive in order. Payloads larger than
+    /// `fragment_bytes` go in pieces (see [`Class`]).
     pub fn send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
-        self.rt.send(&self.anonymous, to, payload.into(), true)
+        self.rt
+            .send(&self.anonymous, to, payload.into(), Class::Ordinary, true)
     }
 
     /// Like [`Node::send`], but returns [`Error::Full`] (with the payload) instead of
     /// blocking.
     pub fn try_send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
-        self.rt.send(&self.anonymous, to, payload.into(), false)
+        self.rt
+            .send(&self.anonymous, to, payload.into(), Class::Ordinary, false)
+    }
+
+    /// Like [`Node::send`], in lane `class`: [`Class::Bulk`] for large transfers that
+    /// should never hold up small messages to the same node.
+    pub fn send_with(
+        &self,
+        to: &Address,
+        payload: impl Into<Bytes>,
+        class: Class,
+    ) -> Result<(), Error> {
+        self.rt
+            .send(&self.anonymous, to, payload.into(), class, true)
+    }
+
+    /// Like [`Node::try_send`], in lane `class`.
+    pub fn try_send_with(
+        &self,
+        to: &Address,
+        payload: impl Into<Bytes>,
+        class: Class,
+    ) -> Result<(), Error> {
+        self.rt
+            .send(&self.anonymous, to, payload.into(), class, false)
     }
 
     /// Send to mailbox `mailbox` on every member, **this node included** (JGroups' null

@@ -24,6 +24,9 @@ pub(crate) struct PeerCounters {
     pub violations: AtomicU64,
     pub acked: AtomicU64,
     pub resent: AtomicU64,
+    /// Pieces (FRAGMENT frames) numbered for the peer, and received from it.
+    pub fragments_sent: AtomicU64,
+    pub fragments_received: AtomicU64,
     /// Flushes by reason, indexed by `reason_index`.
     pub flushes: [AtomicU64; 4],
     /// Writes by messages per write: bucket i counts writes of 2^i ..= 2^(i+1)-1 messages.
@@ -77,6 +80,15 @@ pub struct PeerStats {
     pub acked: u64,
     /// Messages written again on a new connection after a break.
     pub resent: u64,
+    /// Pieces of large (or bulk) messages sent: each is one FRAGMENT frame.
+    pub fragments_sent: u64,
+    /// Pieces received.
+    pub fragments_received: u64,
+    /// Sends that found their mailbox's credit at this peer used up (and waited, or got
+    /// `Full`): the peer's application is not taking from that mailbox fast enough.
+    pub credit_stalls: u64,
+    /// Credit the peer gave back beyond what was charged (clamped; 0 unless it misbehaves).
+    pub credit_mismatched: u64,
     /// Bytes held for the peer until it acknowledges them.
     pub unacked_bytes: u64,
     /// Flushes because the queue was drained.
@@ -89,7 +101,8 @@ pub struct PeerStats {
     pub flushes_single: u64,
     /// Most bytes ever waiting in the outbound queue.
     pub queue_high_water: u64,
-    /// Total time senders spent blocked on the full outbound queue, in microseconds.
+    /// Total time senders spent blocked on the full outbound queue (or used-up credit), in
+    /// microseconds.
     pub blocked_us: u64,
     /// Messages waiting in the outbound queue now.
     pub queued: u64,
@@ -135,6 +148,8 @@ impl PeerCounters {
             protocol_violations: self.violations.load(Relaxed),
             acked: self.acked.load(Relaxed),
             resent: self.resent.load(Relaxed),
+            fragments_sent: self.fragments_sent.load(Relaxed),
+            fragments_received: self.fragments_received.load(Relaxed),
             flushes_drained: f(0),
             flushes_size: f(1),
             flushes_timer: f(2),

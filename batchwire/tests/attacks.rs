@@ -235,23 +235,26 @@ fn forged_acks_and_resumes_close_the_connection_and_skip_nothing() {
             r.send(&Frame::Resume(Resume {
                 next: u64::MAX,
                 base: 0,
+                keep: 0,
             }))
         },
         &|r| {
             r.send(&Frame::Resume(Resume {
                 next: 1 << 40,
                 base: 0,
+                keep: 0,
             }))
         },
         &|r| {
             r.send(&Frame::Resume(Resume {
                 next: 0,
                 base: u64::MAX,
+                keep: 0,
             }));
             r.send(&Frame::Ack(u64::MAX));
         },
         &|r| {
-            r.send(&Frame::Resume(Resume { next: 0, base: 0 }));
+            r.send(&Frame::Resume(Resume::FRESH));
             let mut list = MessageList::from_messages(&[]);
             list.first_seq = u64::MAX - 1;
             r.send(&Frame::Messages(list));
@@ -423,7 +426,7 @@ fn undeliverable_floods_cost_bounded_memory() {
     let b = Node::start(NodeConfig::new("b", free_addrs(1)[0], SECRET)).unwrap();
     let mut r = login(b.local_addr(), "a", "b", 99);
     let _ = r.recv(T); // b's RESUME
-    r.send(&Frame::Resume(Resume { next: 0, base: 0 }));
+    r.send(&Frame::Resume(Resume::FRESH));
     let mut seq = 0;
     for chunk in 0..100 {
         let msgs: Vec<_> = (0..1000)

@@ -8,9 +8,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use batchwire::{Address, BundlerKind, Error, Event, Node, NodeConfig};
-use batchwire_core::codec::Name;
-use batchwire_core::frame::{self, Frame, Resume};
-use batchwire_core::handshake::{Handshake, HandshakeConfig, Role};
 use common::*;
 
 const T: Duration = Duration::from_secs(60);
@@ -127,50 +124,6 @@ fn an_unread_mailbox_for_three_timeouts_is_not_a_dead_peer() {
     }
     assert!(inbox.recv_timeout(Duration::from_millis(200)).is_err());
     assert!(bad(&ea).is_empty() && bad(&eb).is_empty());
-}
-
-/// A raw peer with the secret: it logs in to `addr` as `name`, resumes from scratch, and
-/// then does nothing but what the test asks.
-fn raw_peer(addr: std::net::SocketAddr, name: &str, expect: &str) -> std::net::TcpStream {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut hs = Handshake::new(
-        HandshakeConfig {
-            name: Name::new(name).unwrap(),
-            incarnation: 7,
-            secret: Arc::from(SECRET),
-            role: Role::Dial {
-                expect: Name::new(expect).unwrap(),
-            },
-        },
-        [9; 16],
-    );
-    let mut buf = bytes::BytesMut::new();
-    let mut out = Vec::new();
-    loop {
-        while let Some(f) = hs.poll_transmit() {
-            f.encode(&mut out);
-        }
-        s.write_all(&out).unwrap();
-        out.clear();
-        if hs.is_done() {
-            break;
-        }
-        let f = loop {
-            if let Some(f) = frame::decode(&mut buf, 1 << 16).unwrap() {
-                break f;
-            }
-            let mut chunk = [0u8; 512];
-            let n = s.read(&mut chunk).unwrap();
-            assert!(n > 0, "closed during the handshake");
-            buf.extend_from_slice(&chunk[..n]);
-        };
-        hs.handle(f).unwrap();
-    }
-    Frame::Resume(Resume { next: 0, base: 0 }).encode(&mut out);
-    s.write_all(&out).unwrap();
-    s
 }
 
 /// Transfer-queue (one queue, one bundler for every peer): one peer never acknowledges

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use batchwire::{Address, Event};
 use batchwire_core::codec::Name;
-use batchwire_core::frame::{self, Frame, Hello, RefuseCode};
+use batchwire_core::frame::{self, Frame, Hello, PROTOCOL_VERSION, RefuseCode};
 use bytes::BytesMut;
 use common::*;
 
@@ -67,7 +67,8 @@ fn wrong_protocol_version_gets_a_refusal_naming_both_versions() {
         let r = refuse.expect("no REFUSE frame");
         assert_eq!(r.code, RefuseCode::Version);
         assert!(
-            r.reason.contains("version 2") && r.reason.contains("version 99"),
+            r.reason.contains(&format!("version {PROTOCOL_VERSION}"))
+                && r.reason.contains("version 99"),
             "{}",
             r.reason
         );

@@ -43,8 +43,105 @@ fn sample_frames() -> Vec<Frame> {
         }),
         Frame::Goodbye,
         Frame::Ack(77),
-        Frame::Resume(Resume { next: 5, base: 3 }),
+        Frame::Resume(Resume {
+            next: 5,
+            base: 3,
+            keep: 4,
+        }),
+        Frame::Fragment(Fragment {
+            seq: 9,
+            id: 7,
+            total: 10,
+            offset: 4,
+            to: n("inbox"),
+            from: n("big"),
+            data: Bytes::from_static(b"abcdef"),
+        }),
+        Frame::Credit(Credit {
+            grants: vec![(n("inbox"), 4096), (n("x"), 1)],
+        }),
+        Frame::Sync(Sync {
+            next: 12,
+            window: 4 << 20,
+            max_payload: 1 << 30,
+            held: vec![(n("inbox"), 100)],
+        }),
     ]
+}
+
+#[test]
+fn a_fragment_head_and_its_data_make_the_frame() {
+    let f = Fragment {
+        seq: 3,
+        id: 3,
+        total: 5,
+        offset: 0,
+        to: n("m"),
+        from: n("s"),
+        data: Bytes::from_static(b"hello"),
+    };
+    let mut v = Vec::new();
+    encode_fragment_head(&mut v, 3, 3, 5, 0, &f.to, &f.from, 5);
+    v.extend_from_slice(&f.data);
+    let mut buf = BytesMut::from(&v[..]);
+    assert_eq!(
+        decode(&mut buf, MAX).unwrap(),
+        Some(Frame::Fragment(f.clone()))
+    );
+    assert!(f.is_first() && f.is_last());
+    assert_eq!(f.charge() as usize, message_len(&f.to, &f.from, 5));
+}
+
+#[test]
+fn pieces_charge_exactly_what_the_whole_message_would() {
+    let (to, from) = (n("inbox"), n("sender"));
+    let total = 1000u64;
+    let mut sum = 0;
+    for off in (0..total).step_by(300) {
+        let len = (total - off).min(300) as usize;
+        sum += fragment_charge(off, len, &to, &from);
+    }
+    assert_eq!(sum as usize, message_len(&to, &from, total as usize));
+}
+
+#[test]
+fn fragments_that_do_not_add_up_are_refused() {
+    let bad = |seq, id, total, offset, data: &'static [u8]| {
+        let f = Fragment {
+            seq,
+            id,
+            total,
+            offset,
+            to: n("m"),
+            from: n(""),
+            data: Bytes::from_static(data),
+        };
+        let mut v = Vec::new();
+        Frame::Fragment(f).encode(&mut v);
+        decode(&mut BytesMut::from(&v[..]), MAX)
+    };
+    assert!(bad(1, 1, 3, 0, b"abc").is_ok());
+    // Past the end of the message; offset overflow.
+    assert!(bad(1, 1, 2, 0, b"abc").is_err());
+    assert!(bad(2, 1, 3, u64::MAX, b"a").is_err());
+    // A later piece that is its own id, a first piece that is not, an id from the future.
+    assert!(bad(2, 2, 3, 1, b"a").is_err());
+    assert!(bad(2, 1, 3, 0, b"a").is_err());
+    assert!(bad(2, 5, 9, 1, b"a").is_err());
+    // An empty piece of a non-empty message (it would make no progress).
+    assert!(bad(2, 1, 3, 1, b"").is_err());
+}
+
+#[test]
+fn credit_entries_are_bounded() {
+    let mut v = Vec::new();
+    let start = crate::header::begin(&mut v, crate::header::KIND_CREDIT);
+    v.extend_from_slice(&((MAX_CREDIT_ENTRIES + 1) as u16).to_le_bytes());
+    crate::header::finish(&mut v, start);
+    assert!(matches!(
+        decode(&mut BytesMut::from(&v[..]), MAX),
+        Err(FrameError::Malformed { kind: "CREDIT", .. })
+    ));
 }
 
 #[test]

@@ -4,22 +4,7 @@ use super::*;
 use crate::frame::{Frame, Resume};
 use crate::outbox::numbered;
 
-/// xorshift64*: a seeded, dependency-free random source for the simulation.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+use crate::testutil::Rng;
 
 /// Encode messages `nums` (payload = the number) into one held chunk.
 fn hold(w: &mut SendWindow, nums: std::ops::Range<u64>) {
@@ -121,6 +106,7 @@ fn simulate(seed: u64, total: u64) -> (Vec<u64>, u32) {
                 let theirs = Resume {
                     next: rw.next(),
                     base: sw.base(),
+                    keep: 0,
                 };
                 sw.rewind(theirs.next).unwrap();
                 rw.resume(theirs.base);

@@ -17,6 +17,7 @@ fn cfg() -> SessionConfig {
         ack_delay: 5 * MS,
         heartbeat_interval: 100 * MS,
         peer_timeout: 600 * MS,
+        bulk_inflight: 4096,
     }
 }
 
@@ -210,8 +211,7 @@ fn an_unreachable_peer_is_declared_down_a_never_connected_one_is_not() {
     ));
     // It comes back: up again.
     let (id2, _) = s.handle_connect(t0 + 900 * MS, 2);
-    s.handle_resume(t0 + 900 * MS, id2, Resume { next: 0, base: 0 })
-        .unwrap();
+    s.handle_resume(t0 + 900 * MS, id2, Resume::FRESH).unwrap();
     assert_eq!(s.state(), PeerState::Up);
 }
 
@@ -225,15 +225,14 @@ fn a_restarted_peer_gets_fresh_numbering_and_what_was_pending_fails() {
     let d = s.begin_delivery(id, 0, 3).unwrap().unwrap();
     // The old incarnation restarts before the delivery ends.
     let (id2, r) = s.handle_connect(t0 + MS, 99);
-    assert_eq!(r, Resume { next: 0, base: 0 });
+    assert_eq!(r, Resume::FRESH);
     s.end_delivery(t0 + MS, d, 3, 30);
     let ev = events(&mut s);
     assert!(
         ev.iter().any(|e| matches!(e, SessionEvent::Failed { messages, reason: FailReason::Restarted } if messages.len() == 7))
     );
     assert!(ev.contains(&SessionEvent::Restarted { incarnation: 99 }));
-    s.handle_resume(t0 + MS, id2, Resume { next: 0, base: 0 })
-        .unwrap();
+    s.handle_resume(t0 + MS, id2, Resume::FRESH).unwrap();
     // The void delivery moved nothing: the new stream starts at 0.
     let d = s.begin_delivery(id2, 0, 1).unwrap().unwrap();
     assert_eq!(d.skip, 0);
@@ -246,7 +245,15 @@ fn forged_values_are_violations_and_change_nothing() {
     hold(&mut s, 0..3);
     let (id, _) = s.handle_connect(t0, 5);
     assert_eq!(
-        s.handle_resume(t0, id, Resume { next: 1, base: 0 }),
+        s.handle_resume(
+            t0,
+            id,
+            Resume {
+                next: 1,
+                base: 0,
+                keep: 0
+            }
+        ),
         Err(SeqError::ResumeBeyondSent { next: 1, sent: 0 }),
         "nothing was ever written"
     );
@@ -257,6 +264,7 @@ fn forged_values_are_violations_and_change_nothing() {
         Resume {
             next: 0,
             base: u64::MAX,
+            keep: 0,
         },
     )
     .unwrap();
@@ -297,9 +305,7 @@ fn frames_of_a_replaced_connection_are_ignored_but_its_deliveries_count() {
     // A new connection resumes while the old reader is still delivering.
     let (new, r) = s.handle_connect(t0 + MS, 2);
     assert_eq!(r.next, 0, "the delivery in progress is not counted yet");
-    let res = s
-        .handle_resume(t0 + MS, new, Resume { next: 0, base: 0 })
-        .unwrap();
+    let res = s.handle_resume(t0 + MS, new, Resume::FRESH).unwrap();
     assert_eq!(res.replaced, Some(old));
     assert_eq!(s.handle_ack(t0 + MS, old, 4), Ok(0), "ignored: not current");
     assert_eq!(s.window_messages(), 4);

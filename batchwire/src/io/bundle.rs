@@ -25,7 +25,7 @@ pub(crate) fn run_bundler(
     let mut batch = Batch::default();
     loop {
         let epoch = lane.epoch();
-        match lane.next_batch(bundler.as_mut(), epoch, &mut batch) {
+        match lane.next_batch(bundler.as_mut(), epoch, &mut batch, false) {
             Next::Batch(reason) => {
                 for group in groups(&batch.frames) {
                     let frames = message_frames(&batch.buf, group);
@@ -33,8 +33,11 @@ pub(crate) fn run_bundler(
                         ALL => peers.all(),
                         id => peers.by_id(id).into_iter().collect(),
                     };
+                    let n: u64 = frames.iter().map(|f| f.1 as u64).sum();
                     for p in targets {
                         hold_frames(&p, &frames, reason);
+                        // Numbered (or failed): a bulk message queued after these may go.
+                        p.lane.note_taken(n);
                         p.lane.poke();
                     }
                 }

@@ -3,8 +3,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use batchwire_core::credit::FlowError;
 use batchwire_core::frame::FrameError;
 use batchwire_core::handshake::HandshakeError;
+use batchwire_core::reassembly::ReassemblyError;
 use batchwire_core::reliable::SeqError;
 use batchwire_core::session::ConnId;
 
@@ -60,6 +62,10 @@ pub(crate) enum LinkError {
     Unexpected(&'static str),
     #[error("{0}")]
     Sequence(#[from] SeqError),
+    #[error("{0}")]
+    Flow(#[from] FlowError),
+    #[error("{0}")]
+    Pieces(#[from] ReassemblyError),
     #[error("TLS handshake failed: {0}")]
     Tls(String),
     #[error("{reason}")]
@@ -86,7 +92,9 @@ impl LinkError {
             L::Handshake(H::Unexpected { .. })
             | L::Frame(_)
             | L::Unexpected(_)
-            | L::Sequence(_) => HandshakeFailure::Protocol,
+            | L::Sequence(_)
+            | L::Flow(_)
+            | L::Pieces(_) => HandshakeFailure::Protocol,
             L::HandshakeTimeout(_) => HandshakeFailure::Timeout,
             L::Io(e)
                 if matches!(
@@ -107,7 +115,11 @@ impl LinkError {
     pub fn is_violation(&self) -> bool {
         matches!(
             self,
-            LinkError::Sequence(_) | LinkError::Frame(_) | LinkError::Unexpected(_)
+            LinkError::Sequence(_)
+                | LinkError::Frame(_)
+                | LinkError::Unexpected(_)
+                | LinkError::Flow(_)
+                | LinkError::Pieces(_)
         )
     }
 

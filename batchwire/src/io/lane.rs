@@ -1,31 +1,51 @@
-//! A lane: an outbound queue (an [`Outbox`] of encoded frames, bounded in bytes) and the
-//! condvars its senders and its consumer wait on. Every peer has a lane of its own, which
-//! its writer thread waits on (for data, and for a `poke`: a control frame is due, the
-//! window has room, the connection changed); with `transfer-queue` one more lane, shared by
-//! all peers, feeds the bundler thread. Only messages go through a lane: control frames
-//! never queue behind data.
+//! A lane: the outbound queues toward one peer (or, with `transfer-queue`, the one ordinary
+//! queue every peer shares), bounded in bytes, and the condvars its senders and its consumer
+//! wait on.
 //!
-//! The hot path (`push`) takes one mutex, encodes the message into the outbox and, only
-//! when the writer is parked and has a reason to wake, notifies it: no syscall, allocation
-//! (the buffer is reused) or clock read per message (the clock is read only when the
-//! bundler needs enqueue times and the outbox was empty).
+//! A peer's own lane holds, each under the same lock:
+//! - the **ordinary** queue: an [`Outbox`] of encoded MESSAGES frames, drained a batch at a
+//!   time as the bundler decides;
+//! - the **bulk** queue ([`BulkQueue`]): messages sent in pieces (larger than the fragment
+//!   size, sent with `Class::Bulk`, or behind another of their pair), never copied;
+//! - the **credit** toward the peer's mailboxes ([`SendCredit`]): a send to a mailbox whose
+//!   credit is used up waits (or `try_send` answers `Full`), and no other send does.
+//!
+//! Its writer thread waits on it for data and for a `poke` (a control frame is due, the
+//! window has room, the connection changed, the node is shutting down). Only messages go
+//! through a lane: control frames never queue behind data.
+//!
+//! The hot path (`push` of an ordinary message) takes one mutex, checks the mailbox's
+//! credit, encodes the message into the outbox and, only when the writer is parked and has
+//! a reason to wake, notifies it: no syscall, allocation (the buffer is reused) or clock
+//! read per message (the clock is read only when the bundler needs enqueue times and the
+//! outbox was empty).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use batchwire_core::bulk::{BulkQueue, ORDINARY_WEIGHT, Piece};
 use batchwire_core::bundler::{Bundler, Decision, FlushReason};
-use batchwire_core::codec::Name;
+use batchwire_core::codec::{Name, NameMap};
+use batchwire_core::credit::SendCredit;
+use batchwire_core::frame::{Message, message_len};
 use batchwire_core::idle::{IdleStep, IdleStrategy};
 use batchwire_core::outbox::{Batch, Dest, Outbox};
+use bytes::Bytes;
+
+use crate::io::peer::decode_frames;
 
 /// Why `push` did not queue a message.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum PushError {
-    /// The lane is at capacity and the caller asked not to block.
+    /// The lane (or the mailbox's credit) is at capacity and the caller asked not to block.
     Full,
     /// The node is shutting down.
     Closed,
+    /// The peer is declared down (senders waiting for room or credit give up).
+    Down,
+    /// The peer accepts payloads up to this size (it said so in its SYNC).
+    TooLarge(u64),
 }
 
 /// What the writer should do after `next_batch`.
@@ -35,18 +55,37 @@ pub(crate) enum Next {
     Batch(FlushReason),
     /// The node is shutting down and the lane is empty.
     Drained,
-    /// The writer was poked (control due, window room, connection changed); the batch is
-    /// empty.
+    /// The writer was poked (control due, window room, connection changed, a piece to
+    /// move); the batch is empty.
     Wake,
+}
+
+/// A message to queue.
+#[derive(Clone, Copy)]
+pub(crate) struct Outgoing<'a> {
+    pub dest: Dest,
+    pub to: &'a Name,
+    pub from: &'a Name,
+    pub payload: &'a Bytes,
+    /// Sent with the bulk class.
+    pub bulk: bool,
 }
 
 struct Inner {
     outbox: Outbox,
+    bulk: BulkQueue,
+    credit: SendCredit,
+    /// Ordinary messages queued toward the peer, and numbered (or failed), ever: a bulk
+    /// message waits until every ordinary one queued before it was taken.
+    pushed: u64,
+    taken: u64,
     closed: bool,
+    /// The peer is declared down: sends are refused (until it is back up).
+    down: bool,
     writer_waiting: bool,
     senders_waiting: usize,
-    /// Bumped whenever the consumer must look up (`poke`, `close`); mirrored in
-    /// `Lane::epoch` for lock-free reads.
+    /// Bumped whenever the consumer must look up (`poke`, `close`, a bulk message); mirrored
+    /// in `Lane::epoch` for lock-free reads.
     epoch: u64,
 }
 
@@ -54,43 +93,63 @@ pub(crate) struct Lane {
     inner: Mutex<Inner>,
     /// The writer waits here for messages.
     not_empty: Condvar,
-    /// Senders wait here for room.
+    /// Senders wait here for room or credit.
     not_full: Condvar,
+    /// Bytes each queue (ordinary, bulk) admits while below.
     pub capacity: usize,
+    /// Messages larger than this go in pieces of this size.
+    piece_bytes: usize,
+    /// Whether sends through this lane charge its credit (not the shared transfer-queue
+    /// lane: its senders charge their peer's lane).
+    charges_credit: bool,
     track_time: bool,
     wake_bytes: usize,
     idle: IdleStrategy,
     /// Most bytes ever queued.
     pub high_water: AtomicU64,
-    /// Nanoseconds senders spent blocked on a full lane.
+    /// Nanoseconds senders spent blocked on a full lane or used-up credit.
     pub blocked_ns: AtomicU64,
+    /// Sends that found a mailbox's credit used up (and waited, or were refused).
+    pub credit_stalls: AtomicU64,
     /// `Inner::epoch`, readable without the lock senders contend for (written under it).
     epoch: AtomicU64,
 }
 
+/// How a lane is made.
+pub(crate) struct LaneCfg {
+    pub capacity: usize,
+    pub frame_bytes: usize,
+    pub piece_bytes: usize,
+    pub charges_credit: bool,
+    pub idle: IdleStrategy,
+}
+
 impl Lane {
-    pub fn new(
-        capacity: usize,
-        bundler: &dyn Bundler,
-        frame_bytes: usize,
-        idle: IdleStrategy,
-    ) -> Self {
+    pub fn new(cfg: LaneCfg, bundler: &dyn Bundler) -> Self {
         Lane {
             inner: Mutex::new(Inner {
-                outbox: Outbox::new(bundler.frame_bytes(frame_bytes)),
+                outbox: Outbox::new(bundler.frame_bytes(cfg.frame_bytes)),
+                bulk: BulkQueue::default(),
+                credit: SendCredit::default(),
+                pushed: 0,
+                taken: 0,
                 closed: false,
+                down: false,
                 writer_waiting: false,
                 senders_waiting: 0,
                 epoch: 0,
             }),
             not_empty: Condvar::new(),
             not_full: Condvar::new(),
-            capacity,
+            capacity: cfg.capacity,
+            piece_bytes: cfg.piece_bytes.max(1),
+            charges_credit: cfg.charges_credit,
             track_time: bundler.needs_enqueue_time(),
             wake_bytes: bundler.wake_bytes(),
-            idle,
+            idle: cfg.idle,
             high_water: AtomicU64::new(0),
             blocked_ns: AtomicU64::new(0),
+            credit_stalls: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
         }
     }
@@ -101,37 +160,105 @@ impl Lane {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Encode a message into the lane. It is admitted while the lane holds fewer than
-    /// `capacity` bytes, so one message larger than the capacity still goes through. With
-    /// `block`, waits for room; otherwise returns `Full`.
-    pub fn push(
-        &self,
-        dest: Dest,
-        to: &Name,
-        from: &Name,
-        payload: &[u8],
+    fn bump(&self, g: &mut Inner) {
+        g.epoch += 1;
+        self.epoch.store(g.epoch, Ordering::Release);
+    }
+
+    /// Whether a message goes to the bulk queue: sent as bulk, too large for one piece, or
+    /// behind a bulk message of its pair (so a pair's order holds across classes).
+    fn is_bulk(&self, g: &Inner, m: &Outgoing) -> bool {
+        m.bulk
+            || m.payload.len() > self.piece_bytes
+            || (!g.bulk.is_empty() && g.bulk.has_pair(m.to, m.from))
+    }
+
+    /// Whether `m` would go to the bulk queue (the transfer-queue sender's question: bulk
+    /// goes to the peer's own lane, not the shared one).
+    pub fn routes_to_bulk(&self, m: &Outgoing) -> bool {
+        let g = self.lock();
+        self.is_bulk(&g, m)
+    }
+
+    /// Wait (with `block`) until `ready(g)` holds; counts credit stalls and blocked time.
+    fn wait_for<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, Inner>,
         block: bool,
-    ) -> Result<(), PushError> {
-        let mut g = self.lock();
-        if g.outbox.bytes() >= self.capacity && !g.closed {
+        ready: impl Fn(&Inner) -> Result<(), bool>,
+    ) -> Result<MutexGuard<'a, Inner>, PushError> {
+        let mut start = None;
+        loop {
+            if g.closed {
+                return Err(PushError::Closed);
+            }
+            if g.down {
+                return Err(PushError::Down);
+            }
+            let credit_short = match ready(&g) {
+                Ok(()) => break,
+                Err(credit_short) => credit_short,
+            };
+            if start.is_none() && credit_short {
+                self.credit_stalls.fetch_add(1, Ordering::Relaxed);
+            }
             if !block {
                 return Err(PushError::Full);
             }
-            let start = Instant::now();
+            start.get_or_insert_with(Instant::now);
             g.senders_waiting += 1;
-            while g.outbox.bytes() >= self.capacity && !g.closed {
-                g = self.not_full.wait(g).unwrap_or_else(|p| p.into_inner());
-            }
+            g = self.not_full.wait(g).unwrap_or_else(|p| p.into_inner());
             g.senders_waiting -= 1;
-            self.blocked_ns
-                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
-        if g.closed {
-            return Err(PushError::Closed);
+        if let Some(t) = start {
+            self.blocked_ns
+                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        Ok(g)
+    }
+
+    /// Queue a message. It is admitted while its queue (ordinary or bulk) holds fewer than
+    /// `capacity` bytes, so one message larger than the capacity still goes through, and
+    /// (unless the lane is the shared one) while its mailbox's credit is not used up. With
+    /// `block`, waits for both; otherwise returns `Full`.
+    #[inline]
+    pub fn push(&self, m: Outgoing, block: bool) -> Result<(), PushError> {
+        let g = self.lock();
+        if let Some(max) = g.credit.peer_max_payload() {
+            if m.payload.len() as u64 > max {
+                return Err(PushError::TooLarge(max));
+            }
+        }
+        let bulk = self.is_bulk(&g, &m);
+        let credit = self.charges_credit;
+        let mut g = self.wait_for(g, block, |g| {
+            let room = if bulk {
+                g.bulk.bytes() < self.capacity
+            } else {
+                g.outbox.bytes() < self.capacity
+            };
+            if credit && !g.credit.admits(m.to.as_bytes()) {
+                return Err(true);
+            }
+            if room { Ok(()) } else { Err(false) }
+        })?;
+        if credit {
+            let charge = message_len(m.to, m.from, m.payload.len()) as u64;
+            g.credit.try_charge(m.to, charge);
+        }
+        if bulk {
+            let mark = g.pushed;
+            g.bulk.push(m.to, m.from, m.payload.clone(), mark);
+            self.bump(&mut g);
+            if g.writer_waiting {
+                self.not_empty.notify_all();
+            }
+            return Ok(());
         }
         let was_empty = g.outbox.is_empty();
         let now = (was_empty && self.track_time).then(Instant::now);
-        g.outbox.push_message(dest, to, from, payload, now);
+        g.outbox.push_message(m.dest, m.to, m.from, m.payload, now);
+        g.pushed += 1;
         let bytes = g.outbox.bytes();
         if bytes as u64 > self.high_water.load(Ordering::Relaxed) {
             self.high_water.store(bytes as u64, Ordering::Relaxed);
@@ -142,11 +269,111 @@ impl Lane {
         Ok(())
     }
 
+    /// Transfer-queue: charge this peer's credit for an ordinary message that goes through
+    /// the shared lane (waiting for credit with `block`). Returns the charge. It counts as
+    /// queued toward the peer until the bundler reports it taken ([`Lane::note_taken`]).
+    pub fn charge(&self, m: &Outgoing, block: bool) -> Result<u64, PushError> {
+        let g = self.lock();
+        if let Some(max) = g.credit.peer_max_payload() {
+            if m.payload.len() as u64 > max {
+                return Err(PushError::TooLarge(max));
+            }
+        }
+        let mut g = self.wait_for(g, block, |g| {
+            if g.credit.admits(m.to.as_bytes()) {
+                Ok(())
+            } else {
+                Err(true)
+            }
+        })?;
+        let charge = message_len(m.to, m.from, m.payload.len()) as u64;
+        g.credit.try_charge(m.to, charge);
+        g.pushed += 1;
+        Ok(charge)
+    }
+
+    /// Transfer-queue: a charged message was not queued after all.
+    pub fn refund(&self, to: &Name, bytes: u64) {
+        let mut g = self.lock();
+        g.credit.grant(to.as_bytes(), bytes);
+        g.pushed -= 1;
+        if g.senders_waiting > 0 {
+            self.not_full.notify_all();
+        }
+    }
+
+    /// Transfer-queue: the bundler numbered (or failed) `n` ordinary messages for the peer.
+    pub fn note_taken(&self, n: u64) {
+        let mut g = self.lock();
+        g.taken += n;
+        if g.bulk.ready(g.taken) {
+            self.bump(&mut g);
+            self.not_empty.notify_all();
+        }
+    }
+
+    /// The peer gave credit back.
+    pub fn grant(&self, grants: &[(Name, u64)]) {
+        let mut g = self.lock();
+        for (name, bytes) in grants {
+            g.credit.grant(name.as_bytes(), *bytes);
+        }
+        if g.senders_waiting > 0 {
+            self.not_full.notify_all();
+        }
+    }
+
+    /// The peer's SYNC: add what this lane still has queued to `totals` (each mailbox's
+    /// charge held at the peer and in flight, which the caller summed), and make that the
+    /// credit's account. `dest` is the peer's tag in the outbox.
+    pub fn sync_credit(
+        &self,
+        dest: Dest,
+        window: u64,
+        max_payload: u64,
+        totals: &mut NameMap<u64>,
+    ) {
+        let mut g = self.lock();
+        let Inner { outbox, bulk, .. } = &mut *g;
+        let mut add = |to: &Name, b: u64| *totals.entry(to.clone()).or_default() += b;
+        outbox.charges(dest, &mut add);
+        bulk.charges(&mut add);
+        g.credit.sync(window, max_payload, totals);
+        if g.senders_waiting > 0 {
+            self.not_full.notify_all();
+        }
+    }
+
+    /// The shared lane's part of a SYNC recount: what it has queued for `dest`.
+    pub fn charges_for(&self, dest: Dest, totals: &mut NameMap<u64>) {
+        self.lock()
+            .outbox
+            .charges(dest, |to, b| *totals.entry(to.clone()).or_default() += b);
+    }
+
+    /// Grants for more than was charged, clamped (zero unless the peer misbehaves).
+    pub fn credit_mismatched(&self) -> u64 {
+        self.lock().credit.mismatched()
+    }
+
+    /// The credit window the peer announced (or the initial one).
+    #[cfg(test)]
+    pub fn credit_window(&self) -> u64 {
+        self.lock().credit.window()
+    }
+
+    /// The peer was declared down (`true`) or is back up: while down, sends (and senders
+    /// waiting for room or credit) are refused.
+    pub fn set_down(&self, down: bool) {
+        let mut g = self.lock();
+        g.down = down;
+        self.not_full.notify_all();
+    }
+
     /// Make the consumer look up: `next_batch` returns `Wake`, `wait_epoch` returns.
     pub fn poke(&self) {
         let mut g = self.lock();
-        g.epoch += 1;
-        self.epoch.store(g.epoch, Ordering::Release);
+        self.bump(&mut g);
         self.not_empty.notify_all();
     }
 
@@ -169,44 +396,102 @@ impl Lane {
         let mut g = self.lock();
         g.closed = true;
         // A consumer waiting for a poke (`wait_epoch`) must look up too.
-        g.epoch += 1;
-        self.epoch.store(g.epoch, Ordering::Release);
+        self.bump(&mut g);
         self.not_empty.notify_all();
         self.not_full.notify_all();
     }
 
-    /// Take everything queued (to report it failed when it cannot be sent).
-    pub fn take_all(&self, batch: &mut Batch) {
+    /// Take everything queued, to report it failed (it cannot be sent). Returns the
+    /// messages and whether a message in pieces was among them (the session must tell the
+    /// peer to drop what it has of it). A message whose last piece is on its way into the
+    /// window is left to the writer, which reports it if it does not get there.
+    pub fn take_failed(&self) -> (Vec<Message>, bool) {
         let mut g = self.lock();
-        g.outbox.take(usize::MAX, usize::MAX, batch, None);
+        let mut batch = Batch::default();
+        g.outbox.take(usize::MAX, usize::MAX, &mut batch, None);
+        g.taken = g.pushed;
+        let (bulk, in_pieces) = g.bulk.take_failed();
         self.not_full.notify_all();
+        drop(g);
+        let frames = batch.message_frames();
+        let mut msgs = decode_frames(frames.iter().map(|f| f.0));
+        msgs.extend(bulk);
+        (msgs, in_pieces)
     }
 
-    /// Messages waiting.
+    /// Messages waiting (ordinary and bulk).
     pub fn queued(&self) -> usize {
-        self.lock().outbox.messages()
+        let g = self.lock();
+        g.outbox.messages() + g.bulk.len()
     }
 
     /// Whether nothing is waiting.
     pub fn is_empty(&self) -> bool {
-        self.lock().outbox.is_empty()
+        let g = self.lock();
+        g.outbox.is_empty() && g.bulk.is_empty()
     }
 
     /// Whether the lane is closed and empty: nothing more can come out of it.
     pub fn is_drained(&self) -> bool {
         let g = self.lock();
-        g.closed && g.outbox.is_empty()
+        g.closed && g.outbox.is_empty() && g.bulk.is_empty()
+    }
+
+    /// Whether the bulk queue has a piece to offer now.
+    pub fn bulk_ready(&self) -> bool {
+        let g = self.lock();
+        g.bulk.ready(g.taken)
+    }
+
+    /// The next piece to number (see `batchwire_core::bulk`): offered once, until
+    /// `advance_piece`, `restart_piece` or `unreserve_piece`.
+    pub fn next_piece(&self) -> Option<Piece> {
+        let mut g = self.lock();
+        let taken = g.taken;
+        g.bulk.peek(self.piece_bytes, taken)
+    }
+
+    /// The piece of item `serial` was numbered as part of message `id`. Returns whether it
+    /// was the message's last.
+    pub fn advance_piece(&self, serial: u64, id: u64) -> bool {
+        let mut g = self.lock();
+        let last = g.bulk.advance(serial, id);
+        if last && g.senders_waiting > 0 {
+            self.not_full.notify_all();
+        }
+        last
+    }
+
+    /// The peer restarted: item `serial` goes again from its first piece.
+    pub fn restart_piece(&self, serial: u64) {
+        self.lock().bulk.restart(serial);
+    }
+
+    /// The piece was not numbered. Returns false if its message is no longer queued (it
+    /// was taken to be reported failed meanwhile, and the caller reports it).
+    pub fn unreserve_piece(&self, serial: u64) -> bool {
+        self.lock().bulk.unreserve(serial)
     }
 
     /// Wait (per the idle strategy) until the bundler says to flush, then move the frames
-    /// to write into `batch`. Returns `Reconnect` as soon as the epoch moves past `epoch`.
-    pub fn next_batch(&self, bundler: &mut dyn Bundler, epoch: u64, batch: &mut Batch) -> Next {
+    /// to write into `batch`. Returns `Wake` as soon as the epoch moves past `epoch`, or if
+    /// a piece is ready and `bulk_room` says it may go. While a piece is ready, a batch
+    /// takes at most `ORDINARY_WEIGHT` pieces' worth of ordinary bytes (see
+    /// `batchwire_core::bulk`).
+    pub fn next_batch(
+        &self,
+        bundler: &mut dyn Bundler,
+        epoch: u64,
+        batch: &mut Batch,
+        bulk_room: bool,
+    ) -> Next {
         let mut idler = self.idle.idler();
         let mut g = self.lock();
         loop {
             if g.epoch != epoch {
                 return Next::Wake;
             }
+            let bulk_ready = g.bulk.ready(g.taken);
             let now = Instant::now();
             match bundler.poll(g.outbox.level(), now) {
                 Decision::Flush {
@@ -214,15 +499,24 @@ impl Lane {
                     max_bytes,
                     reason,
                 } => {
+                    let max_bytes = if bulk_ready {
+                        max_bytes.min(ORDINARY_WEIGHT * self.piece_bytes)
+                    } else {
+                        max_bytes
+                    };
                     let keep_time = self.track_time.then_some(now);
                     g.outbox.take(max_messages, max_bytes, batch, keep_time);
+                    g.taken += batch.messages();
                     if g.senders_waiting > 0 {
                         self.not_full.notify_all();
                     }
                     return Next::Batch(reason);
                 }
                 Decision::Wait { until } => {
-                    if g.closed && g.outbox.is_empty() {
+                    if bulk_ready && bulk_room {
+                        return Next::Wake;
+                    }
+                    if g.closed && g.outbox.is_empty() && g.bulk.is_empty() {
                         return Next::Drained;
                     }
                     let step = if until.is_some() {
@@ -259,11 +553,37 @@ impl Lane {
     }
 }
 
+/// A lane of its own (1 MiB queues, 64 KiB frames and pieces), for the io layer's tests.
+#[cfg(test)]
+pub(crate) fn test_lane() -> std::sync::Arc<Lane> {
+    let b = batchwire_core::bundler::BundlerConfig::default().build();
+    std::sync::Arc::new(Lane::new(
+        LaneCfg {
+            capacity: 1 << 20,
+            frame_bytes: 1 << 16,
+            piece_bytes: 1 << 16,
+            charges_credit: true,
+            idle: IdleStrategy::default(),
+        },
+        b.as_ref(),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use batchwire_core::bundler::{BundlerConfig, BundlerKind};
     use std::sync::Arc;
+
+    pub(crate) fn cfg(capacity: usize) -> LaneCfg {
+        LaneCfg {
+            capacity,
+            frame_bytes: 64 << 10,
+            piece_bytes: 64 << 10,
+            charges_credit: true,
+            idle: IdleStrategy::default(),
+        }
+    }
 
     fn lane(kind: BundlerKind, cap: usize) -> (Lane, Box<dyn Bundler>) {
         let b = BundlerConfig {
@@ -271,20 +591,35 @@ mod tests {
             ..Default::default()
         }
         .build();
-        (
-            Lane::new(cap, b.as_ref(), 64 << 10, IdleStrategy::default()),
-            b,
+        (Lane::new(cfg(cap), b.as_ref()), b)
+    }
+
+    /// The peer's SYNC announced a window too large to matter.
+    fn open_credit(l: &Lane) {
+        l.sync_credit(0, 1 << 40, 1 << 40, &mut NameMap::default());
+    }
+
+    fn push_to(
+        l: &Lane,
+        to: &'static str,
+        p: Bytes,
+        bulk: bool,
+        block: bool,
+    ) -> Result<(), PushError> {
+        l.push(
+            Outgoing {
+                dest: 0,
+                to: &Name::from_static(to),
+                from: &Name::from_static("f"),
+                payload: &p,
+                bulk,
+            },
+            block,
         )
     }
 
     fn push(l: &Lane, n: u8, block: bool) -> Result<(), PushError> {
-        l.push(
-            0,
-            &Name::from_static("to"),
-            &Name::from_static("f"),
-            &[n; 10],
-            block,
-        )
+        push_to(l, "to", Bytes::from(vec![n; 10]), false, block)
     }
 
     #[test]
@@ -295,6 +630,100 @@ mod tests {
         push(&l, 2, false).unwrap();
         assert_eq!(push(&l, 3, false), Err(PushError::Full));
         assert_eq!(l.high_water.load(Ordering::Relaxed), 55);
+        assert_eq!(
+            l.credit_stalls.load(Ordering::Relaxed),
+            0,
+            "room, not credit"
+        );
+    }
+
+    #[test]
+    fn used_up_credit_holds_back_only_its_mailbox() {
+        let (l, _) = lane(BundlerKind::Natural, 1 << 30);
+        let window = l.credit_window();
+        let big = Bytes::from(vec![0; 1000]);
+        let mut n = 0;
+        while push_to(&l, "slow", big.clone(), false, false).is_ok() {
+            n += 1;
+        }
+        assert!(n as u64 >= window / 1024, "{n} admitted");
+        assert_eq!(l.credit_stalls.load(Ordering::Relaxed), 1);
+        push_to(&l, "other", big.clone(), false, false).unwrap();
+        // A grant reopens it, and wakes a sender waiting for it.
+        let l = Arc::new(l);
+        let l2 = l.clone();
+        let t =
+            std::thread::spawn(move || push_to(&l2, "slow", Bytes::from_static(b"x"), false, true));
+        std::thread::sleep(Duration::from_millis(20));
+        l.grant(&[(Name::from_static("slow"), window)]);
+        assert_eq!(t.join().unwrap(), Ok(()));
+    }
+
+    #[test]
+    fn large_and_bulk_messages_go_in_pieces_and_their_pair_follows_them() {
+        let (l, mut b) = lane(BundlerKind::Natural, 1 << 30);
+        open_credit(&l);
+        push_to(&l, "m", Bytes::from(vec![1; 200 << 10]), false, false).unwrap();
+        push_to(&l, "m", Bytes::from_static(b"after"), false, false).unwrap();
+        push_to(&l, "other", Bytes::from_static(b"ordinary"), false, false).unwrap();
+        push_to(&l, "m2", Bytes::from_static(b"small bulk"), true, false).unwrap();
+        assert_eq!(l.queued(), 4);
+        let mut batch = Batch::default();
+        assert_eq!(
+            l.next_batch(b.as_mut(), l.epoch(), &mut batch, true),
+            Next::Batch(FlushReason::Drained)
+        );
+        assert_eq!(batch.messages(), 1, "only the ordinary one");
+        let mut pieces = Vec::new();
+        while let Some(p) = l.next_piece() {
+            pieces.push((p.to.to_string(), p.offset, p.len));
+            l.advance_piece(p.serial, 0);
+        }
+        assert_eq!(
+            pieces.len(),
+            6,
+            "four pieces of 64 KiB and two small: {pieces:?}"
+        );
+        assert_eq!(
+            pieces[4],
+            ("m".to_string(), 0, 5),
+            "the pair's next message, after"
+        );
+        assert_eq!(pieces[5].0, "m2");
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn while_a_piece_is_ready_a_batch_is_capped_and_a_parked_writer_wakes_for_it() {
+        let (l, mut b) = lane(BundlerKind::Natural, 1 << 30);
+        open_credit(&l);
+        for _ in 0..10_000 {
+            push_to(&l, "m", Bytes::from(vec![0; 100]), false, false).unwrap();
+        }
+        push_to(&l, "m2", Bytes::from(vec![0; 10]), true, false).unwrap();
+        let mut batch = Batch::default();
+        l.next_batch(b.as_mut(), l.epoch(), &mut batch, true);
+        assert_eq!(
+            batch.messages(),
+            10_000,
+            "the piece waits for what was queued before it"
+        );
+        assert!(l.bulk_ready());
+        for _ in 0..10_000 {
+            push_to(&l, "m", Bytes::from(vec![0; 100]), false, false).unwrap();
+        }
+        l.next_batch(b.as_mut(), l.epoch(), &mut batch, true);
+        assert!(
+            batch.buf.len() <= ORDINARY_WEIGHT * (64 << 10) + (64 << 10),
+            "capped"
+        );
+        // Nothing ordinary left to take, a piece ready and room: the writer does not park.
+        let (l, mut b) = lane(BundlerKind::Natural, 1 << 30);
+        push_to(&l, "m2", Bytes::from(vec![0; 10]), true, false).unwrap();
+        assert_eq!(
+            l.next_batch(b.as_mut(), l.epoch(), &mut batch, true),
+            Next::Wake
+        );
     }
 
     #[test]
@@ -305,23 +734,26 @@ mod tests {
         }
         let mut b = Batch::default();
         assert_eq!(
-            l.next_batch(none.as_mut(), 0, &mut b),
+            l.next_batch(none.as_mut(), 0, &mut b, true),
             Next::Batch(FlushReason::Single)
         );
         assert_eq!(b.messages(), 1);
         let mut nat = BundlerConfig::default().build();
         assert_eq!(
-            l.next_batch(nat.as_mut(), 0, &mut b),
+            l.next_batch(nat.as_mut(), 0, &mut b, true),
             Next::Batch(FlushReason::Drained)
         );
         assert_eq!(b.messages(), 4);
         l.close();
         assert_eq!(
-            l.next_batch(nat.as_mut(), 0, &mut b),
+            l.next_batch(nat.as_mut(), 0, &mut b, true),
             Next::Wake,
             "closing wakes a consumer waiting on an older epoch"
         );
-        assert_eq!(l.next_batch(nat.as_mut(), l.epoch(), &mut b), Next::Drained);
+        assert_eq!(
+            l.next_batch(nat.as_mut(), l.epoch(), &mut b, true),
+            Next::Drained
+        );
         assert_eq!(push(&l, 9, true), Err(PushError::Closed));
     }
 
@@ -334,7 +766,7 @@ mod tests {
         let t = std::thread::spawn(move || push(&l2, 3, true).is_ok());
         std::thread::sleep(Duration::from_millis(20));
         let mut batch = Batch::default();
-        l.next_batch(b.as_mut(), 0, &mut batch);
+        l.next_batch(b.as_mut(), 0, &mut batch, true);
         assert!(t.join().unwrap());
         assert_eq!(l.queued(), 1);
         assert!(l.blocked_ns.load(Ordering::Relaxed) > 0);
@@ -345,17 +777,18 @@ mod tests {
         for level in [1, 5] {
             let b = BundlerConfig::default().build();
             let l = Arc::new(Lane::new(
-                1 << 20,
+                LaneCfg {
+                    idle: IdleStrategy::from_level(level).unwrap(),
+                    ..cfg(1 << 20)
+                },
                 b.as_ref(),
-                64 << 10,
-                IdleStrategy::from_level(level).unwrap(),
             ));
             let l2 = l.clone();
             let t = std::thread::spawn(move || {
                 let mut b = BundlerConfig::default().build();
                 let mut batch = Batch::default();
-                let first = l2.next_batch(b.as_mut(), 0, &mut batch);
-                let second = l2.next_batch(b.as_mut(), 0, &mut batch);
+                let first = l2.next_batch(b.as_mut(), 0, &mut batch, true);
+                let second = l2.next_batch(b.as_mut(), 0, &mut batch, true);
                 (first, second)
             });
             std::thread::sleep(Duration::from_millis(20));
@@ -372,22 +805,17 @@ mod tests {
 
     #[test]
     fn linger_writer_sleeps_until_the_deadline_or_max_size() {
-        let cfg = BundlerConfig {
+        let bc = BundlerConfig {
             kind: BundlerKind::Linger,
             max_size: 1000,
             max_delay: Duration::from_millis(30),
         };
-        let l = Lane::new(
-            1 << 20,
-            cfg.build().as_ref(),
-            64 << 10,
-            IdleStrategy::default(),
-        );
+        let l = Lane::new(cfg(1 << 20), bc.build().as_ref());
         push(&l, 1, false).unwrap();
         let t0 = Instant::now();
         let mut batch = Batch::default();
         assert_eq!(
-            l.next_batch(cfg.build().as_mut(), 0, &mut batch),
+            l.next_batch(bc.build().as_mut(), 0, &mut batch, true),
             Next::Batch(FlushReason::Timer)
         );
         assert!(t0.elapsed() >= Duration::from_millis(25));
@@ -395,7 +823,7 @@ mod tests {
             push(&l, i, false).unwrap();
         }
         assert_eq!(
-            l.next_batch(cfg.build().as_mut(), 0, &mut batch),
+            l.next_batch(bc.build().as_mut(), 0, &mut batch, true),
             Next::Batch(FlushReason::SizeReached)
         );
         assert_eq!(batch.messages(), 60);

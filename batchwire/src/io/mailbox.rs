@@ -1,23 +1,26 @@
 //! Named mailboxes' queues, and the registry of a node's mailboxes.
 //!
-//! A mailbox's queue is bounded in bytes. The connection reader pushes a whole frame's worth
-//! of messages for one mailbox under one lock (one wake-up per batch, not per message); when
-//! the mailbox is full the reader waits, stops reading its socket, and TCP flow control
-//! slows the senders down. Nothing is dropped. A waiting reader looks up every
-//! [`RECHECK`] whether to give up (its connection was replaced, the node is stopping).
+//! A mailbox's queue is bounded in bytes, two ways. Messages from other nodes are admitted
+//! by credit (see `batchwire_core::credit`): each sending node may have `mailbox_bytes` of
+//! them here at once, so a connection's reader hands what arrives over without ever waiting
+//! for the consumer, and a mailbox nobody reads holds back only its own senders. Each such
+//! message carries its credit ([`Held`]), given back to its sender as the application takes
+//! it. Messages from this node wait for room (or are refused with `try_send`) while the
+//! mailbox holds `mailbox_bytes` or more.
 
 use std::collections::VecDeque;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 
 use crate::address::Address;
 use crate::error::{Error, RecvError};
 use crate::io::NameHash;
+use crate::io::flow::Held;
 use batchwire_core::codec::Name;
 use batchwire_core::frame;
 use batchwire_core::idle::{IdleStep, IdleStrategy};
@@ -42,16 +45,10 @@ impl Envelope {
 /// Bytes a message counts against its mailbox's bound beyond its encoded size.
 const PER_MESSAGE: usize = 16;
 
-/// How often a pusher waiting for room looks up whether to give up.
-pub(crate) const RECHECK: Duration = Duration::from_millis(50);
-
-/// How a push waits for room.
-pub(crate) enum Wait<'a> {
+/// How a local push waits for room.
+pub(crate) enum Wait {
     /// Not at all: a full mailbox refuses.
     No,
-    /// Until there is room, the mailbox closes, or `give_up()` says so (checked every
-    /// [`RECHECK`]).
-    Until(&'a dyn Fn() -> bool),
     /// Until there is room or the mailbox closes (an application thread).
     Forever,
 }
@@ -61,7 +58,6 @@ pub(crate) enum Wait<'a> {
 pub(crate) enum Refused {
     Full,
     Closed,
-    GaveUp,
 }
 
 /// What a mailbox queue holds.
@@ -70,9 +66,14 @@ enum Item {
     /// buffer. They are decoded by the receiving thread, so the reference counts of the
     /// shared receive buffer are touched by that thread alone, not bounced between the
     /// connection reader and the application.
-    Run { from: Name, data: Bytes, left: u32 },
-    /// One message delivered locally.
-    One(Envelope),
+    Run {
+        from: Name,
+        data: Bytes,
+        left: u32,
+        held: Held,
+    },
+    /// One message: delivered locally, or reassembled from pieces (with its credit).
+    One(Envelope, Option<Held>),
 }
 
 struct Inner {
@@ -120,31 +121,23 @@ impl MailboxQueue {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queue an item, waiting for room as `wait` says (an item is admitted while the mailbox
-    /// holds fewer than `capacity` bytes, so one larger than the capacity still fits).
-    /// Gives the item back with the reason if it was not queued.
-    fn push(&self, item: Item, cost: usize, wait: Wait) -> Result<(), (Item, Refused)> {
+    /// Queue an item. A local one (`wait` is `Some`) is admitted while the mailbox holds
+    /// fewer than `capacity` bytes (so one larger than the capacity still fits), waiting for
+    /// room as `wait` says; one from another node (`None`) is admitted at once: its sender's
+    /// credit bounds it. Gives the item back with the reason if it was not queued.
+    // The refused item goes back to the caller by value (no allocation on the hot path).
+    #[allow(clippy::result_large_err)]
+    fn push(&self, item: Item, cost: usize, wait: Option<Wait>) -> Result<(), (Item, Refused)> {
         let mut g = self.lock();
-        while g.bytes >= self.capacity && !g.closed {
-            g.pushers_waiting += 1;
-            g = match wait {
-                Wait::No => {
-                    g.pushers_waiting -= 1;
+        if let Some(wait) = wait {
+            while g.bytes >= self.capacity && !g.closed {
+                if let Wait::No = wait {
                     return Err((item, Refused::Full));
                 }
-                Wait::Until(give_up) => {
-                    if give_up() {
-                        g.pushers_waiting -= 1;
-                        return Err((item, Refused::GaveUp));
-                    }
-                    self.not_full
-                        .wait_timeout(g, RECHECK)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0
-                }
-                Wait::Forever => self.not_full.wait(g).unwrap_or_else(|p| p.into_inner()),
-            };
-            g.pushers_waiting -= 1;
+                g.pushers_waiting += 1;
+                g = self.not_full.wait(g).unwrap_or_else(|p| p.into_inner());
+                g.pushers_waiting -= 1;
+            }
         }
         if g.closed {
             return Err((item, Refused::Closed));
@@ -161,22 +154,31 @@ impl MailboxQueue {
         Ok(())
     }
 
-    /// Queue a run of `count` validated, encoded messages from node `from` (the reader's
-    /// path), waiting as `wait` says.
+    /// Queue a run of `count` validated, encoded messages from node `from` (a connection
+    /// reader's path): never waits. `held` is the run's credit.
     pub fn push_run(
         &self,
         from: &Name,
         data: Bytes,
         count: u32,
-        wait: Wait,
+        held: Held,
     ) -> Result<(), Refused> {
         let cost = data.len() + PER_MESSAGE * count as usize;
         let item = Item::Run {
             from: from.clone(),
             data,
             left: count,
+            held,
         };
-        self.push(item, cost, wait).map_err(|(_, r)| r)
+        self.push(item, cost, None).map_err(|(_, r)| r)
+    }
+
+    /// Queue one whole message from another node (reassembled from pieces, or sent in one
+    /// piece): never waits. `held` is its credit.
+    pub fn push_remote(&self, e: Envelope, held: Held) -> Result<(), Refused> {
+        let cost = e.payload.len() + e.from.mailbox.len() + PER_MESSAGE;
+        self.push(Item::One(e, Some(held)), cost, None)
+            .map_err(|(_, r)| r)
     }
 
     /// Queue one message (the local path), waiting for room if `block`. Gives it back with
@@ -184,9 +186,9 @@ impl MailboxQueue {
     pub fn push_one(&self, e: Envelope, block: bool) -> Result<(), (Envelope, Refused)> {
         let cost = e.payload.len() + e.from.mailbox.len() + PER_MESSAGE;
         let wait = if block { Wait::Forever } else { Wait::No };
-        self.push(Item::One(e), cost, wait)
+        self.push(Item::One(e, None), cost, Some(wait))
             .map_err(|(i, r)| match i {
-                Item::One(e) => (e, r),
+                Item::One(e, _) => (e, r),
                 Item::Run { .. } => unreachable!("pushed a One"),
             })
     }
@@ -202,21 +204,29 @@ impl MailboxQueue {
         }
     }
 
-    /// Move up to `max` messages from the queue to `out`; returns how many.
+    /// Move up to `max` messages from the queue to `out`; returns how many. Their credit
+    /// goes back to their senders.
     fn drain(g: &mut Inner, out: &mut Vec<Envelope>, max: usize) -> usize {
         let mut n = 0;
         let mut freed = 0;
         while n < max {
             let Some(front) = g.q.front_mut() else { break };
             match front {
-                Item::One(_) => {
-                    if let Some(Item::One(e)) = g.q.pop_front() {
+                Item::One(..) => {
+                    if let Some(Item::One(e, held)) = g.q.pop_front() {
                         freed += e.payload.len() + e.from.mailbox.len() + PER_MESSAGE;
                         out.push(e);
+                        drop(held);
                         n += 1;
                     }
                 }
-                Item::Run { from, data, left } => {
+                Item::Run {
+                    from,
+                    data,
+                    left,
+                    held,
+                } => {
+                    let (mut taken, mut k) = (0, 0);
                     while n < max && *left > 0 {
                         let Some((mailbox, payload, used)) = frame::next_message(data) else {
                             *left = 0;
@@ -229,15 +239,19 @@ impl MailboxQueue {
                             },
                             payload,
                         });
-                        freed += used + PER_MESSAGE;
+                        taken += used;
+                        k += 1;
                         *left -= 1;
                         n += 1;
                     }
+                    freed += taken + PER_MESSAGE * k;
                     if *left == 0 {
                         // Whatever the run's cost was beyond what was counted (nothing, for
-                        // a well-formed run) is released with it.
+                        // a well-formed run) is released with it, and so is its credit.
                         freed += data.len();
                         g.q.pop_front();
+                    } else {
+                        held.release(taken as u64);
                     }
                 }
             }
@@ -327,7 +341,7 @@ impl MailboxQueue {
             .q
             .iter()
             .map(|i| match i {
-                Item::One(_) => 1,
+                Item::One(..) => 1,
                 Item::Run { left, .. } => *left as usize,
             })
             .sum()
@@ -423,6 +437,7 @@ impl Mailboxes {
 mod tests {
     use super::*;
     use batchwire_core::frame::{Message, MessageList};
+    use std::time::Duration;
 
     fn env(i: u8) -> Envelope {
         Envelope {
@@ -458,13 +473,12 @@ mod tests {
             .collect();
         let list = MessageList::from_messages(&msgs);
         let (_, range, n) = list.runs().next().unwrap();
-        q.push_run(
-            &Name::from_static("peer"),
-            list.body().slice(range),
-            n,
-            Wait::No,
-        )
-        .unwrap();
+        let flow = crate::io::flow::testing::flow();
+        let data = list.body().slice(range);
+        let held = Held::new(flow.clone(), q.name.clone(), data.len() as u64);
+        flow.charge(&q.name, data.len() as u64).unwrap();
+        q.push_run(&Name::from_static("peer"), data, n, held)
+            .unwrap();
         q.push_one(env(9), true).unwrap();
         assert_eq!(q.len(), 6);
         let mut out = Vec::new();
@@ -478,6 +492,7 @@ mod tests {
         assert_eq!(got[4], ("s4@peer".to_string(), 4));
         assert_eq!(got[5], ("m@n".to_string(), 9));
         assert_eq!(q.lock().bytes, 0);
+        assert_eq!(flow.held(b"m"), 0, "all the credit went back");
     }
 
     #[test]
@@ -514,27 +529,34 @@ mod tests {
     }
 
     #[test]
-    fn a_waiting_reader_gives_up_when_told_within_the_recheck() {
+    fn messages_from_other_nodes_never_wait_and_their_credit_comes_back_as_taken() {
         let q = q(10);
         q.push_one(env(0), false).unwrap();
-        let stop = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let t = s.spawn(|| {
-                let t0 = Instant::now();
-                let r = q.push_run(
-                    &Name::from_static("p"),
-                    Bytes::from_static(b"x"),
-                    1,
-                    Wait::Until(&|| stop.load(std::sync::atomic::Ordering::Relaxed)),
-                );
-                (r, t0.elapsed())
-            });
-            std::thread::sleep(Duration::from_millis(30));
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            let (r, waited) = t.join().unwrap();
-            assert_eq!(r, Err(Refused::GaveUp));
-            assert!(waited < Duration::from_secs(2), "{waited:?}");
-        });
+        assert!(q.push_one(env(1), false).is_err(), "full for local senders");
+        let flow = crate::io::flow::testing::flow();
+        let msgs: Vec<_> = (0..4u8)
+            .map(|i| Message {
+                to: Name::from_static("m"),
+                from: Name::from_static("s"),
+                payload: Bytes::from(vec![i; 10]),
+            })
+            .collect();
+        let list = MessageList::from_messages(&msgs);
+        let total = list.body().len() as u64;
+        flow.charge(&q.name, total).unwrap();
+        let held = Held::new(flow.clone(), q.name.clone(), total);
+        // Full, and yet admitted at once: the sender's credit bounds it.
+        q.push_run(&Name::from_static("p"), list.body().clone(), 4, held)
+            .unwrap();
+        let mut out = Vec::new();
+        q.take(&mut out, 3, None).unwrap();
+        assert_eq!(
+            flow.held(b"m"),
+            total / 2,
+            "the local one and two of the run taken"
+        );
+        drop(q);
+        assert_eq!(flow.held(b"m"), 0, "dropped with the mailbox: given back");
     }
 
     #[test]

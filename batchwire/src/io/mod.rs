@@ -19,6 +19,7 @@ pub(crate) mod bundle;
 pub(crate) mod conn;
 pub(crate) mod dial;
 pub(crate) mod events;
+pub(crate) mod flow;
 pub(crate) mod lane;
 pub(crate) mod link;
 pub(crate) mod mailbox;
@@ -52,33 +53,21 @@ pub(crate) fn pause(step: batchwire_core::idle::IdleStep) {
     }
 }
 
+/// How a (validated) configuration makes a lane: a peer's own (which charges credit
+/// toward its mailboxes), or the shared transfer-queue one (`charges_credit` false).
+pub(crate) fn lane_cfg(cfg: &NodeConfig, charges_credit: bool) -> lane::LaneCfg {
+    lane::LaneCfg {
+        capacity: cfg.send_queue_bytes,
+        frame_bytes: cfg.frame_bytes,
+        piece_bytes: cfg.fragment_bytes,
+        charges_credit,
+        idle: idle_strategy(cfg),
+    }
+}
+
 /// The idle strategy of a (validated) configuration.
 pub(crate) fn idle_strategy(cfg: &NodeConfig) -> IdleStrategy {
     IdleStrategy::from_level(cfg.idle_cpu_level).unwrap_or_default()
 }
 
-/// FNV-1a: node and mailbox names are short, and SipHash showed up in profiles of the send
-/// path. The maps are keyed by names this node chose or authenticated peers sent (at most
-/// `max_peers` peers); names from the network are only looked up, never inserted.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct NameHash;
-
-impl std::hash::BuildHasher for NameHash {
-    type Hasher = Fnv;
-    fn build_hasher(&self) -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-pub(crate) struct Fnv(u64);
-
-impl std::hash::Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-}
+pub(crate) use batchwire_core::codec::NameHash;

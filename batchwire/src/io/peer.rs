@@ -1,5 +1,6 @@
 //! A peer's handles: its session (the protocol state, locked once per batch and never
-//! across a wait), its lane, its current connection, and the counters.
+//! across a wait), its lane, its current connection, its receive-side credit (`Flow`) and
+//! reassembly, and the counters.
 //!
 //! Every call into the session goes through [`Peer::session`], which afterwards acts on what
 //! the session says: events are reported (a peer down also fails what is still queued for
@@ -13,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use batchwire_core::codec::Name;
 use batchwire_core::frame::{self, Frame, Message, Undeliverable};
-use batchwire_core::outbox::{Batch, Dest};
+use batchwire_core::outbox::Dest;
+use batchwire_core::reassembly::{Abandoned, Reassembly};
 use batchwire_core::session::{FailReason, PeerState, Session, SessionEvent};
 use bytes::BytesMut;
 use tracing::{info, warn};
@@ -22,6 +24,7 @@ use crate::address::Address;
 use crate::event::{Event, FailedMessage};
 use crate::io::conn::Conn;
 use crate::io::events::Events;
+use crate::io::flow::Flow;
 use crate::io::lane::Lane;
 use crate::io::timer::Timer;
 use crate::stats::PeerCounters;
@@ -77,8 +80,13 @@ pub(crate) struct Peer {
     pub name: Name,
     ctx: Arc<PeerCtx>,
     session: Mutex<Session>,
-    /// Messages for this peer (per-peer bundlers), and its writer's wake-ups.
+    /// Messages for this peer (ordinary ones with per-peer bundlers, bulk ones always), its
+    /// credit toward the peer's mailboxes, and its writer's wake-ups.
     pub lane: Arc<Lane>,
+    /// The credit of the peer's messages in this node's mailboxes.
+    pub flow: Arc<Flow>,
+    /// The peer's messages in pieces (its readers, one at a time: the delivery turn).
+    reassembly: Mutex<Reassembly>,
     conn: Mutex<Option<Arc<Conn>>>,
     /// Held by the reader delivering a frame, so two readers of this peer (a replaced
     /// connection's and its successor's) never interleave their deliveries.
@@ -90,6 +98,8 @@ pub(crate) struct Peer {
     state: AtomicU8,
     /// The session's window is full (transfer-queue senders wait on `room` meanwhile).
     window_full: AtomicBool,
+    /// The session has room for another piece (the writer reads it every round).
+    bulk_room: AtomicBool,
     room: Condvar,
     room_lock: Mutex<()>,
     notices: Mutex<Notices>,
@@ -122,18 +132,28 @@ fn state_code(s: PeerState) -> u8 {
 }
 
 impl Peer {
-    pub fn new(id: Dest, name: Name, ctx: Arc<PeerCtx>, session: Session, lane: Arc<Lane>) -> Peer {
+    pub fn new(
+        id: Dest,
+        name: Name,
+        ctx: Arc<PeerCtx>,
+        session: Session,
+        lane: Arc<Lane>,
+        flow: Arc<Flow>,
+    ) -> Peer {
         Peer {
             id,
             name,
             ctx,
             session: Mutex::new(session),
             lane,
+            flow,
+            reassembly: Mutex::new(Reassembly::default()),
             conn: Mutex::new(None),
             delivery: Mutex::new(()),
             dispatching: Mutex::new(()),
             state: AtomicU8::new(0),
             window_full: AtomicBool::new(false),
+            bulk_room: AtomicBool::new(true),
             room: Condvar::new(),
             room_lock: Mutex::new(()),
             notices: Mutex::new(Notices::default()),
@@ -147,23 +167,29 @@ impl Peer {
     pub fn session<R>(&self, f: impl FnOnce(&mut Session, Instant) -> R) -> R {
         let mut s = self.session.lock().unwrap_or_else(|p| p.into_inner());
         let due = |s: &Session| s.current().is_some_and(|c| s.control_due(c));
-        let (due_before, full_before, empty_before, delivering_before) = (
+        let (due_before, full_before, empty_before, delivering_before, bulk_before) = (
             due(&s),
             s.window_full(),
             s.window_messages() == 0,
             s.delivering(),
+            s.bulk_room(),
         );
         let now = Instant::now();
         let r = f(&mut s, now);
         let events: Vec<SessionEvent> = std::iter::from_fn(|| s.poll_event()).collect();
         let deadline = s.poll_timeout();
-        let (due_after, full_after, empty_after) =
-            (due(&s), s.window_full(), s.window_messages() == 0);
+        let (due_after, full_after, empty_after, bulk_after) = (
+            due(&s),
+            s.window_full(),
+            s.window_messages() == 0,
+            s.bulk_room(),
+        );
         // A writer waiting to say goodbye waits for a delivery in progress to end.
         let delivered = delivering_before && !s.delivering() && s.is_closing();
         // The mirrors are written under the lock, so they follow the session's order.
         self.state.store(state_code(s.state()), Ordering::Release);
         self.window_full.store(full_after, Ordering::Release);
+        self.bulk_room.store(bulk_after, Ordering::Release);
         let _order = (!events.is_empty())
             .then(|| self.dispatching.lock().unwrap_or_else(|p| p.into_inner()));
         drop(s);
@@ -173,6 +199,7 @@ impl Peer {
         if (due_after && !due_before)
             || (full_before && !full_after)
             || (empty_after && !empty_before)
+            || (bulk_after && !bulk_before)
             || delivered
         {
             self.lane.poke();
@@ -190,6 +217,7 @@ impl Peer {
         let node = &self.ctx.node;
         match e {
             SessionEvent::Up { incarnation } => {
+                self.lane.set_down(false);
                 info!(node = %node, peer = %self.name, incarnation, "peer up");
                 self.ctx.events.emit(Event::PeerUp {
                     peer: self.name.to_string(),
@@ -198,6 +226,9 @@ impl Peer {
             }
             SessionEvent::Restarted { incarnation } => {
                 info!(node = %node, peer = %self.name, incarnation, "peer restarted (new incarnation)");
+                // Nothing it had in pieces will continue.
+                let gone = self.lock_reassembly().clear();
+                self.abandon(gone);
             }
             SessionEvent::Down { reason } => {
                 warn!(node = %node, peer = %self.name, %reason, "peer declared down");
@@ -205,7 +236,9 @@ impl Peer {
                     peer: self.name.to_string(),
                     reason,
                 });
-                // What is still queued for it can only go to it: hand it back too.
+                // What is still queued for it can only go to it: hand it back too, and
+                // refuse (and wake) senders waiting for room or credit toward it.
+                self.lane.set_down(true);
                 self.fail_queued(FailReason::Down(reason));
                 self.wake_senders();
             }
@@ -221,10 +254,25 @@ impl Peer {
 
     /// Hand back everything queued in this peer's lane as failed.
     pub fn fail_queued(&self, reason: FailReason) {
-        let mut b = Batch::default();
-        self.lane.take_all(&mut b);
-        let frames = b.message_frames();
-        self.report_failed(decode_frames(frames.iter().map(|f| f.0)), reason);
+        let (msgs, in_pieces) = self.lane.take_failed();
+        if in_pieces {
+            self.session(|s, _| s.give_up_pieces());
+        }
+        self.report_failed(msgs, reason);
+    }
+
+    /// The peer's messages in pieces (the caller has the delivery turn).
+    pub fn lock_reassembly(&self) -> MutexGuard<'_, Reassembly> {
+        self.reassembly.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Messages the peer gave up in pieces: what they charged goes back to it.
+    pub fn abandon(&self, gone: Vec<Abandoned>) {
+        for a in gone {
+            if a.kept {
+                self.flow.release(a.to.as_bytes(), a.charged);
+            }
+        }
     }
 
     /// Count, log and report messages that will never be delivered, with their payloads.
@@ -266,6 +314,11 @@ impl Peer {
     /// Whether the send window is full (no lock).
     pub fn window_full(&self) -> bool {
         self.window_full.load(Ordering::Acquire)
+    }
+
+    /// Whether the session has room for another piece (no lock).
+    pub fn bulk_room(&self) -> bool {
+        self.bulk_room.load(Ordering::Acquire)
     }
 
     /// Transfer-queue: wait until the window has room, the peer is down or `stop()` says
@@ -408,9 +461,7 @@ pub(crate) fn decode_frames<'a>(frames: impl Iterator<Item = &'a [u8]>) -> Vec<M
 pub(crate) mod testing {
     use super::*;
     use crate::io::link::Link;
-    use batchwire_core::bundler::BundlerConfig;
     use batchwire_core::frame::Resume;
-    use batchwire_core::idle::IdleStrategy;
     use batchwire_core::session::SessionConfig;
 
     /// A peer "p" of a node "me", with a session of `cfg`.
@@ -421,15 +472,17 @@ pub(crate) mod testing {
             timer: Timer::new(),
             conns: ConnWatch::default(),
         });
-        let b = BundlerConfig::default().build();
-        let lane = Arc::new(Lane::new(
-            1 << 20,
-            b.as_ref(),
-            1 << 16,
-            IdleStrategy::default(),
-        ));
+        let lane = crate::io::lane::test_lane();
+        let flow = Arc::new(Flow::new(1 << 20, 1 << 20, lane.clone()));
         let session = Session::new(cfg, Instant::now());
-        Arc::new(Peer::new(0, Name::from_static("p"), ctx, session, lane))
+        Arc::new(Peer::new(
+            0,
+            Name::from_static("p"),
+            ctx,
+            session,
+            lane,
+            flow,
+        ))
     }
 
     /// Connect `peer`'s session (both RESUMEs from scratch) over `link` and make it the
@@ -437,8 +490,7 @@ pub(crate) mod testing {
     pub fn connect(peer: &Peer, link: Link) -> Arc<Conn> {
         let id = peer.session(|s, now| {
             let (id, _) = s.handle_connect(now, 1);
-            s.handle_resume(now, id, Resume { next: 0, base: 0 })
-                .unwrap();
+            s.handle_resume(now, id, Resume::FRESH).unwrap();
             id
         });
         let conn = Arc::new(Conn::new(id, Arc::new(link)));

@@ -1,27 +1,36 @@
 //! A connection's reader: frames off the socket into the session and the mailboxes.
 //!
 //! Messages are delivered a run at a time (consecutive messages for one mailbox: one lock,
-//! at most one wake-up). When a mailbox is full the reader waits for room without holding
-//! anything another thread needs: the session knows it is paused (so the peer's silence
-//! meanwhile is not held against it), the writer goes on sending acknowledgements and
-//! heartbeats, and the wait gives up within a recheck if this connection is replaced or
-//! closed. What was delivered is committed to the session; the rest comes again on the next
-//! connection and is delivered then, exactly once.
+//! at most one wake-up), and **never wait for a consumer**: each is charged to its
+//! mailbox's credit for this peer (see `batchwire_core::credit`), which the sender
+//! respected, so it fits. A peer that sends past its credit broke the protocol. Pieces of
+//! large messages are reassembled (each charged as it arrives) and delivered whole.
+//!
+//! The reader also applies what the peer says about credit toward *its* mailboxes: CREDIT
+//! grants and SYNC recounts go to this peer's lane, where senders wait for them. And it
+//! takes this side's SYNC snapshots: when the connection starts (so the first thing the
+//! writer sends is where credit stands) and whenever the accounts ask for one, always
+//! between two frames with the delivery turn, so that the snapshot covers exactly the
+//! messages below its sequence number. What was delivered is committed to the session;
+//! the rest comes again on the next connection and is delivered then, exactly once.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use batchwire_core::codec::Name;
-use batchwire_core::frame::{self, Frame, MessageList};
+use batchwire_core::codec::{Name, NameMap};
+use batchwire_core::frame::{self, Fragment, Frame, MessageList, Sync};
 use batchwire_core::handshake::HandshakeError;
-use bytes::BytesMut;
+use batchwire_core::reassembly::Added;
+use bytes::{Bytes, BytesMut};
 use tracing::warn;
 
 use crate::address::Address;
 use crate::event::Event;
 use crate::io::conn::{Conn, LinkError};
 use crate::io::events::Events;
-use crate::io::mailbox::{MailboxQueue, Mailboxes, Refused, Wait};
+use crate::io::flow::Held;
+use crate::io::lane::Lane;
+use crate::io::mailbox::{Envelope, MailboxQueue, Mailboxes};
 use crate::io::peer::Peer;
 
 /// What a reader uses.
@@ -30,13 +39,19 @@ pub(crate) struct Reader<'a> {
     pub conn: &'a Conn,
     pub mailboxes: &'a Mailboxes,
     pub events: &'a Events,
+    /// With transfer-queue: the shared lane (part of a SYNC recount).
+    pub shared: Option<&'a Lane>,
     pub max_frame: usize,
+    pub max_payload: u64,
     pub read_bytes: usize,
 }
 
 impl Reader<'_> {
     /// Read frames and act on them until the peer says goodbye (`Ok`) or something breaks.
     pub fn run(&self, mut buf: BytesMut) -> Result<(), LinkError> {
+        // Where credit stands, as of what was delivered before this connection: the first
+        // thing this side says on it (after RESUME).
+        self.snapshot();
         let mut cache: Option<Arc<MailboxQueue>> = None;
         let mut drained = false;
         loop {
@@ -62,6 +77,21 @@ impl Reader<'_> {
         }
     }
 
+    /// Take a SYNC snapshot between two deliveries.
+    fn snapshot(&self) {
+        let _turn = self.peer.delivery_turn();
+        let next = self.peer.session(|s, _| s.recv_next());
+        self.peer.flow.snapshot(next);
+    }
+
+    /// After a delivery (with the turn): a snapshot if the accounts asked for one.
+    fn snapshot_if_asked(&self) {
+        if self.peer.flow.wants_sync() {
+            let next = self.peer.session(|s, _| s.recv_next());
+            self.peer.flow.snapshot(next);
+        }
+    }
+
     /// Act on one frame. Returns true on GOODBYE.
     fn handle(
         &self,
@@ -71,15 +101,24 @@ impl Reader<'_> {
         let (peer, id) = (self.peer, self.conn.id);
         match frame {
             Frame::Messages(list) => self.deliver(list, cache)?,
+            Frame::Fragment(f) => self.piece(f)?,
             Frame::Ack(next) => {
                 let acked = peer.session(|s, now| s.handle_ack(now, id, next))?;
                 peer.stats.acked.fetch_add(acked, Relaxed);
             }
+            Frame::Credit(c) => {
+                // Grants written on a connection that was replaced are stale: the SYNC on
+                // its successor recounts them.
+                if peer.session(|s, _| s.current() == Some(id)) {
+                    peer.lane.grant(&c.grants);
+                }
+            }
+            Frame::Sync(sy) => self.recount(sy),
             Frame::Undeliverable(u) => {
                 peer.stats
                     .undeliverable_reported
                     .fetch_add(u.count as u64, Relaxed);
-                warn!(peer = %peer.name, mailbox = %u.to, from = %u.from, count = u.count, "peer reports messages undeliverable: no such mailbox (\"\" sums more names than it reports one by one)");
+                warn!(peer = %peer.name, mailbox = %u.to, from = %u.from, count = u.count, "peer reports messages undeliverable: no such mailbox, or too large (\"\" sums more names than it reports one by one)");
                 self.events.emit(Event::Undeliverable {
                     to: Address {
                         node: peer.name.clone(),
@@ -108,6 +147,26 @@ impl Reader<'_> {
         Ok(false)
     }
 
+    /// The peer's SYNC: recount each of its mailboxes' charges as held there, plus what
+    /// this node has in flight from the SYNC's `next` on, plus what is still queued (the
+    /// window first, then the queues: a message moving between them meanwhile is missed,
+    /// never counted twice).
+    fn recount(&self, sy: Sync) {
+        let peer = self.peer;
+        let mut totals: NameMap<u64> = NameMap::default();
+        for (name, held) in &sy.held {
+            *totals.entry(name.detached()).or_default() += held;
+        }
+        peer.session(|s, _| {
+            s.charges_from(sy.next, |to, b| *totals.entry(to.clone()).or_default() += b)
+        });
+        if let Some(shared) = self.shared {
+            shared.charges_for(peer.id, &mut totals);
+        }
+        peer.lane
+            .sync_credit(peer.id, sy.window, sy.max_payload, &mut totals);
+    }
+
     /// Deliver a frame's messages, in runs, and commit how far it got.
     fn deliver(
         &self,
@@ -134,69 +193,143 @@ impl Reader<'_> {
             }
             let data = list.body().slice(range);
             let len = data.len();
-            let pushed = match cache.as_ref() {
-                Some(mb) => self.push(mb, data.clone(), count),
-                None => Err(Refused::Closed),
-            };
-            match pushed {
-                Ok(()) => {}
-                Err(Refused::GaveUp) => {
-                    result = Err(LinkError::Replaced);
-                    break;
+            match cache.as_ref() {
+                Some(mb) => {
+                    // Past its credit: a violation, and nothing of this run is delivered.
+                    if let Err(e) = peer.flow.charge(&mb.name, len as u64) {
+                        result = Err(e.into());
+                        break;
+                    }
+                    let held = Held::new(peer.flow.clone(), mb.name.clone(), len as u64);
+                    if mb.push_run(&peer.name, data.clone(), count, held).is_err() {
+                        // Dropped meanwhile (its credit went back with the refused run).
+                        *cache = None;
+                        self.undeliverable(to, data, false);
+                    }
                 }
-                // No such mailbox (or it was dropped meanwhile): counted and reported.
-                Err(_) => {
-                    *cache = None;
-                    self.undeliverable(to, data);
-                }
+                // No such mailbox: counted, reported, and its credit given back.
+                None => self.undeliverable(to, data, true),
             }
             upto += count as u64;
             bytes += len;
         }
         peer.session(|s, now| s.end_delivery(now, d, upto, bytes));
+        self.snapshot_if_asked();
         result
     }
 
-    /// Push a run; when the mailbox is full, wait for room as a paused reader.
-    fn push(&self, mb: &MailboxQueue, data: bytes::Bytes, count: u32) -> Result<(), Refused> {
-        match mb.push_run(&self.peer.name, data.clone(), count, Wait::No) {
-            Err(Refused::Full) => {}
-            other => return other,
+    /// A piece of a large message: reassemble it (charging it to its mailbox as it comes)
+    /// and deliver the message whole once its last piece is in.
+    fn piece(&self, f: Fragment) -> Result<(), LinkError> {
+        let (peer, conn) = (self.peer, self.conn);
+        let _turn = peer.delivery_turn();
+        let Some(d) = peer.session(|s, _| s.begin_delivery(conn.id, f.seq, 1))? else {
+            return Err(LinkError::Replaced);
+        };
+        peer.stats.fragments_received.fetch_add(1, Relaxed);
+        let result = if d.skip == 0 {
+            self.add_piece(&f)
+        } else {
+            Ok(())
+        };
+        // A piece that does not add up is not committed (nothing of it was kept).
+        let upto = if result.is_ok() { d.end } else { d.first };
+        peer.session(|s, now| s.end_delivery(now, d, upto, f.data.len()));
+        self.snapshot_if_asked();
+        result
+    }
+
+    fn add_piece(&self, f: &Fragment) -> Result<(), LinkError> {
+        let peer = self.peer;
+        let mut r = peer.lock_reassembly();
+        let too_large = f.total > self.max_payload;
+        let keep = r.keeps(f, || {
+            !too_large && self.mailboxes.get(f.to.as_bytes()).is_some()
+        });
+        let charge = f.charge();
+        if keep {
+            peer.flow.charge(&f.to, charge)?;
         }
-        self.peer.session(|s, now| s.set_paused(now, true));
-        let conn = self.conn;
-        let r = mb.push_run(
-            &self.peer.name,
-            data,
-            count,
-            Wait::Until(&|| conn.is_closed()),
-        );
-        self.peer.session(|s, now| s.set_paused(now, false));
-        r
+        let added = match r.add(f, keep) {
+            Ok(a) => a,
+            Err(e) => {
+                if keep {
+                    peer.flow.uncharge(&f.to, charge);
+                }
+                return Err(e.into());
+            }
+        };
+        drop(r);
+        if !keep {
+            peer.flow.dropped(&f.to, charge);
+        }
+        let Added::Complete {
+            to,
+            from,
+            payload,
+            kept,
+            charged,
+        } = added
+        else {
+            return Ok(());
+        };
+        if !kept {
+            if too_large {
+                warn!(peer = %peer.name, mailbox = %to, bytes = f.total, max = self.max_payload, "message larger than this node's max_payload dropped; reported to the sender as undeliverable");
+            }
+            self.report_missing(&to, &from, 1);
+            peer.stats.messages_received.fetch_add(1, Relaxed);
+            return Ok(());
+        }
+        peer.stats.messages_received.fetch_add(1, Relaxed);
+        let held = Held::new(peer.flow.clone(), to.clone(), charged);
+        let e = Envelope {
+            from: Address {
+                node: peer.name.clone(),
+                mailbox: from.clone(),
+            },
+            payload,
+        };
+        let pushed = match self.mailboxes.get(to.as_bytes()) {
+            Some(mb) => mb.push_remote(e, held).is_ok(),
+            // Dropped while the pieces came: its credit goes back with `held`.
+            None => false,
+        };
+        if !pushed {
+            self.report_missing(&to, &from, 1);
+        }
+        Ok(())
+    }
+
+    /// Count and report `count` messages from the peer's mailbox `from` that found no
+    /// mailbox `to` here.
+    fn report_missing(&self, to: &Name, from: &Name, count: u32) {
+        self.mailboxes.note_missing(to, &self.peer.name, count);
+        self.peer.report_undeliverable(to, from, count);
     }
 
     /// Report a run of messages for mailbox `to`, which does not exist: once per stretch
     /// of consecutive messages from one sender (the peer's notices are summed and bounded).
-    fn undeliverable(&self, to: &[u8], mut data: bytes::Bytes) {
+    /// With `credit`, their credit goes back to the peer too.
+    fn undeliverable(&self, to: &[u8], mut data: Bytes, credit: bool) {
         // Validated with the frame: UTF-8, at most 255 bytes.
         let to = Name::new(std::str::from_utf8(to).unwrap_or("")).unwrap_or(Name::from_static(""));
+        if credit {
+            self.peer.flow.dropped(&to, data.len() as u64);
+        }
         let mut stretch: Option<(Name, u32)> = None;
-        let report = |from: &Name, n: u32| {
-            self.mailboxes.note_missing(&to, &self.peer.name, n);
-            self.peer.report_undeliverable(&to, from, n);
-        };
         while let Some((from, _, _)) = frame::next_message(&mut data) {
             match &mut stretch {
                 Some((f, n)) if *f == from => *n += 1,
                 _ => {
                     if let Some((f, n)) = stretch.replace((from, 1)) {
-                        report(&f, n);
+                        self.report_missing(&to, &f, n);
                     }
                 }
             }
         }
         if let Some((f, n)) = stretch {
-            report(&f, n);
+            self.report_missing(&to, &f, n);
         }
     }
 }
@@ -221,38 +354,56 @@ mod tests {
     use crate::io::peer::testing;
     use batchwire_core::frame::Message;
     use batchwire_core::idle::IdleStrategy;
-    use batchwire_core::session::{PeerState, SessionConfig};
+    use batchwire_core::session::SessionConfig;
     use std::io::Write;
     use std::net::{TcpListener, TcpStream};
     use std::time::{Duration, Instant};
 
+    /// Decode the frames the writer would send for the flow.
+    fn flow_output(peer: &Peer) -> Vec<Frame> {
+        let mut out = Vec::new();
+        peer.flow.take_output(&mut out);
+        let mut b = BytesMut::from(&out[..]);
+        std::iter::from_fn(|| frame::decode(&mut b, 1 << 20).unwrap()).collect()
+    }
+
     #[test]
-    fn a_reader_waiting_for_a_full_mailbox_is_paused_and_gives_up_when_replaced() {
+    fn a_reader_never_waits_for_a_full_mailbox_and_credit_goes_back_as_it_is_read() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut theirs = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (ours, _) = l.accept().unwrap();
-        let timeout = Duration::from_millis(300);
-        let peer = testing::peer(SessionConfig {
-            peer_timeout: timeout,
-            heartbeat_interval: Duration::from_millis(100),
-            ..SessionConfig::default()
-        });
+        let peer = testing::peer(SessionConfig::default());
         let conn = testing::connect(&peer, Link::Plain(ours));
         let mailboxes = Mailboxes::default();
         let name = Name::from_static("inbox");
         let mb = mailboxes.get_or_insert(&name, || {
             MailboxQueue::new(name.clone(), 10, IdleStrategy::default())
         });
-        // Two frames of one message each: the first fills the mailbox, the second waits.
+        // Three frames of one message each, and one piece of a message in two pieces:
+        // the mailbox is full after the first, and all of it is handed over at once.
         let mut out = Vec::new();
-        for seq in 0..2u64 {
+        for seq in 0..3u64 {
             let mut list = MessageList::from_messages(&[Message {
                 to: name.clone(),
                 from: Name::from_static("x"),
-                payload: bytes::Bytes::from(vec![seq as u8; 50]),
+                payload: Bytes::from(vec![seq as u8; 50]),
             }]);
             list.first_seq = seq;
             Frame::Messages(list).encode(&mut out);
+        }
+        let big = Bytes::from(vec![7u8; 100]);
+        for (seq, off) in [(3u64, 0usize), (4, 60)] {
+            let end = (off + 60).min(100);
+            Frame::Fragment(Fragment {
+                seq,
+                id: 3,
+                total: 100,
+                offset: off as u64,
+                to: name.clone(),
+                from: Name::from_static("big"),
+                data: big.slice(off..end),
+            })
+            .encode(&mut out);
         }
         theirs.write_all(&out).unwrap();
         let events = Events::new(16);
@@ -263,28 +414,43 @@ mod tests {
                 conn: &c,
                 mailboxes: &m,
                 events: &events,
+                shared: None,
                 max_frame: 1 << 20,
+                max_payload: 1 << 20,
                 read_bytes: 1 << 16,
             }
             .run(BytesMut::new())
         });
-        // Long past the peer's timeout, and nothing heard: not down, the reader is paused.
-        std::thread::sleep(3 * timeout);
-        peer.session(|s, now| s.handle_timeout(now));
-        assert_eq!(peer.state(), PeerState::Up);
-        // The connection is replaced: the reader gives up within its recheck, and what it
-        // delivered (the first message) counts.
         let t0 = Instant::now();
-        conn.close();
-        let r = reader.join().unwrap();
-        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
-        assert!(matches!(r, Err(LinkError::Replaced)), "{r:?}");
-        assert_eq!(mb.len(), 1);
-        let (id2, resume) = peer.session(|s, now| s.handle_connect(now, 1));
+        while mb.len() < 4 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         assert_eq!(
-            resume.next, 1,
-            "the first message was delivered, the second will come again"
+            mb.len(),
+            4,
+            "all handed over without waiting for the consumer"
         );
-        let _ = id2;
+        let charged = 3 * (6 + 5 + 1 + 50) + (6 + 5 + 3 + 100);
+        assert_eq!(peer.flow.held(b"inbox"), charged);
+        // The writer's first word on the connection: where credit stood (nothing held).
+        let first = flow_output(&peer);
+        assert!(
+            matches!(&first[..], [Frame::Sync(s)] if s.next == 0 && s.held.is_empty()),
+            "{first:?}"
+        );
+        // The application takes everything: its credit is owed back, and goes as a grant.
+        let mut got = Vec::new();
+        mb.take(&mut got, 10, None).unwrap();
+        assert_eq!(got[3].payload, big, "the pieces, whole");
+        assert_eq!(peer.flow.held(b"inbox"), 0);
+        let grants = flow_output(&peer);
+        assert!(
+            matches!(&grants[..], [Frame::Credit(c)] if c.grants == [(name.clone(), charged)]),
+            "{grants:?}"
+        );
+        conn.close();
+        assert!(reader.join().unwrap().is_err());
+        let (_, resume) = peer.session(|s, now| s.handle_connect(now, 1));
+        assert_eq!(resume.next, 5, "every message and piece was committed");
     }
 }

@@ -26,23 +26,24 @@ use bytes::Bytes;
 use tracing::{debug, info, warn};
 
 use crate::address::{Address, node_name};
+use crate::class::Class;
 use crate::config::NodeConfig;
 use crate::error::Error;
 use crate::event::Event;
 use crate::io::bundle::run_bundler;
 use crate::io::dial::run_dialer;
 use crate::io::events::Events;
-use crate::io::lane::{Lane, PushError};
+use crate::io::lane::{Lane, Outgoing, PushError};
 use crate::io::link::TlsConfigs;
 use crate::io::mailbox::{Envelope, MailboxQueue, Mailboxes, Refused};
-use crate::io::peer::{ConnWatch, PeerCtx};
+use crate::io::peer::{ConnWatch, Peer, PeerCtx};
 use crate::io::peers::Peers;
 use crate::io::setup::Setup;
 use crate::io::shutdown::Shutdown;
 use crate::io::threads::Threads;
 use crate::io::tick::run_ticker;
 use crate::io::timer::Timer;
-use crate::io::{accept::run_acceptor, idle_strategy};
+use crate::io::{accept::run_acceptor, idle_strategy, lane_cfg};
 use crate::stats::{NodeStats, PeerStats};
 
 /// A running node's parts.
@@ -117,12 +118,7 @@ impl Runtime {
         let shared = config.bundler.kind.shared_queue();
         let shared_lane = shared.then(|| {
             let b = config.bundler.build();
-            Arc::new(Lane::new(
-                config.send_queue_bytes,
-                b.as_ref(),
-                config.frame_bytes,
-                idle,
-            ))
+            Arc::new(Lane::new(lane_cfg(&config, false), b.as_ref()))
         });
         let shared_done = shared.then(|| Arc::new(AtomicBool::new(false)));
         let peers = Peers::new(
@@ -153,6 +149,7 @@ impl Runtime {
             mailboxes.clone(),
             events.clone(),
             shutdown.clone(),
+            shared_lane.clone(),
         ));
         for (pn, _) in &peer_names {
             peers
@@ -200,18 +197,21 @@ impl Runtime {
         Ok(rt)
     }
 
-    /// Send `payload` to `to` from our mailbox `from`; with `block`, wait for room.
+    /// Send `payload` to `to` from our mailbox `from`, in `class`; with `block`, wait for
+    /// room and credit.
     pub fn send(
         &self,
         from: &Name,
         to: &Address,
         payload: Bytes,
+        class: Class,
         block: bool,
     ) -> Result<(), Error> {
         self.check(&payload)?;
         if to.node == self.name {
             return self.deliver_local(from, &to.mailbox, payload, block);
         }
+        let bulk = class == Class::Bulk;
         // Try without blocking under the registry's read lock (no reference count is
         // touched); only a sender that must wait takes a reference and waits outside it.
         let waiting = self.peers.with(to.node.as_bytes(), |peer| {
@@ -221,39 +221,63 @@ impl Runtime {
             if peer.state() == PeerState::Down {
                 return Err(Error::PeerDown(to.node.to_string()));
             }
-            let pushed = match &self.shared_lane {
-                // Transfer-queue: the sender waits at the door of a peer whose window is
-                // full, so the shared queue never holds what only that peer could take.
-                Some(_) if peer.window_full() => Err(PushError::Full),
-                Some(lane) => lane.push(peer.id, &to.mailbox, from, &payload, false),
-                None => peer.lane.push(peer.id, &to.mailbox, from, &payload, false),
+            let m = Outgoing {
+                dest: peer.id,
+                to: &to.mailbox,
+                from,
+                payload: &payload,
+                bulk,
             };
-            match pushed {
+            match self.push_to(peer, m, false) {
                 Ok(()) => Ok(None),
                 Err(PushError::Full) if block => Ok(Some(peer.clone())),
+                Err(PushError::Down) => Err(Error::PeerDown(to.node.to_string())),
                 Err(e) => Err(self.push_error(e, to, payload.clone())),
             }
         })?;
         let Some(peer) = waiting else {
             return Ok(());
         };
-        let lane = match &self.shared_lane {
-            Some(lane) => {
-                if !peer.wait_room(&|| self.shutdown.is_shutting_down()) {
-                    return Err(if self.shutdown.is_shutting_down() {
-                        Error::ShutDown {
-                            payload: Some(payload),
-                        }
-                    } else {
-                        Error::PeerDown(to.node.to_string())
-                    });
-                }
-                lane
-            }
-            None => &peer.lane,
+        let m = Outgoing {
+            dest: peer.id,
+            to: &to.mailbox,
+            from,
+            payload: &payload,
+            bulk,
         };
-        lane.push(peer.id, &to.mailbox, from, &payload, true)
-            .map_err(|e| self.push_error(e, to, payload))
+        self.push_to(&peer, m, true).map_err(|e| match e {
+            PushError::Down => Error::PeerDown(to.node.to_string()),
+            PushError::Closed if !self.shutdown.is_shutting_down() => {
+                Error::PeerDown(to.node.to_string())
+            }
+            e => self.push_error(e, to, payload.clone()),
+        })
+    }
+
+    /// Queue `m` toward `peer`: in its own lane, or (transfer-queue, ordinary) in the shared
+    /// one after charging the peer's credit. With `block`, wait for room and credit.
+    fn push_to(&self, peer: &Peer, m: Outgoing, block: bool) -> Result<(), PushError> {
+        let Some(shared) = self
+            .shared_lane
+            .as_ref()
+            .filter(|_| !peer.lane.routes_to_bulk(&m))
+        else {
+            return peer.lane.push(m, block);
+        };
+        // Transfer-queue: the sender waits at the door of a peer whose window is full, so
+        // the shared queue never holds what only that peer could take.
+        if peer.window_full() {
+            if !block {
+                return Err(PushError::Full);
+            }
+            if !peer.wait_room(&|| self.shutdown.is_shutting_down()) {
+                return Err(PushError::Closed);
+            }
+        }
+        let charge = peer.lane.charge(&m, block)?;
+        shared
+            .push(m, block)
+            .inspect_err(|_| peer.lane.refund(m.to, charge))
     }
 
     /// Send to mailbox `mailbox` on every peer (and this node if `include_self`).
@@ -274,32 +298,78 @@ impl Runtime {
             node: node.clone(),
             mailbox: mb.clone(),
         };
+        let peers = self.peers.all();
+        let m = |p: &Peer| Outgoing {
+            dest: p.id,
+            to: &mb,
+            from,
+            payload: &payload,
+            bulk: false,
+        };
         if let Some(lane) = &self.shared_lane {
-            // One message to the null destination, written to every member (JGroups'
-            // dest == null); it waits for every peer whose window is full.
-            for p in self.peers.all() {
-                if p.window_full()
-                    && !p.wait_room(&|| self.shutdown.is_shutting_down())
-                    && self.shutdown.is_shutting_down()
-                {
-                    return Err(Error::ShutDown {
-                        payload: Some(payload),
-                    });
-                }
+            if !peers.iter().any(|p| p.lane.routes_to_bulk(&m(p))) {
+                return self.send_all_shared(lane, &peers, m(&peers[0]), &mb, &payload);
             }
-            return lane
-                .push(ALL, &mb, from, &payload, true)
-                .map_err(|e| self.push_error(e, &to(&self.name), payload));
         }
-        for p in self.peers.all() {
+        for p in &peers {
             if p.state() == PeerState::Down {
                 continue;
             }
-            p.lane
-                .push(p.id, &mb, from, &payload, true)
-                .map_err(|e| self.push_error(e, &to(&p.name), payload.clone()))?;
+            match self.push_to(p, m(p), true) {
+                // Went down meanwhile: like the peers skipped above.
+                Ok(()) | Err(PushError::Down) => {}
+                Err(e) => return Err(self.push_error(e, &to(&p.name), payload.clone())),
+            }
         }
         Ok(())
+    }
+
+    /// Transfer-queue: one message to the null destination, written to every member
+    /// (JGroups' dest == null), after charging every peer's credit; it waits for every peer
+    /// whose window is full.
+    fn send_all_shared(
+        &self,
+        lane: &Lane,
+        peers: &[Arc<Peer>],
+        m: Outgoing,
+        mb: &Name,
+        payload: &Bytes,
+    ) -> Result<(), Error> {
+        let stopping = || self.shutdown.is_shutting_down();
+        let shut = || Error::ShutDown {
+            payload: Some(payload.clone()),
+        };
+        let mut charged = Vec::with_capacity(peers.len());
+        let refund = |charged: &[(&Arc<Peer>, u64)]| {
+            for (p, c) in charged {
+                p.lane.refund(mb, *c);
+            }
+        };
+        for p in peers {
+            if p.window_full() && !p.wait_room(&stopping) && stopping() {
+                refund(&charged);
+                return Err(shut());
+            }
+            match p.lane.charge(&Outgoing { dest: p.id, ..m }, true) {
+                Ok(c) => charged.push((p, c)),
+                Err(e) => {
+                    refund(&charged);
+                    let to = Address {
+                        node: p.name.clone(),
+                        mailbox: mb.clone(),
+                    };
+                    return Err(self.push_error(e, &to, payload.clone()));
+                }
+            }
+        }
+        lane.push(Outgoing { dest: ALL, ..m }, true).map_err(|e| {
+            refund(&charged);
+            let to = Address {
+                node: self.name.clone(),
+                mailbox: mb.clone(),
+            };
+            self.push_error(e, &to, payload.clone())
+        })
     }
 
     fn check(&self, payload: &Bytes) -> Result<(), Error> {
@@ -325,6 +395,11 @@ impl Runtime {
             },
             PushError::Closed => Error::ShutDown {
                 payload: Some(payload),
+            },
+            PushError::Down => Error::PeerDown(to.node.to_string()),
+            PushError::TooLarge(max) => Error::PayloadTooLarge {
+                len: payload.len(),
+                max: max as usize,
             },
         }
     }
@@ -447,6 +522,8 @@ impl Runtime {
                 s.queue_high_water = p.lane.high_water.load(Ordering::Relaxed);
                 s.blocked_us = p.lane.blocked_ns.load(Ordering::Relaxed) / 1000;
                 s.queued = p.lane.queued() as u64;
+                s.credit_stalls = p.lane.credit_stalls.load(Ordering::Relaxed);
+                s.credit_mismatched = p.lane.credit_mismatched();
                 s.unacked_bytes = p.session(|s, _| s.window_bytes()) as u64;
                 s
             })
@@ -455,8 +532,8 @@ impl Runtime {
             // One queue for all: its figures go to every peer.
             for s in &mut peers {
                 s.queue_high_water = l.high_water.load(Ordering::Relaxed);
-                s.blocked_us = l.blocked_ns.load(Ordering::Relaxed) / 1000;
-                s.queued = l.queued() as u64;
+                s.blocked_us += l.blocked_ns.load(Ordering::Relaxed) / 1000;
+                s.queued += l.queued() as u64;
             }
         }
         peers.sort_by(|a, b| a.peer.cmp(&b.peer));

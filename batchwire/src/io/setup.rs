@@ -19,6 +19,7 @@ use crate::config::NodeConfig;
 use crate::event::{CloseReason, Event};
 use crate::io::conn::{Conn, LinkError};
 use crate::io::events::Events;
+use crate::io::lane::Lane;
 use crate::io::link::{Link, TlsConfigs, cert_names};
 use crate::io::mailbox::Mailboxes;
 use crate::io::peer::Peer;
@@ -47,6 +48,8 @@ pub(crate) struct Setup {
     pub mailboxes: Mailboxes,
     pub events: Events,
     pub shutdown: Shutdown,
+    /// With transfer-queue, the shared lane (readers count it in credit recounts).
+    pub shared: Option<Arc<Lane>>,
 }
 
 impl Setup {
@@ -61,6 +64,7 @@ impl Setup {
         mailboxes: Mailboxes,
         events: Events,
         shutdown: Shutdown,
+        shared: Option<Arc<Lane>>,
     ) -> Setup {
         Setup {
             name,
@@ -75,6 +79,7 @@ impl Setup {
             mailboxes,
             events,
             shutdown,
+            shared,
         }
     }
 
@@ -182,7 +187,9 @@ impl Setup {
             conn: &conn,
             mailboxes: &self.mailboxes,
             events: &self.events,
+            shared: self.shared.as_deref(),
             max_frame: self.config.max_frame(),
+            max_payload: self.config.max_payload as u64,
             read_bytes: self.config.read_bytes,
         };
         let result = reader.run(buf);
@@ -405,9 +412,16 @@ impl Setup {
         // connection the writer uses are always the same one.
         let replaced = peer.session(|s, now| {
             let r = s.handle_resume(now, id, theirs)?;
-            Ok::<_, LinkError>((r.resent, peer.install(conn.clone())))
+            Ok::<_, LinkError>((r.resent, r.keep, peer.install(conn.clone())))
         })?;
-        let (resent, old) = replaced;
+        let (resent, keep, old) = replaced;
+        // The peer goes on with none of its messages in pieces below `keep`: drop what was
+        // reassembled of those, and give their credit back.
+        let gone = {
+            let _turn = peer.delivery_turn();
+            peer.lock_reassembly().discard_below(keep)
+        };
+        peer.abandon(gone);
         peer.stats.resent.fetch_add(resent, Relaxed);
         if let Some(old) = old {
             old.close();

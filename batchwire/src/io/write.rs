@@ -1,10 +1,14 @@
 //! A peer's writer thread: the only thread that writes to the peer's connections.
 //!
 //! Each round it writes, in one vectored write, **control first** (the acknowledgement or
-//! heartbeat the session says is due, undeliverable notices) and then what the send window
-//! holds that this connection has not had yet. Then it takes the next batch from the lane
-//! as the bundler decides, unless the window is full. So a full window stops data, never
-//! control; and nothing waits behind another peer, which has its own writer.
+//! heartbeat the session says is due, undeliverable notices, credit: a SYNC and grants)
+//! and then what the send window holds that this connection has not had yet. Then it takes
+//! the next **ordinary** batch from the lane as the bundler decides, unless the window is
+//! full, and then numbers **pieces** of bulk messages while the session has bulk room (the
+//! lane caps the ordinary batch while a piece waits: see `batchwire_core::bulk`). So a full
+//! window stops data, never control; bulk never holds up more than `bulk_inflight` bytes
+//! of ordinary messages, nor they bulk; and nothing waits behind another peer, which has
+//! its own writer.
 //!
 //! It sleeps on its lane, which anyone who has something for it pokes: a control frame
 //! became due, the window opened, the connection changed, the node is shutting down. A
@@ -16,8 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use batchwire_core::bundler::{BundlerConfig, FlushReason};
+use batchwire_core::frame::Message;
 use batchwire_core::outbox::Batch;
-use batchwire_core::session::{FailReason, PeerState};
+use batchwire_core::session::{FailReason, PeerState, PieceRefused};
 use tracing::{debug, warn};
 
 use crate::io::conn::Conn;
@@ -65,21 +70,68 @@ pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
             // Still flushing: with nothing to take, wait for acknowledgements (a poke),
             // a reconnect, or the deadline.
             if bundler.is_none() || peer.lane.is_empty() || peer.window_full() {
-                wait(&peer, epoch, Some(deadline));
+                if !move_pieces(&peer) {
+                    wait(&peer, epoch, Some(deadline));
+                }
                 continue;
             }
         }
         match bundler.as_mut() {
             Some(b) if !peer.window_full() => {
-                match peer.lane.next_batch(b.as_mut(), epoch, &mut batch) {
+                match peer
+                    .lane
+                    .next_batch(b.as_mut(), epoch, &mut batch, peer.bulk_room())
+                {
                     Next::Batch(reason) => hold(&peer, &batch, reason),
-                    // Poked, or closed and empty (shutting down: the branch above goes on).
+                    // Poked, a piece to move, or closed and empty (shutting down: the
+                    // branch above goes on).
                     Next::Wake | Next::Drained => {}
                 }
             }
+            // The ordinary window is full, or transfer-queue (the bundler thread fills it):
+            // only pieces to move, or wait for a poke.
+            _ if peer.bulk_room() && peer.lane.bulk_ready() => {}
             _ => wait(&peer, epoch, None),
         }
+        move_pieces(&peer);
     }
+}
+
+/// Number pieces of bulk messages into the window while the session has bulk room.
+/// Returns whether any were.
+fn move_pieces(peer: &Peer) -> bool {
+    let mut moved = false;
+    while peer.bulk_room() {
+        let Some(p) = peer.lane.next_piece() else {
+            break;
+        };
+        match peer.session(|s, _| s.hold_piece(&p)) {
+            Ok(id) => {
+                moved = true;
+                peer.lane.advance_piece(p.serial, id);
+                peer.stats.fragments_sent.fetch_add(1, Relaxed);
+                if p.is_last() {
+                    peer.stats.messages_sent.fetch_add(1, Relaxed);
+                }
+            }
+            // The peer restarted since the message's first piece: all of it goes again.
+            Err(PieceRefused::Restart) => peer.lane.restart_piece(p.serial),
+            // Down, or the goodbye was said: the message stays queued and is handed back
+            // from there, unless it was taken meanwhile on its way here.
+            Err(PieceRefused::Failed(why)) => {
+                if !peer.lane.unreserve_piece(p.serial) {
+                    let m = Message {
+                        to: p.to,
+                        from: p.from,
+                        payload: p.payload,
+                    };
+                    peer.report_failed(vec![m], why);
+                }
+                break;
+            }
+        }
+    }
+    moved
 }
 
 /// Sleep until poked, or until the shutdown deadline if there is one.
@@ -100,7 +152,7 @@ fn hold(peer: &Peer, batch: &Batch, reason: FlushReason) {
 }
 
 /// Number `frames` into `peer`'s window, or hand them back if it is down (the bundler
-/// thread's path too).
+/// thread's path too, which then tells the lane they were taken).
 pub(crate) fn hold_frames(peer: &Peer, frames: &[(&[u8], u32)], reason: FlushReason) {
     if frames.is_empty() {
         return;
@@ -132,6 +184,7 @@ fn write_pending(peer: &Peer, c: &Conn, shutdown: &Shutdown, control: &mut Vec<u
         s.unwritten(c.id)
     });
     let notices = peer.take_notices(control);
+    peer.flow.take_output(control);
     if control.is_empty() && u.chunks.is_empty() {
         return;
     }
@@ -149,7 +202,7 @@ fn write_pending(peer: &Peer, c: &Conn, shutdown: &Shutdown, control: &mut Vec<u
             let st = &peer.stats;
             st.bytes_sent.fetch_add(bytes as u64, Relaxed);
             if !u.chunks.is_empty() {
-                st.frames_sent.fetch_add(u.chunks.len() as u64, Relaxed);
+                st.frames_sent.fetch_add(u.frames, Relaxed);
                 st.record_write(u.messages);
             }
         }

@@ -6,6 +6,10 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use batchwire::{Event, Node, NodeConfig};
+use batchwire_core::codec::Name;
+use batchwire_core::frame::{self, Frame, Resume};
+use batchwire_core::handshake::{Handshake, HandshakeConfig, Role};
+use std::sync::Arc;
 
 pub const SECRET: &[u8] = b"test-cluster-secret";
 
@@ -78,4 +82,48 @@ pub fn wait_event(
         }
     }
     None
+}
+
+/// A raw peer with the secret: it logs in to `addr` as `name`, resumes from scratch, and
+/// then does nothing but what the test asks.
+pub fn raw_peer(addr: std::net::SocketAddr, name: &str, expect: &str) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut hs = Handshake::new(
+        HandshakeConfig {
+            name: Name::new(name).unwrap(),
+            incarnation: 7,
+            secret: Arc::from(SECRET),
+            role: Role::Dial {
+                expect: Name::new(expect).unwrap(),
+            },
+        },
+        [9; 16],
+    );
+    let mut buf = bytes::BytesMut::new();
+    let mut out = Vec::new();
+    loop {
+        while let Some(f) = hs.poll_transmit() {
+            f.encode(&mut out);
+        }
+        s.write_all(&out).unwrap();
+        out.clear();
+        if hs.is_done() {
+            break;
+        }
+        let f = loop {
+            if let Some(f) = frame::decode(&mut buf, 1 << 16).unwrap() {
+                break f;
+            }
+            let mut chunk = [0u8; 512];
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0, "closed during the handshake");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        hs.handle(f).unwrap();
+    }
+    Frame::Resume(Resume::FRESH).encode(&mut out);
+    s.write_all(&out).unwrap();
+    s
 }

@@ -1,0 +1,259 @@
+//! Tests of the parent module: each rule alone, then a sender and a receiver together over
+//! a link that loses grants, with recounts on "reconnect", checked against a model.
+
+use super::*;
+use proptest::prelude::*;
+use std::collections::VecDeque;
+
+fn n(s: &str) -> Name {
+    Name::new(s).unwrap()
+}
+
+#[test]
+fn a_sender_is_held_back_at_the_window_and_one_large_message_passes_alone() {
+    let mut c = SendCredit::default();
+    assert_eq!(c.window(), INITIAL_WINDOW);
+    let (x, y) = (n("x"), n("y"));
+    assert!(c.try_charge(&x, INITIAL_WINDOW - 1));
+    assert!(
+        c.try_charge(&x, 10 * INITIAL_WINDOW),
+        "below the window: admitted, whatever its size"
+    );
+    assert!(!c.try_charge(&x, 1), "at or past the window: held back");
+    assert_eq!(c.outstanding(b"x"), 11 * INITIAL_WINDOW - 1);
+    assert!(c.try_charge(&y, 1), "another mailbox is not affected");
+    assert!(!c.grant(b"x", INITIAL_WINDOW), "still past the window");
+    assert!(c.grant(b"x", 9 * INITIAL_WINDOW), "reopened");
+    assert!(c.admits(b"x"));
+}
+
+#[test]
+fn grants_beyond_the_charge_are_clamped_and_counted() {
+    let mut c = SendCredit::default();
+    c.try_charge(&n("x"), 100);
+    c.grant(b"x", 150);
+    c.grant(b"nobody", 7);
+    assert_eq!(c.outstanding(b"x"), 0);
+    assert_eq!(c.mismatched(), 57);
+}
+
+#[test]
+fn a_sync_sets_the_window_and_recounts_every_mailbox() {
+    let mut c = SendCredit::default();
+    c.try_charge(&n("x"), INITIAL_WINDOW);
+    c.try_charge(&n("y"), 5);
+    let mut totals = NameMap::default();
+    totals.insert(n("x"), 10);
+    totals.insert(n("z"), 3);
+    assert!(c.sync(1 << 20, 99, &totals), "x reopened");
+    assert_eq!(
+        (c.window(), c.peer_max_payload(), c.synced()),
+        (1 << 20, Some(99), true)
+    );
+    assert_eq!(
+        (
+            c.outstanding(b"x"),
+            c.outstanding(b"y"),
+            c.outstanding(b"z")
+        ),
+        (10, 0, 3)
+    );
+}
+
+#[test]
+fn idle_sender_accounts_are_bounded() {
+    let mut c = SendCredit::default();
+    for i in 0..3 * MAX_IDLE_SLOTS {
+        let name = n(&format!("m{i}"));
+        assert!(c.try_charge(&name, 1));
+        c.grant(name.as_bytes(), 1);
+    }
+    assert!(c.slots.len() <= MAX_IDLE_SLOTS + 1);
+    assert_eq!(c.mismatched(), 0);
+}
+
+#[test]
+fn the_receiver_owes_what_was_taken_and_says_when_it_is_urgent() {
+    let mut r = RecvCredit::new(800, 1000);
+    let x = n("x");
+    r.charge(&x, 300).unwrap();
+    assert_eq!(r.held(b"x"), 300);
+    assert!(
+        !r.release(b"x", 50),
+        "below window / 8: goes with the next write"
+    );
+    assert!(r.release(b"x", 50), "window / 8 owed: urgent");
+    assert_eq!(r.grants_waiting(), (true, true));
+    let g = r.take_grants().unwrap();
+    assert_eq!(g.grants, [(x.clone(), 100)]);
+    assert_eq!(r.grants_waiting(), (false, false));
+    assert_eq!(r.held(b"x"), 200);
+    assert!(r.take_grants().is_none());
+}
+
+#[test]
+fn a_peer_past_the_limit_broke_the_protocol_and_nothing_is_charged() {
+    let mut r = RecvCredit::new(100, 1000);
+    assert_eq!(r.limit(), 200 + 1000 + LIMIT_SLACK);
+    r.charge(&n("x"), r.limit()).unwrap();
+    let e = r.charge(&n("x"), 1).unwrap_err();
+    assert!(e.to_string().contains("\"x\""), "{e}");
+    assert_eq!(r.held(b"x"), r.limit());
+}
+
+#[test]
+fn names_without_a_mailbox_are_bounded_and_overflow_asks_for_a_sync() {
+    let mut r = RecvCredit::new(1 << 20, 1 << 20);
+    for i in 0..MAX_STRAY {
+        assert!(r.dropped(&n(&format!("gone{i}")), 10));
+    }
+    assert!(!r.wants_sync());
+    assert!(r.dropped(&n("one-more"), 10));
+    assert!(r.wants_sync());
+    assert_eq!(r.accounts.len(), MAX_STRAY);
+    let s = r.snapshot(42, 7);
+    assert_eq!((s.next, s.window, s.max_payload), (42, 1 << 20, 7));
+    assert!(s.held.is_empty() && r.accounts.is_empty() && !r.wants_sync());
+}
+
+#[test]
+fn a_snapshot_lists_what_is_held_and_forgives_what_was_owed() {
+    let mut r = RecvCredit::new(1 << 20, 1 << 20);
+    r.charge(&n("a"), 10).unwrap();
+    r.charge(&n("b"), 20).unwrap();
+    r.release(b"b", 20);
+    let s = r.snapshot(5, 0);
+    assert_eq!(s.held, [(n("a"), 10)]);
+    assert!(
+        r.take_grants().is_none(),
+        "the snapshot covers what was owed"
+    );
+}
+
+#[test]
+fn grants_come_a_frame_at_a_time() {
+    let mut r = RecvCredit::new(1 << 20, 1 << 20);
+    for i in 0..MAX_CREDIT_ENTRIES + 5 {
+        let m = n(&format!("m{i}"));
+        r.charge(&m, 1).unwrap();
+        r.release(m.as_bytes(), 1);
+    }
+    assert_eq!(r.take_grants().unwrap().grants.len(), MAX_CREDIT_ENTRIES);
+    assert_eq!(r.take_grants().unwrap().grants.len(), 5);
+    assert!(r.take_grants().is_none());
+}
+
+/// One step of the model below.
+#[derive(Debug, Clone)]
+enum Op {
+    /// Send to mailbox `0..3` a message of this many bytes (if admitted).
+    Send(usize, u64),
+    /// Deliver up to this many messages in flight.
+    Deliver(usize),
+    /// The application takes up to this many messages from mailbox `0..3`.
+    Consume(usize, usize),
+    /// Write the receiver's grants; `lose` drops them on the way.
+    Grants { lose: bool },
+    /// The connection breaks: grants in flight are lost; each side's SYNC follows.
+    Reconnect,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..3usize, 1..400u64).prop_map(|(m, b)| Op::Send(m, b)),
+        3 => (1..20usize).prop_map(Op::Deliver),
+        3 => (0..3usize, 1..20usize).prop_map(|(m, k)| Op::Consume(m, k)),
+        2 => any::<bool>().prop_map(|lose| Op::Grants { lose }),
+        1 => Just(Op::Reconnect),
+    ]
+}
+
+proptest! {
+    /// Whatever is lost on the way, a mailbox never holds more than its window plus one
+    /// message, and once everything is delivered and taken and a SYNC went round, nothing
+    /// is left charged: no sender stalls for good.
+    #[test]
+    fn credit_bounds_the_receiver_and_never_stalls_the_sender(ops in prop::collection::vec(op(), 1..300)) {
+        const W: u64 = 1000;
+        let names = [n("a"), n("b"), n("c")];
+        let mut snd = SendCredit::default();
+        let mut rcv = RecvCredit::new(W, 400);
+        // Messages in flight (seq, mailbox, bytes); the receiver's mailboxes; grants in flight.
+        let mut wire: VecDeque<(u64, usize, u64)> = VecDeque::new();
+        let mut boxes: Vec<VecDeque<u64>> = vec![VecDeque::new(); 3];
+        let mut grants: VecDeque<Credit> = VecDeque::new();
+        let (mut seq, mut next) = (0u64, 0u64);
+        let sync = |snd: &mut SendCredit, rcv: &mut RecvCredit, wire: &VecDeque<(u64, usize, u64)>, next: u64| {
+            let s = rcv.snapshot(next, 400);
+            let mut totals: NameMap<u64> = NameMap::default();
+            for (name, held) in &s.held {
+                *totals.entry(name.clone()).or_default() += held;
+            }
+            for &(q, m, b) in wire {
+                if q >= s.next {
+                    *totals.entry(names[m].clone()).or_default() += b;
+                }
+            }
+            snd.sync(s.window, s.max_payload, &totals);
+        };
+        sync(&mut snd, &mut rcv, &wire, next);
+        for op in ops {
+            match op {
+                Op::Send(m, b) => {
+                    if snd.try_charge(&names[m], b) {
+                        wire.push_back((seq, m, b));
+                        seq += 1;
+                    }
+                }
+                Op::Deliver(k) => {
+                    for _ in 0..k {
+                        let Some((q, m, b)) = wire.pop_front() else { break };
+                        prop_assert_eq!(q, next);
+                        rcv.charge(&names[m], b).unwrap();
+                        boxes[m].push_back(b);
+                        next += 1;
+                        prop_assert!(rcv.held(names[m].as_bytes()) < W + 400);
+                    }
+                }
+                Op::Consume(m, k) => {
+                    for _ in 0..k {
+                        let Some(b) = boxes[m].pop_front() else { break };
+                        rcv.release(names[m].as_bytes(), b);
+                    }
+                }
+                Op::Grants { lose } => {
+                    while let Some(g) = rcv.take_grants() {
+                        if !lose {
+                            grants.push_back(g);
+                        }
+                    }
+                    while let Some(g) = grants.pop_front() {
+                        for (name, b) in g.grants {
+                            snd.grant(name.as_bytes(), b);
+                        }
+                    }
+                }
+                Op::Reconnect => {
+                    grants.clear();
+                    sync(&mut snd, &mut rcv, &wire, next);
+                }
+            }
+            prop_assert_eq!(snd.mismatched(), 0);
+        }
+        // Drain everything, then one more round of SYNC: nothing stays charged.
+        while let Some((_, m, b)) = wire.pop_front() {
+            rcv.charge(&names[m], b).unwrap();
+            boxes[m].push_back(b);
+            next += 1;
+        }
+        for (m, q) in boxes.iter_mut().enumerate() {
+            while let Some(b) = q.pop_front() {
+                rcv.release(names[m].as_bytes(), b);
+            }
+        }
+        sync(&mut snd, &mut rcv, &wire, next);
+        for name in &names {
+            prop_assert_eq!(snd.outstanding(name.as_bytes()), 0);
+        }
+    }
+}
