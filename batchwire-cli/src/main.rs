@@ -99,6 +99,7 @@ enum WorkerCmd {
     Rpc(rpc::WorkerArgs),
     Roundtrip(roundtrip::WorkerArgs),
     Scale(crate::bench::scale::WorkerArgs),
+    Hol(crate::bench::hol::WorkerArgs),
 }
 
 #[derive(clap::Args)]
@@ -171,6 +172,12 @@ struct BenchArgs {
     /// scale: seconds of idle measured per peer count.
     #[arg(long, default_value_t = 10)]
     idle_secs: u64,
+    /// hol: milliseconds per phase (default 3000; 1500 when quick).
+    #[arg(long)]
+    phase_ms: Option<u64>,
+    /// hol: the nodes' bulk budget (`NodeConfig::bulk_inflight_bytes`; default 128 KiB).
+    #[arg(long)]
+    bulk_inflight_bytes: Option<usize>,
     /// No progress bar or per-run lines.
     #[arg(long)]
     quiet: bool,
@@ -185,6 +192,9 @@ enum Scenario {
     Roundtrip,
     /// What a node costs per peer (threads, memory, idle CPU); not in the quick default.
     Scale,
+    /// No head-of-line blocking: small-message latency beside a 64 MiB stream, and the
+    /// rate to one mailbox while another is never read.
+    Hol,
 }
 
 impl Scenario {
@@ -196,6 +206,7 @@ impl Scenario {
             Scenario::Rpc => "rpc",
             Scenario::Roundtrip => "roundtrip",
             Scenario::Scale => "scale",
+            Scenario::Hol => "hol",
         }
     }
 
@@ -291,6 +302,7 @@ fn main() -> ExitCode {
                 WorkerCmd::Rpc(a) => rpc::worker(&a, secret),
                 WorkerCmd::Roundtrip(a) => roundtrip::worker(&a, secret),
                 WorkerCmd::Scale(a) => crate::bench::scale::worker(&a, secret),
+                WorkerCmd::Hol(a) => crate::bench::hol::worker(&a, secret),
             }
         }
     };
@@ -464,6 +476,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
             Scenario::Mperf => mperf::run(&common, &over),
             Scenario::Rpc => rpc::run(&common, &over),
             Scenario::Roundtrip => roundtrip::run(&common, &over),
+            Scenario::Hol => crate::bench::hol::run(&common, a.phase_ms, a.bulk_inflight_bytes),
             Scenario::Scale => {
                 common.refuse_remote("scale")?;
                 crate::bench::scale::run(&a.peer_counts, a.idle_secs, a.base_port, a.quiet)

@@ -19,10 +19,13 @@
 //!   thing each side says on a new one (and again whenever its accounts overflowed) is a
 //!   SYNC: as of message `next`, these mailboxes hold this many bytes of your messages. The
 //!   sender recounts each mailbox's charge as what is held there, plus what it has in flight
-//!   from `next` on, plus what is still queued ([`SendCredit::sync`]). Any race in that
-//!   recount can only miss bytes in transit between two of the places counted (never count
-//!   them twice), so the charge is never overstated and no sender stalls for good; what
-//!   it understates is bounded by one batch and absorbed by the limit's slack.
+//!   from `next` on, plus what is still queued ([`SendCredit::sync`]). For that to add up,
+//!   the receiver writes no ACK beyond `next` before its SYNC (the sender must still hold
+//!   everything from `next` on), and the sender counts while nothing is on its way from its
+//!   queue to its window (the IO layer orders both). With transfer-queue, a batch on its
+//!   way from the shared queue to a peer's window can still be missed: the charge is then
+//!   understated by at most that batch, which the limit's slack absorbs and the next SYNC
+//!   corrects; it is never overstated, so no sender stalls for good.
 //! - **Values from the peer are checked**: a grant for more than was charged is clamped and
 //!   counted ([`SendCredit::mismatched`]); entries are bounded in number.
 

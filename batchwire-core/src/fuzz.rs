@@ -4,10 +4,12 @@
 
 use bytes::BytesMut;
 
-use super::codec::Name;
+use super::codec::{Name, NameMap};
+use super::credit::{RecvCredit, SendCredit};
 use super::frame::{self, Frame};
 use super::handshake::{Handshake, HandshakeConfig, Role};
 use super::outbox::{Batch, Outbox};
+use super::reassembly::{MAX_PARTIAL, Reassembly};
 use super::reliable::{RecvWindow, SendWindow};
 
 /// The limit the targets decode with: small, so a fuzzer finds the limit checks.
@@ -15,8 +17,10 @@ const MAX_FRAME: usize = 64 << 10;
 
 /// Decode frames from `data` as a connection reader would, walking every message list the
 /// way the reader and the receiving mailbox do, and applying ACK and RESUME values to a send
-/// window that holds a few messages. Violations are errors, never panics, and never move
-/// the windows backwards.
+/// window that holds a few messages; pieces go to reassembly, messages and pieces are
+/// charged to the receiver's credit, CREDIT and SYNC are applied to a sender's credit.
+/// Violations are errors, never panics, and never move the windows backwards; reassembly
+/// never holds more than its bound of messages, nor more bytes than were fed to it.
 pub fn frames(data: &[u8]) {
     let mut buf = BytesMut::from(data);
     let mut rw = RecvWindow::default();
@@ -31,6 +35,10 @@ pub fn frames(data: &[u8]) {
             None,
         );
     }
+    let mut reas = Reassembly::default();
+    let mut recv_credit = RecvCredit::new(64 << 10, 1 << 20);
+    let mut send_credit = SendCredit::default();
+    let mut fed = 0usize;
     let mut batch = Batch::default();
     ob.take(usize::MAX, usize::MAX, &mut batch, None);
     sw.hold(&batch.message_frames());
@@ -49,7 +57,36 @@ pub fn frames(data: &[u8]) {
                 }
                 for m in list.iter() {
                     let _ = (m.to.as_str(), m.from.as_str(), m.payload.len());
+                    let _ = recv_credit.charge(&m.to, m.payload.len() as u64);
                 }
+                let _ = recv_credit.take_grants();
+            }
+            // As the session does: a piece is numbered like a message.
+            Frame::Fragment(f) if rw.accept(f.seq, 1) == Ok(0) => {
+                let keep = reas.keeps(&f, || f.total <= 1 << 20);
+                if keep && recv_credit.charge(&f.to, f.charge()).is_err() {
+                    continue;
+                }
+                fed += f.data.len();
+                if reas.add(&f, keep).is_err() {
+                    continue;
+                }
+                assert!(reas.len() <= MAX_PARTIAL);
+                assert!(reas.bytes() <= fed, "reassembly holds more than it was fed");
+            }
+            Frame::Credit(c) => {
+                for (to, n) in &c.grants {
+                    send_credit.grant(to.as_bytes(), *n);
+                }
+            }
+            Frame::Sync(sy) => {
+                let mut totals = NameMap::default();
+                for (to, n) in sy.held {
+                    let e = totals.entry(to).or_insert(0u64);
+                    *e = e.saturating_add(n);
+                }
+                send_credit.sync(sy.window, sy.max_payload, &totals);
+                let _ = send_credit.admits(b"m");
             }
             Frame::Ack(n) => {
                 let _ = sw.ack(n);

@@ -635,3 +635,45 @@ fn a_message_given_up_in_pieces_is_dropped_by_the_receiver_and_its_credit_comes_
         "the SYNC gave the charge back"
     );
 }
+
+/// A break after every piece of a message was numbered but before all of them arrived:
+/// the receiver keeps what it reassembled (the sender's RESUME says it goes on with that
+/// message) and the rest, resent, completes it once.
+#[test]
+fn a_message_numbered_whole_but_cut_by_a_break_completes_after_the_resume() {
+    let t0 = Instant::now();
+    let mut a = Node::new(1, 64 << 10, &[], t0);
+    let mut b = Node::new(2, 64 << 10, &["x"], t0);
+    let (mut ab, mut ba) = wires(64 << 10);
+    connect(&mut a, &mut b, t0);
+    let mut now = t0 + MS;
+    step(&mut a, &mut b, &mut ab, &mut ba, now);
+    // Three pieces, all within the bulk budget: all numbered in one round.
+    assert!(a.send("x", "s", payload(7, 3 * PIECE - 100), true));
+    now += MS;
+    a.write(now, &mut ab);
+    assert!(a.s.bulk_bytes() > 2 * PIECE, "every piece numbered");
+    // Only what comes up to the first piece gets there.
+    let mut buf = BytesMut::from(&ab.bytes[..]);
+    loop {
+        let f = frame::decode(&mut buf, MAX_FRAME_LEN).unwrap().unwrap();
+        if matches!(f, Frame::Fragment(_)) {
+            break;
+        }
+    }
+    let cut = ab.bytes.len() - buf.len();
+    ab.bytes.truncate(cut);
+    b.read(now, &mut ab);
+    assert_eq!(b.reasm.len(), 1, "the first piece is being reassembled");
+    ab.bytes.clear();
+    ba.bytes.clear();
+    connect(&mut a, &mut b, now);
+    assert_eq!(b.reasm.len(), 1, "kept across the break");
+    for _ in 0..10 {
+        now += MS;
+        step(&mut a, &mut b, &mut ab, &mut ba, now);
+    }
+    let got = b.consume("x", usize::MAX);
+    assert_eq!(counters(&got, "s"), vec![7]);
+    assert_eq!(got[0].1.len(), 3 * PIECE - 100);
+}

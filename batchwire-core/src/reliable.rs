@@ -84,6 +84,8 @@ struct Chunk {
 /// not copied) so that the message can be handed back whole if it fails.
 #[derive(Debug, Clone)]
 struct HeldPiece {
+    /// The message's id (its first piece's sequence number).
+    id: u64,
     to: Name,
     from: Name,
     payload: Bytes,
@@ -234,6 +236,7 @@ impl SendWindow {
             first_seq: seq,
             end_seq: seq + 1,
             piece: Some(HeldPiece {
+                id,
                 to: p.to.clone(),
                 from: p.from.clone(),
                 payload: p.payload.clone(),
@@ -246,6 +249,14 @@ impl SendWindow {
         self.chunks.push_back(c);
         self.next_seq += 1;
         seq
+    }
+
+    /// The id of the oldest message with a piece held here (not yet acknowledged): the
+    /// peer must keep what it reassembled of it, since the rest may be resent.
+    pub fn oldest_piece_id(&self) -> Option<u64> {
+        self.chunks
+            .iter()
+            .find_map(|c| c.piece.as_ref().map(|p| p.id))
     }
 
     /// What is not yet written on the current connection (cheap clones), with the

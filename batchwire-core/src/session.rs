@@ -79,7 +79,7 @@ impl Default for SessionConfig {
             ack_delay: Duration::from_millis(5),
             heartbeat_interval: Duration::from_millis(500),
             peer_timeout: Duration::from_secs(3),
-            bulk_inflight: 512 << 10,
+            bulk_inflight: 128 << 10,
         }
     }
 }
@@ -299,7 +299,7 @@ impl Session {
         let resume = Resume {
             next: self.recv.next(),
             base: self.send.base(),
-            keep: self.in_pieces.unwrap_or(self.send.next_seq()),
+            keep: self.keep(),
         };
         (id, resume)
     }
@@ -510,6 +510,16 @@ impl Session {
         };
         self.in_pieces = (!p.is_last()).then_some(id);
         Ok(id)
+    }
+
+    /// The lowest id of a message in pieces this side may still send pieces of: the one
+    /// being numbered, or one with pieces in the window, which are resent after a break.
+    /// (Every piece of a message below it was acknowledged, or the message was given up.)
+    fn keep(&self) -> u64 {
+        let numbering = self.in_pieces.unwrap_or(self.send.next_seq());
+        self.send
+            .oldest_piece_id()
+            .map_or(numbering, |id| id.min(numbering))
     }
 
     /// The message in pieces was handed back before its last piece (its queue was emptied):

@@ -464,3 +464,72 @@ fn undeliverable_floods_cost_bounded_memory() {
     }
     assert_eq!(counted, 100_000);
 }
+
+/// A peer with the secret that ignores flow control and floods a mailbox nobody reads: the
+/// connection closes as a protocol violation naming the mailbox and the limit, the mailbox
+/// holds no more than the limit, and the node goes on.
+#[test]
+fn a_peer_that_ignores_credit_is_cut_off_at_the_limit() {
+    use batchwire_core::messages::Message;
+    const W: usize = 64 << 10;
+    const MAX: usize = 64 << 10;
+    let b_addr = free_addrs(1)[0];
+    let b = Node::start(
+        NodeConfig::new("b", b_addr, SECRET)
+            .peer("a", "127.0.0.1:9".parse().unwrap())
+            .mailbox("inbox")
+            .mailbox_bytes(W)
+            .max_payload(MAX),
+    )
+    .unwrap();
+    let events = b.events();
+    let inbox = b.mailbox("inbox").unwrap();
+    let mut raw = raw_peer(b_addr, "a", "b");
+    assert!(b.wait_for_peers(&["a"], T));
+    // 2*W + max_payload + 1 MiB is what a mailbox may hold from a peer before its SYNC
+    // recount catches up; send twice that, 100 messages of 1000 B per frame.
+    let limit = 2 * W + MAX + (1 << 20);
+    let msgs: Vec<Message> = (0..100)
+        .map(|_| Message {
+            to: Name::new("inbox").unwrap(),
+            from: Name::new("flood").unwrap(),
+            payload: vec![7u8; 1000].into(),
+        })
+        .collect();
+    let mut seq = 0u64;
+    let mut out = Vec::new();
+    while (seq as usize) * 1000 < 2 * limit {
+        let mut list = MessageList::from_messages(&msgs);
+        list.first_seq = seq;
+        seq += 100;
+        out.clear();
+        Frame::Messages(list).encode(&mut out);
+        if raw.write_all(&out).is_err() {
+            break; // closed already
+        }
+    }
+    let ev = wait_event(
+        &events,
+        T,
+        |e| matches!(e, Event::Disconnected { peer, reason: batchwire::CloseReason::Protocol(_) } if peer == "a"),
+    );
+    let Some(Event::Disconnected { reason, .. }) = ev else {
+        panic!("the flood was not cut off as a protocol violation");
+    };
+    let why = reason.to_string();
+    assert!(
+        why.contains("inbox") && why.contains(&limit.to_string()),
+        "the reason names the mailbox and the limit: {why}"
+    );
+    assert!(b.stats().peers[0].protocol_violations >= 1);
+    assert!(
+        inbox.len() * 1000 <= limit,
+        "{} messages held, beyond the limit",
+        inbox.len()
+    );
+    // The node goes on: what it holds can be read, and the peer may log in again.
+    while inbox.try_recv().is_ok() {}
+    drop(raw);
+    let _again = raw_peer(b_addr, "a", "b");
+    assert!(b.wait_for_peers(&["a"], T));
+}

@@ -7,6 +7,7 @@
 //! at, per-sender sequence checks, latency histograms, tables and progress bars.
 
 pub mod fanin;
+pub mod hol;
 pub mod mperf;
 pub mod pingpong;
 pub mod plot;

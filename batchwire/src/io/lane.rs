@@ -111,6 +111,10 @@ pub(crate) struct Lane {
     pub blocked_ns: AtomicU64,
     /// Sends that found a mailbox's credit used up (and waited, or were refused).
     pub credit_stalls: AtomicU64,
+    /// Odd while the writer moves something from this lane into the send window (taken
+    /// here, not yet held there), bumped under the lock when it takes and after it is done
+    /// ([`Lane::end_move`]): a SYNC recount that reads both must not fall between.
+    moves: AtomicU64,
     /// `Inner::epoch`, readable without the lock senders contend for (written under it).
     epoch: AtomicU64,
 }
@@ -148,6 +152,7 @@ impl Lane {
             wake_bytes: bundler.wake_bytes(),
             idle: cfg.idle,
             high_water: AtomicU64::new(0),
+            moves: AtomicU64::new(0),
             blocked_ns: AtomicU64::new(0),
             credit_stalls: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
@@ -326,14 +331,20 @@ impl Lane {
     /// The peer's SYNC: add what this lane still has queued to `totals` (each mailbox's
     /// charge held at the peer and in flight, which the caller summed), and make that the
     /// credit's account. `dest` is the peer's tag in the outbox.
+    /// Returns false (and does nothing) if the writer moved anything since `moves` was
+    /// read ([`Lane::moves`]): the caller counts the window again.
     pub fn sync_credit(
         &self,
+        moves: Option<u64>,
         dest: Dest,
         window: u64,
         max_payload: u64,
         totals: &mut NameMap<u64>,
-    ) {
+    ) -> bool {
         let mut g = self.lock();
+        if moves.is_some_and(|m| m != self.moves()) {
+            return false;
+        }
         let Inner { outbox, bulk, .. } = &mut *g;
         let mut add = |to: &Name, b: u64| *totals.entry(to.clone()).or_default() += b;
         outbox.charges(dest, &mut add);
@@ -342,6 +353,7 @@ impl Lane {
         if g.senders_waiting > 0 {
             self.not_full.notify_all();
         }
+        true
     }
 
     /// The shared lane's part of a SYNC recount: what it has queued for `dest`.
@@ -448,7 +460,31 @@ impl Lane {
     pub fn next_piece(&self) -> Option<Piece> {
         let mut g = self.lock();
         let taken = g.taken;
-        g.bulk.peek(self.piece_bytes, taken)
+        let p = g.bulk.peek(self.piece_bytes, taken);
+        if p.is_some() {
+            self.begin_move();
+        }
+        p
+    }
+
+    /// The writer took something to move into the window (under the lock).
+    fn begin_move(&self) {
+        if self.charges_credit {
+            self.moves.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The writer is done moving what it took (`next_batch`'s batch is held, or the piece
+    /// from `next_piece` advanced, restarted or unreserved).
+    pub fn end_move(&self) {
+        if self.charges_credit {
+            self.moves.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// See [`Lane::end_move`]: even when nothing is on its way into the window.
+    pub fn moves(&self) -> u64 {
+        self.moves.load(Ordering::Acquire)
     }
 
     /// The piece of item `serial` was numbered as part of message `id`. Returns whether it
@@ -507,6 +543,7 @@ impl Lane {
                     let keep_time = self.track_time.then_some(now);
                     g.outbox.take(max_messages, max_bytes, batch, keep_time);
                     g.taken += batch.messages();
+                    self.begin_move();
                     if g.senders_waiting > 0 {
                         self.not_full.notify_all();
                     }
@@ -596,7 +633,7 @@ mod tests {
 
     /// The peer's SYNC announced a window too large to matter.
     fn open_credit(l: &Lane) {
-        l.sync_credit(0, 1 << 40, 1 << 40, &mut NameMap::default());
+        l.sync_credit(None, 0, 1 << 40, 1 << 40, &mut NameMap::default());
     }
 
     fn push_to(

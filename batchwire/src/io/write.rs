@@ -82,7 +82,10 @@ pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
                     .lane
                     .next_batch(b.as_mut(), epoch, &mut batch, peer.bulk_room())
                 {
-                    Next::Batch(reason) => hold(&peer, &batch, reason),
+                    Next::Batch(reason) => {
+                        hold(&peer, &batch, reason);
+                        peer.lane.end_move();
+                    }
                     // Poked, a piece to move, or closed and empty (shutting down: the
                     // branch above goes on).
                     Next::Wake | Next::Drained => {}
@@ -119,7 +122,9 @@ fn move_pieces(peer: &Peer) -> bool {
             // Down, or the goodbye was said: the message stays queued and is handed back
             // from there, unless it was taken meanwhile on its way here.
             Err(PieceRefused::Failed(why)) => {
-                if !peer.lane.unreserve_piece(p.serial) {
+                let queued = peer.lane.unreserve_piece(p.serial);
+                peer.lane.end_move();
+                if !queued {
                     let m = Message {
                         to: p.to,
                         from: p.from,
@@ -130,6 +135,7 @@ fn move_pieces(peer: &Peer) -> bool {
                 break;
             }
         }
+        peer.lane.end_move();
     }
     moved
 }
@@ -178,13 +184,15 @@ fn write_pending(peer: &Peer, c: &Conn, shutdown: &Shutdown, control: &mut Vec<u
     }
     control.clear();
     let u = peer.session(|s, now| {
+        // The SYNC and grants go before the ACKs, taken in the same session turn: an ACK
+        // beyond a SYNC's snapshot never overtakes it (see `Flow::snapshot`).
+        peer.flow.take_output(control);
         while let Some(f) = s.poll_control(now, c.id) {
             f.encode(control);
         }
         s.unwritten(c.id)
     });
     let notices = peer.take_notices(control);
-    peer.flow.take_output(control);
     if control.is_empty() && u.chunks.is_empty() {
         return;
     }
