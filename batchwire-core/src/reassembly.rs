@@ -83,6 +83,9 @@ pub struct Abandoned {
 #[derive(Debug, Default)]
 pub struct Reassembly {
     partial: Vec<Partial>,
+    /// The peer's latest RESUME said it goes on with no message in pieces below this id:
+    /// pieces of those that still arrive (resent from its window) are dropped.
+    floor: u64,
 }
 
 impl Reassembly {
@@ -105,7 +108,7 @@ impl Reassembly {
     pub fn keeps(&self, f: &Fragment, keep_new: impl FnOnce() -> bool) -> bool {
         match self.partial.iter().find(|p| p.id == f.id) {
             Some(p) => p.keep,
-            None => f.is_first() && keep_new(),
+            None => f.id >= self.floor && f.is_first() && keep_new(),
         }
     }
 
@@ -113,6 +116,10 @@ impl Reassembly {
     /// the data, for a first piece (later pieces follow the first).
     pub fn add(&mut self, f: &Fragment, keep: bool) -> Result<Added, ReassemblyError> {
         let charge = f.charge();
+        if f.id < self.floor && !self.partial.iter().any(|p| p.id == f.id) {
+            // A piece of a message the peer gave up: dropped (`keeps` said so).
+            return Ok(Added::Partial);
+        }
         let i = if f.is_first() {
             if self.partial.iter().any(|p| p.id == f.id) {
                 return Err(ReassemblyError::Duplicate { id: f.id });
@@ -182,6 +189,7 @@ impl Reassembly {
 
     /// The sender goes on with no message whose first piece is below `keep`: drop those.
     pub fn discard_below(&mut self, keep: u64) -> Vec<Abandoned> {
+        self.floor = self.floor.max(keep);
         let mut out = Vec::new();
         self.partial.retain(|p| {
             if p.id < keep {
@@ -200,7 +208,10 @@ impl Reassembly {
 
     /// The peer restarted: nothing it had in pieces will continue.
     pub fn clear(&mut self) -> Vec<Abandoned> {
-        self.discard_below(u64::MAX)
+        let out = self.discard_below(u64::MAX);
+        // A new incarnation numbers from 0 again.
+        self.floor = 0;
+        out
     }
 }
 
@@ -339,5 +350,34 @@ mod tests {
                 assert!(p.buf.capacity() <= 1000);
             }
         }
+    }
+
+    #[test]
+    fn pieces_of_a_message_given_up_are_dropped_until_a_restart() {
+        let mut r = Reassembly::default();
+        let ps = pieces(10, 300, 100);
+        assert_eq!(r.add(&ps[0], true).unwrap(), Added::Partial);
+        // The peer goes on without message 10: what we have is dropped, and so are its
+        // pieces that were still on their way (resent from its window), first or not.
+        let gone = r.discard_below(20);
+        assert_eq!(gone.len(), 1);
+        assert!(!r.keeps(&ps[1], || true));
+        assert_eq!(r.add(&ps[1], false).unwrap(), Added::Partial);
+        assert!(!r.keeps(&ps[0], || true), "not started again");
+        assert_eq!(r.add(&ps[0], false).unwrap(), Added::Partial);
+        assert!(r.is_empty());
+        // A RESUME with a lower keep does not lower the floor.
+        r.discard_below(5);
+        assert!(!r.keeps(&ps[0], || true));
+        // A new incarnation numbers from 0: its message 10 is a new one.
+        r.clear();
+        assert!(r.keeps(&ps[0], || true));
+        for p in &ps[..2] {
+            assert_eq!(r.add(p, true).unwrap(), Added::Partial);
+        }
+        assert!(matches!(
+            r.add(&ps[2], true).unwrap(),
+            Added::Complete { kept: true, .. }
+        ));
     }
 }

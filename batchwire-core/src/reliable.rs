@@ -251,12 +251,24 @@ impl SendWindow {
         seq
     }
 
-    /// The id of the oldest message with a piece held here (not yet acknowledged): the
-    /// peer must keep what it reassembled of it, since the rest may be resent.
-    pub fn oldest_piece_id(&self) -> Option<u64> {
-        self.chunks
-            .iter()
-            .find_map(|c| c.piece.as_ref().map(|p| p.id))
+    /// The id of the oldest message with a piece held here (not yet acknowledged) that
+    /// will be completed: its last piece is held too, or it is `continuing` (still being
+    /// numbered). The peer must keep what it reassembled of it, since the rest may be
+    /// resent. (A message given up before its last piece was numbered is not counted.)
+    pub fn oldest_piece_id(&self, continuing: Option<u64>) -> Option<u64> {
+        let mut candidate: Option<u64> = None;
+        for p in self.chunks.iter().filter_map(|c| c.piece.as_ref()) {
+            if candidate != Some(p.id) {
+                candidate = Some(p.id);
+                if continuing == Some(p.id) {
+                    return candidate;
+                }
+            }
+            if p.is_last() {
+                return candidate;
+            }
+        }
+        None
     }
 
     /// What is not yet written on the current connection (cheap clones), with the

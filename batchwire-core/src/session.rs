@@ -512,13 +512,14 @@ impl Session {
         Ok(id)
     }
 
-    /// The lowest id of a message in pieces this side may still send pieces of: the one
-    /// being numbered, or one with pieces in the window, which are resent after a break.
-    /// (Every piece of a message below it was acknowledged, or the message was given up.)
+    /// The lowest id of a message in pieces this side will complete: the one being
+    /// numbered, or one whose pieces (its last among them) are in the window, to be resent
+    /// after a break. Below it, every message was acknowledged whole or given up; the peer
+    /// drops what it has of those, and their pieces that still come.
     fn keep(&self) -> u64 {
         let numbering = self.in_pieces.unwrap_or(self.send.next_seq());
         self.send
-            .oldest_piece_id()
+            .oldest_piece_id(self.in_pieces)
             .map_or(numbering, |id| id.min(numbering))
     }
 
