@@ -150,7 +150,7 @@ impl SendCredit {
         if *s >= self.window {
             return false;
         }
-        *s += bytes;
+        *s = s.saturating_add(bytes);
         true
     }
 
@@ -159,13 +159,13 @@ impl SendCredit {
     /// or beyond the charge, is clamped and counted.
     pub fn grant(&mut self, to: &[u8], bytes: u64) -> bool {
         let Some(i) = self.find(to) else {
-            self.mismatched += bytes;
+            self.mismatched = self.mismatched.saturating_add(bytes);
             return false;
         };
         let s = &mut self.slots[i].1;
         let was_closed = *s >= self.window;
         if bytes > *s {
-            self.mismatched += bytes - *s;
+            self.mismatched = self.mismatched.saturating_add(bytes - *s);
         }
         *s = s.saturating_sub(bytes);
         was_closed && *s < self.window
@@ -280,7 +280,7 @@ impl RecvCredit {
             Some(a) => a,
             None => self.accounts.entry(mailbox.detached()).or_default(),
         };
-        let would = a.held + a.owed + bytes;
+        let would = a.held.saturating_add(a.owed).saturating_add(bytes);
         if would > self.limit {
             return Err(FlowError::CreditExceeded {
                 mailbox: mailbox.to_string(),

@@ -28,12 +28,10 @@ use batchwire_core::bulk::{BulkQueue, ORDINARY_WEIGHT, Piece};
 use batchwire_core::bundler::{Bundler, Decision, FlushReason};
 use batchwire_core::codec::{Name, NameMap};
 use batchwire_core::credit::SendCredit;
-use batchwire_core::frame::{Message, message_len};
+use batchwire_core::frame::{self, Frame, Message, message_len};
 use batchwire_core::idle::{IdleStep, IdleStrategy};
 use batchwire_core::outbox::{Batch, Dest, Outbox};
-use bytes::Bytes;
-
-use crate::io::peer::decode_frames;
+use bytes::{Bytes, BytesMut};
 
 /// Why `push` did not queue a message.
 #[derive(Debug, PartialEq, Eq)]
@@ -346,7 +344,11 @@ impl Lane {
             return false;
         }
         let Inner { outbox, bulk, .. } = &mut *g;
-        let mut add = |to: &Name, b: u64| *totals.entry(to.clone()).or_default() += b;
+        // `totals` holds the peer's figures: they may be anything.
+        let mut add = |to: &Name, b: u64| {
+            let e = totals.entry(to.clone()).or_default();
+            *e = e.saturating_add(b);
+        };
         outbox.charges(dest, &mut add);
         bulk.charges(&mut add);
         g.credit.sync(window, max_payload, totals);
@@ -358,9 +360,10 @@ impl Lane {
 
     /// The shared lane's part of a SYNC recount: what it has queued for `dest`.
     pub fn charges_for(&self, dest: Dest, totals: &mut NameMap<u64>) {
-        self.lock()
-            .outbox
-            .charges(dest, |to, b| *totals.entry(to.clone()).or_default() += b);
+        self.lock().outbox.charges(dest, |to, b| {
+            let e = totals.entry(to.clone()).or_default();
+            *e = e.saturating_add(b);
+        });
     }
 
     /// Grants for more than was charged, clamped (zero unless the peer misbehaves).
@@ -591,6 +594,18 @@ impl Lane {
 }
 
 /// A lane of its own (1 MiB queues, 64 KiB frames and pieces), for the io layer's tests.
+/// The messages of encoded MESSAGES frames (for failure reports: the lane's, the writer's).
+pub(crate) fn decode_frames<'a>(frames: impl Iterator<Item = &'a [u8]>) -> Vec<Message> {
+    let mut out = Vec::new();
+    for f in frames {
+        let mut b = BytesMut::from(f);
+        if let Ok(Some(Frame::Messages(l))) = frame::decode(&mut b, usize::MAX) {
+            out.extend(l.iter());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 pub(crate) fn test_lane() -> std::sync::Arc<Lane> {
     let b = batchwire_core::bundler::BundlerConfig::default().build();

@@ -13,11 +13,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use batchwire_core::codec::Name;
-use batchwire_core::frame::{self, Frame, Message, Undeliverable};
+use batchwire_core::frame::{Frame, Message, Undeliverable};
 use batchwire_core::outbox::Dest;
 use batchwire_core::reassembly::{Abandoned, Reassembly};
 use batchwire_core::session::{FailReason, PeerState, Session, SessionEvent};
-use bytes::BytesMut;
 use tracing::{info, warn};
 
 use crate::address::Address;
@@ -443,18 +442,6 @@ impl Peer {
     }
 }
 
-/// The messages of encoded MESSAGES frames (for failure reports).
-pub(crate) fn decode_frames<'a>(frames: impl Iterator<Item = &'a [u8]>) -> Vec<Message> {
-    let mut out = Vec::new();
-    for f in frames {
-        let mut b = BytesMut::from(f);
-        if let Ok(Some(Frame::Messages(l))) = frame::decode(&mut b, usize::MAX) {
-            out.extend(l.iter());
-        }
-    }
-    out
-}
-
 /// Fixtures of the io layer's tests: a peer of its own (no node around it), connected
 /// over a link the test holds the other end of.
 #[cfg(test)]
@@ -502,7 +489,9 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use batchwire_core::frame;
     use batchwire_core::session::SessionConfig;
+    use bytes::BytesMut;
 
     #[test]
     fn undeliverable_notices_are_summed_and_bounded() {

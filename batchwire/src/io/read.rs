@@ -157,7 +157,8 @@ impl Reader<'_> {
         let peer = self.peer;
         let mut held: NameMap<u64> = NameMap::default();
         for (name, b) in &sy.held {
-            *held.entry(name.detached()).or_default() += b;
+            let e = held.entry(name.detached()).or_default();
+            *e = e.saturating_add(*b);
         }
         if let Some(shared) = self.shared {
             shared.charges_for(peer.id, &mut held);
@@ -174,7 +175,10 @@ impl Reader<'_> {
             }
             let mut totals = held.clone();
             peer.session(|s, _| {
-                s.charges_from(sy.next, |to, b| *totals.entry(to.clone()).or_default() += b)
+                s.charges_from(sy.next, |to, b| {
+                    let e = totals.entry(to.clone()).or_default();
+                    *e = e.saturating_add(b);
+                })
             });
             let check = (tries < 1000).then_some(moves);
             if peer

@@ -26,8 +26,8 @@ use batchwire_core::session::{FailReason, PeerState, PieceRefused};
 use tracing::{debug, warn};
 
 use crate::io::conn::Conn;
-use crate::io::lane::Next;
-use crate::io::peer::{Peer, decode_frames};
+use crate::io::lane::{Next, decode_frames};
+use crate::io::peer::Peer;
 use crate::io::shutdown::Shutdown;
 use crate::stats::reason_index;
 
