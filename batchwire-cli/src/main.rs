@@ -6,6 +6,8 @@ mod certs;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::bench::{Common, Overrides, Remote, fanin, mperf, plot, roundtrip, rpc, throughput};
@@ -315,22 +317,55 @@ fn main() -> ExitCode {
     }
 }
 
+/// SIGTERM and SIGINT ask `batchwire node` to stop: it answers what its echo mailbox
+/// already holds, then shuts down cleanly (queued messages flushed, acknowledgements
+/// awaited up to `shutdown_timeout`, a goodbye to every peer) and exits 0. A second signal
+/// while it drains ends it at once (exit 130), as the shell convention has it.
+fn stop_signals() -> Result<Arc<AtomicBool>, String> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [SIGTERM, SIGINT] {
+        // The second one exits at once; the first only sets `stop`.
+        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop))
+            .and_then(|_| signal_hook::flag::register(sig, Arc::clone(&stop)))
+            .map_err(|e| format!("cannot handle signal {sig}: {e}"))?;
+    }
+    Ok(stop)
+}
+
 fn run_node(cfg: NodeConfig, stats_every: u64, run_for: u64) -> Result<(), String> {
+    let stop = stop_signals()?;
     let node = Node::start(cfg).map_err(|e| e.to_string())?;
     let echo = node.mailbox("echo").map_err(|e| e.to_string())?;
     println!("node {} listening on {}", node.name(), node.local_addr());
     let start = Instant::now();
     let mut last_stats = Instant::now();
     let mut batch = Vec::new();
-    loop {
-        match echo.recv_batch_into(&mut batch, 4096, Duration::from_millis(200)) {
-            Ok(_) => {
-                for e in batch.drain(..) {
-                    if let Err(err) = echo.send(&e.from, e.payload) {
-                        tracing::warn!(to = %e.from, error = %err, "echo failed");
-                    }
-                }
+    let answer = |batch: &mut Vec<batchwire::Envelope>| {
+        for e in batch.drain(..) {
+            if let Err(err) = echo.send(&e.from, e.payload) {
+                tracing::warn!(to = %e.from, error = %err, "echo failed");
             }
+        }
+    };
+    loop {
+        if stop.load(Ordering::Acquire) {
+            // What the mailbox already holds was accepted: answer it before going.
+            // (Only what is there now: peers may go on sending until our goodbye.)
+            let held = echo.len();
+            let mut n = 0;
+            while n < held {
+                match echo.recv_batch_into(&mut batch, 4096.min(held - n), Duration::ZERO) {
+                    Ok(k) => n += k,
+                    Err(_) => break,
+                }
+                answer(&mut batch);
+            }
+            tracing::info!(node = %node.name(), answered = n, "signal: draining and shutting down");
+            break;
+        }
+        match echo.recv_batch_into(&mut batch, 4096, Duration::from_millis(200)) {
+            Ok(_) => answer(&mut batch),
             Err(RecvError::Timeout | RecvError::Empty) => {}
             Err(_) => break,
         }

@@ -669,3 +669,87 @@ fn bench_runs_every_scenario_over_tls_at_a_tiny_size() {
         assert!(stdout.contains(s), "{s} missing in\n{stdout}");
     }
 }
+
+/// SIGTERM mid-stream: `batchwire node` answers what its echo mailbox holds, says goodbye
+/// and exits 0 within its shutdown timeout. The echoes that come back are in order, none
+/// twice, and cover at least every message it had acknowledged when the signal went.
+#[test]
+fn sigterm_drains_a_node_mid_stream_and_it_exits_cleanly() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+    let dir = temp_dir("sigterm");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, String::from_utf8_lossy(SECRET).as_bytes()).unwrap();
+    let addrs = free_addrs(2);
+    let (a, b) = (addrs[0], addrs[1]);
+    let mut child = Proc(
+        Command::new(EXE)
+            .args(["node", "--name", "b", "--listen", &b.to_string()])
+            .args(["--peer", &format!("a={a}")])
+            .args([
+                "--secret-file",
+                secret.to_str().unwrap(),
+                "--stats-every",
+                "0",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let node = Node::start(NodeConfig::new("a", a, SECRET).peer("b", b)).unwrap();
+    assert!(node.wait_for_peers(&["b"], Duration::from_secs(20)));
+    let me = node.mailbox("me").unwrap();
+    let to = Address::new("b", "echo").unwrap();
+    let stop = AtomicBool::new(false);
+    let (mut next, mut acked_at_signal) = (0u64, 0u64);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) && k < 5_000_000 {
+                if me.send(&to, k.to_le_bytes().to_vec()).is_err() {
+                    break;
+                }
+                k += 1;
+            }
+        });
+        let mut signalled = false;
+        let t0 = Instant::now();
+        loop {
+            match me.recv_timeout(Duration::from_secs(3)) {
+                Ok(e) => {
+                    let k = u64::from_le_bytes(e.payload[..].try_into().unwrap());
+                    assert_eq!(k, next, "an echo lost, duplicated or reordered");
+                    next += 1;
+                }
+                Err(_) if signalled => break,
+                Err(e) => panic!("echoes stopped before the signal: {e}"),
+            }
+            if !signalled && next == 50_000 {
+                acked_at_signal = node.stats().peers[0].acked;
+                let st = Command::new("kill")
+                    .args(["-TERM", &child.0.id().to_string()])
+                    .status()
+                    .unwrap();
+                assert!(st.success());
+                signalled = true;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "bounded");
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    // Exits 0 within its shutdown timeout (5 s) and a margin.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(st) = child.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "still running after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        next >= acked_at_signal,
+        "{next} echoes, but {acked_at_signal} messages were acknowledged at the signal"
+    );
+}

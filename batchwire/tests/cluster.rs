@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use batchwire::{Address, Error, Event, Node, NodeConfig, RecvError};
 use common::*;
@@ -344,4 +344,52 @@ fn declared_mailboxes_keep_what_arrives_before_they_are_claimed() {
         nodes[1].mailbox("early"),
         Err(Error::MailboxExists(_))
     ));
+}
+
+/// IPv6: nodes listen and dial on `[::1]` (one of them on the unspecified `[::]`), messages
+/// small and in pieces go both ways, and both shut down promptly (the shutdown wakes its
+/// acceptor through the listener's own address family).
+#[test]
+fn nodes_talk_over_ipv6_and_shut_down_promptly() {
+    use std::net::TcpListener;
+    let free = || {
+        TcpListener::bind("[::1]:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (pa, pb) = (free(), free());
+    let at = |host: &str, port: u16| format!("[{host}]:{port}").parse().unwrap();
+    let peer_b: batchwire::PeerSpec = format!("b=[::1]:{pb}").parse().unwrap();
+    let a = Node::start(
+        NodeConfig::new("a", at("::", pa), SECRET).peer(peer_b.name.clone(), peer_b.addr),
+    )
+    .unwrap();
+    let b =
+        Node::start(NodeConfig::new("b", at("::1", pb), SECRET).peer("a", at("::1", pa))).unwrap();
+    assert!(a.wait_for_peers(&["b"], T), "{:?}", a.connected_peers());
+    assert!(b.wait_for_peers(&["a"], T));
+    let (ma, mb) = (a.mailbox("in").unwrap(), b.mailbox("in").unwrap());
+    let big = vec![7u8; 300_000];
+    for k in 0..100u8 {
+        ma.send(&mb.address(), vec![k]).unwrap();
+        mb.send(&ma.address(), vec![k]).unwrap();
+    }
+    ma.send(&mb.address(), big.clone()).unwrap();
+    for k in 0..100u8 {
+        assert_eq!(&mb.recv_timeout(T).unwrap().payload[..], &[k]);
+        assert_eq!(&ma.recv_timeout(T).unwrap().payload[..], &[k]);
+    }
+    assert_eq!(mb.recv_timeout(T).unwrap().payload.len(), big.len());
+    assert!(a.stats().peers[0].fragments_sent > 0);
+    let t0 = Instant::now();
+    drop((ma, mb));
+    a.shutdown();
+    b.shutdown();
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "shutdown took {:?}",
+        t0.elapsed()
+    );
 }
