@@ -753,3 +753,72 @@ fn sigterm_drains_a_node_mid_stream_and_it_exits_cleanly() {
         "{next} echoes, but {acked_at_signal} messages were acknowledged at the signal"
     );
 }
+
+/// Log lines name their connection: the connection's span (node, peer, address,
+/// incarnation) prefixes what is logged on it, and a healthy node is quiet at INFO (a few
+/// lines for its lifecycle and its connection, none per message).
+#[test]
+fn log_lines_name_their_connection_and_a_healthy_node_is_quiet_at_info() {
+    use std::time::Instant;
+    let dir = temp_dir("spans");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, String::from_utf8_lossy(SECRET).as_bytes()).unwrap();
+    let log = dir.join("stderr");
+    let addrs = free_addrs(2);
+    let (a, b) = (addrs[0], addrs[1]);
+    let mut child = Proc(
+        Command::new(EXE)
+            .env("BATCHWIRE_LOG", "info")
+            .args(["node", "--name", "b", "--listen", &b.to_string()])
+            .args(["--peer", &format!("a={a}")])
+            .args([
+                "--secret-file",
+                secret.to_str().unwrap(),
+                "--stats-every",
+                "0",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let node = Node::start(NodeConfig::new("a", a, SECRET).peer("b", b)).unwrap();
+    assert!(node.wait_for_peers(&["b"], Duration::from_secs(20)));
+    let me = node.mailbox("me").unwrap();
+    for k in 0..20_000u64 {
+        me.send(
+            &Address::new("b", "echo").unwrap(),
+            k.to_le_bytes().to_vec(),
+        )
+        .unwrap();
+    }
+    for _ in 0..20_000 {
+        me.recv_timeout(Duration::from_secs(20)).expect("echo lost");
+    }
+    let st = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "still running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let connected = text
+        .lines()
+        .find(|l| l.contains("connected"))
+        .unwrap_or_else(|| panic!("no connected line in:\n{text}"));
+    for part in ["conn{", "node=b", "peer=a", "incarnation="] {
+        assert!(
+            connected.contains(part),
+            "{part:?} missing from {connected:?}"
+        );
+    }
+    let lines = text.lines().count();
+    assert!(
+        lines <= 12,
+        "{lines} lines at INFO for 20,000 messages:\n{text}"
+    );
+}

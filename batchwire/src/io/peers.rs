@@ -146,8 +146,10 @@ impl Peers {
             shared_done: m.shared_done.clone(),
         };
         let (p, sd) = (peer.clone(), m.shutdown.clone());
+        let node = m.ctx.node.clone();
         m.threads
             .spawn(format!("bw-write-{}-{name}", m.ctx.node), move || {
+                let _span = tracing::info_span!("writer", node = %node, peer = %p.name).entered();
                 run_writer(p, wcfg, sd)
             })
             .map_err(AddError::Spawn)?;

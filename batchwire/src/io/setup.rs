@@ -112,6 +112,12 @@ impl Setup {
         let Ok(addr) = stream.peer_addr() else {
             return false; // already gone
         };
+        // Every log line of this connection says which it is: its handshake first, then
+        // (once the peer proved who it is) the connection with the peer's name and
+        // incarnation.
+        let hs_span =
+            tracing::info_span!("handshake", node = %self.name, %addr, dialled = expect.is_some())
+                .entered();
         // Small messages must not wait for Nagle: batching is the bundler's job.
         let _ = stream.set_nodelay(true);
         // One deadline for everything before the connection carries messages.
@@ -140,6 +146,15 @@ impl Setup {
             }
         };
         drop(slot);
+        drop(hs_span);
+        let _span = tracing::info_span!(
+            "conn",
+            node = %self.name,
+            peer = %info.name,
+            %addr,
+            incarnation = info.incarnation
+        )
+        .entered();
 
         // 2. The peer's handles (made, with its writer, if it is not in the static list).
         let peer = match self.peers.get_or_insert(&info.name) {
