@@ -2,6 +2,7 @@
 
 mod bench;
 mod certs;
+mod nodefile;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -31,24 +32,31 @@ enum Cmd {
     /// Run a standalone node. It serves a mailbox "echo" that sends every message back to
     /// its sender, and prints its counters every --stats-every seconds.
     Node {
-        /// This node's name, unique in the cluster.
+        /// A config file (TOML) with any of the settings below and more (see
+        /// --print-config); flags given here win over it.
         #[arg(long)]
-        name: String,
-        /// Address to listen on, e.g. 127.0.0.1:7001.
+        config: Option<PathBuf>,
+        /// Print every setting with its default, as a commented config file, and exit.
         #[arg(long)]
-        listen: SocketAddr,
+        print_config: bool,
+        /// This node's name, unique in the cluster (here or in the config file).
+        #[arg(long)]
+        name: Option<String>,
+        /// Address to listen on, e.g. 127.0.0.1:7001 or [::1]:7001.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
         /// A peer, NAME=HOST:PORT; repeat for each peer.
         #[arg(long = "peer")]
         peers: Vec<PeerSpec>,
         /// File holding the cluster secret.
         #[arg(long)]
-        secret_file: PathBuf,
-        /// Bundler: none, natural, per-destination, transfer-queue or linger.
-        #[arg(long, default_value = "natural")]
-        bundler: BundlerKind,
-        /// How transport threads idle, 1 (park at once) ..= 10 (busy-spin).
-        #[arg(long, default_value_t = 1)]
-        idle_cpu_level: u8,
+        secret_file: Option<PathBuf>,
+        /// Bundler: none, natural, per-destination, transfer-queue or linger [default: natural].
+        #[arg(long)]
+        bundler: Option<BundlerKind>,
+        /// How transport threads idle, 1 (park at once) ..= 10 (busy-spin) [default: 1].
+        #[arg(long)]
+        idle_cpu_level: Option<u8>,
         /// Mutual TLS: this node's certificate (PEM; it must name the node).
         #[arg(long, requires_all = ["tls_key", "tls_ca"])]
         tls_cert: Option<PathBuf>,
@@ -58,21 +66,22 @@ enum Cmd {
         /// Mutual TLS: the CA that signed every node's certificate (PEM).
         #[arg(long, requires_all = ["tls_cert", "tls_key"])]
         tls_ca: Option<PathBuf>,
-        /// Print counters every this many seconds (0: never).
-        #[arg(long, default_value_t = 10)]
-        stats_every: u64,
-        /// Exit (shutting down cleanly) after this many seconds (0: run until killed).
+        /// Print counters every this many seconds (0: never) [default: 10].
+        #[arg(long)]
+        stats_every: Option<u64>,
+        /// Exit (shutting down cleanly) after this many seconds (0: run until stopped).
         #[arg(long, default_value_t = 0)]
         run_for: u64,
-        /// Milliseconds a new connection has for TLS, the handshake and RESUME together.
-        #[arg(long, default_value_t = 5000)]
-        handshake_timeout_ms: u64,
-        /// Most inbound handshakes in progress; more are closed at once.
-        #[arg(long, default_value_t = 64)]
-        max_handshakes: usize,
-        /// Most inbound handshakes in progress from one source address.
-        #[arg(long, default_value_t = 16)]
-        max_handshakes_per_address: usize,
+        /// Milliseconds a new connection has for TLS, the handshake and RESUME together
+        /// [default: 5000].
+        #[arg(long)]
+        handshake_timeout_ms: Option<u64>,
+        /// Most inbound handshakes in progress; more are closed at once [default: 64].
+        #[arg(long)]
+        max_handshakes: Option<usize>,
+        /// Most inbound handshakes in progress from one source address [default: 16].
+        #[arg(long)]
+        max_handshakes_per_address: Option<usize>,
     },
     /// Generate a test CA and a certificate per node, to try mutual TLS in a minute.
     Certs {
@@ -239,6 +248,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Node {
+            config,
+            print_config,
             name,
             listen,
             peers,
@@ -254,22 +265,35 @@ fn main() -> ExitCode {
             max_handshakes,
             max_handshakes_per_address,
         } => {
+            if print_config {
+                print!("{}", nodefile::DEFAULTS);
+                return ExitCode::SUCCESS;
+            }
             init_logs(LevelFilter::INFO);
-            let secret = NodeConfig::read_secret(&secret_file).map_err(|e| e.to_string());
-            secret.and_then(|secret| {
-                let mut cfg = NodeConfig::new(name, listen, secret)
-                    .bundler(bundler)
-                    .idle_cpu_level(idle_cpu_level)
-                    .mailbox("echo")
-                    .with_peers(peers)
-                    .handshake_timeout(Duration::from_millis(handshake_timeout_ms))
-                    .max_handshakes(max_handshakes)
-                    .max_handshakes_per_address(max_handshakes_per_address);
-                if let (Some(cert), Some(key), Some(ca)) = (tls_cert, tls_key, tls_ca) {
-                    cfg = cfg.tls(batchwire::TlsFiles { cert, key, ca });
-                }
-                run_node(cfg, stats_every, run_for)
-            })
+            let flags = nodefile::Flags {
+                name,
+                listen,
+                secret_file,
+                peers,
+                bundler,
+                idle_cpu_level,
+                tls: match (tls_cert, tls_key, tls_ca) {
+                    (Some(cert), Some(key), Some(ca)) => {
+                        Some(batchwire::TlsFiles { cert, key, ca })
+                    }
+                    _ => None,
+                },
+                stats_every,
+                handshake_timeout_ms,
+                max_handshakes,
+                max_handshakes_per_address,
+            };
+            let file = match &config {
+                Some(path) => nodefile::read(path),
+                None => Ok(nodefile::NodeFile::default()),
+            };
+            file.and_then(|f| nodefile::build(flags, f))
+                .and_then(|(cfg, stats_every)| run_node(cfg, stats_every, run_for))
         }
         Cmd::Bench(a) => {
             init_logs(LevelFilter::WARN);

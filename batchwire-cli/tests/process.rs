@@ -822,3 +822,73 @@ fn log_lines_name_their_connection_and_a_healthy_node_is_quiet_at_info() {
         "{lines} lines at INFO for 20,000 messages:\n{text}"
     );
 }
+
+/// `--print-config` prints every setting; a node runs from a config file (flags still
+/// win); a config file with an unknown key or a bad value is refused, naming it.
+#[test]
+fn node_runs_from_a_config_file_and_refuses_unknown_keys() {
+    let out = Command::new(EXE)
+        .args(["node", "--print-config"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let defaults = String::from_utf8(out.stdout).unwrap();
+    for key in [
+        "mailbox_bytes",
+        "bulk_inflight_bytes",
+        "peer_timeout_ms",
+        "[tls]",
+    ] {
+        assert!(defaults.contains(key), "{key} missing from --print-config");
+    }
+    let dir = temp_dir("config");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, String::from_utf8_lossy(SECRET).as_bytes()).unwrap();
+    let addrs = free_addrs(2);
+    let (a, b) = (addrs[0], addrs[1]);
+    let conf = dir.join("node.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "name = \"b\"\nlisten = \"{b}\"\nsecret_file = {secret:?}\npeers = [\"a={a}\"]\n\
+             bundler = \"linger\"\nmailbox_bytes = 1048576\nstats_every_secs = 0\n"
+        ),
+    )
+    .unwrap();
+    let _b = Proc(
+        Command::new(EXE)
+            .args([
+                "node",
+                "--config",
+                conf.to_str().unwrap(),
+                "--bundler",
+                "natural",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let node = Node::start(NodeConfig::new("a", a, SECRET).peer("b", b)).unwrap();
+    assert!(node.wait_for_peers(&["b"], Duration::from_secs(20)));
+    let me = node.mailbox("me").unwrap();
+    me.send(&Address::new("b", "echo").unwrap(), b"hi".to_vec())
+        .unwrap();
+    assert_eq!(
+        &me.recv_timeout(Duration::from_secs(20)).unwrap().payload[..],
+        b"hi"
+    );
+    for (text, key) in [
+        ("name = \"b\"\nmailbox_byte = 5\n", "mailbox_byte"),
+        ("name = \"b\"\nmax_payload = \"big\"\n", "max_payload"),
+    ] {
+        std::fs::write(&conf, text).unwrap();
+        let out = Command::new(EXE)
+            .args(["node", "--config", conf.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(key) && err.contains("node.toml"), "{err}");
+    }
+}
