@@ -69,6 +69,9 @@ enum Cmd {
         /// Print counters every this many seconds (0: never) [default: 10].
         #[arg(long)]
         stats_every: Option<u64>,
+        /// Serve the node's counters for Prometheus at http://ADDR/metrics.
+        #[arg(long)]
+        metrics_listen: Option<SocketAddr>,
         /// Exit (shutting down cleanly) after this many seconds (0: run until stopped).
         #[arg(long, default_value_t = 0)]
         run_for: u64,
@@ -260,6 +263,7 @@ fn main() -> ExitCode {
             tls_key,
             tls_ca,
             stats_every,
+            metrics_listen,
             run_for,
             handshake_timeout_ms,
             max_handshakes,
@@ -284,6 +288,7 @@ fn main() -> ExitCode {
                     _ => None,
                 },
                 stats_every,
+                metrics_listen,
                 handshake_timeout_ms,
                 max_handshakes,
                 max_handshakes_per_address,
@@ -293,7 +298,7 @@ fn main() -> ExitCode {
                 None => Ok(nodefile::NodeFile::default()),
             };
             file.and_then(|f| nodefile::build(flags, f))
-                .and_then(|(cfg, stats_every)| run_node(cfg, stats_every, run_for))
+                .and_then(|(cfg, extras)| run_node(cfg, &extras, run_for))
         }
         Cmd::Bench(a) => {
             init_logs(LevelFilter::WARN);
@@ -359,9 +364,17 @@ fn stop_signals() -> Result<Arc<AtomicBool>, String> {
     Ok(stop)
 }
 
-fn run_node(cfg: NodeConfig, stats_every: u64, run_for: u64) -> Result<(), String> {
+fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<(), String> {
     let stop = stop_signals()?;
+    let stats_every = extras.stats_every;
+    if let Some(addr) = extras.metrics_listen {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
+    }
     let node = Node::start(cfg).map_err(|e| e.to_string())?;
+    let mut last_published: Option<Instant> = None;
     let echo = node.mailbox("echo").map_err(|e| e.to_string())?;
     println!("node {} listening on {}", node.name(), node.local_addr());
     let start = Instant::now();
@@ -394,6 +407,14 @@ fn run_node(cfg: NodeConfig, stats_every: u64, run_for: u64) -> Result<(), Strin
             Ok(_) => answer(&mut batch),
             Err(RecvError::Timeout | RecvError::Empty) => {}
             Err(_) => break,
+        }
+        // Metrics are copied from the node's counters once a second (a scrape sees values
+        // at most that old).
+        if extras.metrics_listen.is_some()
+            && last_published.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            node.publish_metrics();
+            last_published = Some(Instant::now());
         }
         if stats_every > 0 && last_stats.elapsed() >= Duration::from_secs(stats_every) {
             print!("{}", node.stats());

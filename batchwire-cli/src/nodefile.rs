@@ -30,6 +30,7 @@ pub struct NodeFile {
     pub bundler_max_delay_us: Option<u64>,
     pub idle_cpu_level: Option<u8>,
     pub stats_every_secs: Option<u64>,
+    pub metrics_listen: Option<SocketAddr>,
     pub send_queue_bytes: Option<usize>,
     pub mailbox_bytes: Option<usize>,
     pub max_payload: Option<usize>,
@@ -85,6 +86,8 @@ pub const DEFAULTS: &str = r#"# batchwire node configuration (TOML). Every key i
 # idle_cpu_level = 1
 # Print counters every this many seconds (0: never).
 # stats_every_secs = 10
+# Serve the counters for Prometheus at http://ADDR/metrics (off unless set).
+# metrics_listen = "127.0.0.1:9100"
 
 # Queues and flow control.
 # send_queue_bytes = 4194304        # per peer and lane (ordinary, bulk)
@@ -139,13 +142,23 @@ pub struct Flags {
     pub idle_cpu_level: Option<u8>,
     pub tls: Option<TlsFiles>,
     pub stats_every: Option<u64>,
+    pub metrics_listen: Option<SocketAddr>,
     pub handshake_timeout_ms: Option<u64>,
     pub max_handshakes: Option<usize>,
     pub max_handshakes_per_address: Option<usize>,
 }
 
-/// The node's configuration from the flags over the file, and how often to print stats.
-pub fn build(flags: Flags, file: NodeFile) -> Result<(NodeConfig, u64), String> {
+/// What `batchwire node` does besides the library's settings.
+#[derive(Debug)]
+pub struct Extras {
+    /// Print counters every this many seconds (0: never).
+    pub stats_every: u64,
+    /// Serve metrics for Prometheus here.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// The node's configuration from the flags over the file, and the command's own settings.
+pub fn build(flags: Flags, file: NodeFile) -> Result<(NodeConfig, Extras), String> {
     let missing = |key: &str, flag: &str| {
         format!("missing `{key}`: give {flag} or `{key} = ...` in a --config file")
     };
@@ -246,8 +259,11 @@ pub fn build(flags: Flags, file: NodeFile) -> Result<(NodeConfig, u64), String> 
     if let Some(t) = tls {
         cfg = cfg.tls(t);
     }
-    let stats_every = flags.stats_every.or(file.stats_every_secs).unwrap_or(10);
-    Ok((cfg, stats_every))
+    let extras = Extras {
+        stats_every: flags.stats_every.or(file.stats_every_secs).unwrap_or(10),
+        metrics_listen: flags.metrics_listen.or(file.metrics_listen),
+    };
+    Ok((cfg, extras))
 }
 
 #[cfg(test)]
@@ -278,8 +294,9 @@ mod tests {
         let secret = dir.join("secret");
         std::fs::write(&secret, "s3cret\n").unwrap();
         let f = parse(&text.replace("\"secret\"", &format!("{secret:?}"))).unwrap();
-        let (_cfg, every) = build(Flags::default(), f).unwrap();
-        assert_eq!(every, 10);
+        let (_cfg, extras) = build(Flags::default(), f).unwrap();
+        assert_eq!(extras.stats_every, 10);
+        assert!(extras.metrics_listen.is_some());
     }
 
     #[test]
@@ -320,8 +337,8 @@ mod tests {
             stats_every: Some(0),
             ..Flags::default()
         };
-        let (_, every) = build(flags, parse(&text).unwrap()).unwrap();
-        assert_eq!(every, 0, "the flag won");
+        let (_, extras) = build(flags, parse(&text).unwrap()).unwrap();
+        assert_eq!(extras.stats_every, 0, "the flag won");
         let text = text.replace("\"fastest\"", "\"linger\"") + "peers = [\"b=x\"]\n";
         let e = build(Flags::default(), parse(&text).unwrap())
             .err()

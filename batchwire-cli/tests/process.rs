@@ -892,3 +892,95 @@ fn node_runs_from_a_config_file_and_refuses_unknown_keys() {
         assert!(err.contains(key) && err.contains("node.toml"), "{err}");
     }
 }
+
+/// `--metrics-listen`: a Prometheus scrape over real HTTP parses, and the counters move as
+/// messages flow (labelled by node and peer).
+#[test]
+fn metrics_are_served_for_prometheus_and_counters_move() {
+    use std::io::{BufRead, Read, Write};
+    use std::time::Instant;
+    let dir = temp_dir("metrics");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, String::from_utf8_lossy(SECRET).as_bytes()).unwrap();
+    let addrs = free_addrs(3);
+    let (a, b, m) = (addrs[0], addrs[1], addrs[2]);
+    let _b = Proc(
+        Command::new(EXE)
+            .args(["node", "--name", "b", "--listen", &b.to_string()])
+            .args([
+                "--peer",
+                &format!("a={a}"),
+                "--metrics-listen",
+                &m.to_string(),
+            ])
+            .args([
+                "--secret-file",
+                secret.to_str().unwrap(),
+                "--stats-every",
+                "0",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let scrape = || -> Option<prometheus_parse::Scrape> {
+        let mut s = std::net::TcpStream::connect_timeout(&m, Duration::from_secs(2)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: {m}\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let body = text.split_once("\r\n\r\n")?.1.to_string();
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        prometheus_parse::Scrape::parse(body.as_bytes().lines()).ok()
+    };
+    let received = |sc: &prometheus_parse::Scrape| {
+        sc.samples
+            .iter()
+            .find(|s| {
+                s.metric == "batchwire_messages_received_total"
+                    && s.labels.get("peer") == Some("a")
+                    && s.labels.get("node") == Some("b")
+            })
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+                _ => panic!("not a counter: {:?}", s.value),
+            })
+    };
+    let node = Node::start(NodeConfig::new("a", a, SECRET).peer("b", b)).unwrap();
+    assert!(node.wait_for_peers(&["b"], Duration::from_secs(20)));
+    let me = node.mailbox("me").unwrap();
+    const N: u64 = 5000;
+    for k in 0..N {
+        me.send(
+            &Address::new("b", "echo").unwrap(),
+            k.to_le_bytes().to_vec(),
+        )
+        .unwrap();
+    }
+    for _ in 0..N {
+        me.recv_timeout(Duration::from_secs(20)).expect("echo lost");
+    }
+    // Published once a second: wait (bounded) until a scrape shows every message.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(sc) = scrape() {
+            if received(&sc).is_some_and(|v| v >= N as f64) {
+                let connected = sc.samples.iter().any(|s| {
+                    s.metric == "batchwire_peer_connected" && s.labels.get("peer") == Some("a")
+                });
+                assert!(connected, "no batchwire_peer_connected for a");
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the counters never showed {N} messages"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

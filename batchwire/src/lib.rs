@@ -16,6 +16,8 @@ mod error;
 mod event;
 mod io;
 mod mailbox;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod node;
 mod stats;
 

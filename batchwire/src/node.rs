@@ -138,6 +138,14 @@ impl Node {
         self.rt.break_connections()
     }
 
+    /// Copy this node's counters into the `metrics` facade, for the exporter the
+    /// application installed (feature `metrics`; names in the README, "Operating a node").
+    /// Nothing is recorded per message: this reads the counters the node keeps anyway.
+    #[cfg(feature = "metrics")]
+    pub fn publish_metrics(&self) {
+        self.stats().publish_metrics();
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> NodeStats {
         self.rt.stats()

@@ -1,0 +1,96 @@
+//! A node's counters through the [`metrics`] facade (feature `metrics`), for whatever
+//! exporter the application installed (Prometheus, OpenTelemetry, StatsD...).
+//!
+//! Nothing is recorded on the hot path: the node already counts everything with one atomic
+//! per batch or per event, and [`Node::publish_metrics`] copies those counters into the
+//! facade when called (`batchwire node --metrics-listen` calls it every second). Names are
+//! stable; labels are `node`, and `peer` where it matters:
+//!
+//! | name | kind | labels |
+//! | --- | --- | --- |
+//! | `batchwire_messages_sent_total`, `_received_total` | counter | node, peer |
+//! | `batchwire_bytes_sent_total`, `_received_total` | counter | node, peer |
+//! | `batchwire_frames_sent_total`, `_received_total` | counter | node, peer |
+//! | `batchwire_writes_total` | counter | node, peer |
+//! | `batchwire_flushes_total` | counter | node, peer, reason (drained, size, timer, single) |
+//! | `batchwire_resent_total`, `batchwire_acked_total` | counter | node, peer |
+//! | `batchwire_connects_total` | counter | node, peer |
+//! | `batchwire_send_failed_total` | counter | node, peer |
+//! | `batchwire_protocol_violations_total` | counter | node, peer |
+//! | `batchwire_undeliverable_reported_total` | counter | node, peer |
+//! | `batchwire_fragments_sent_total`, `_received_total` | counter | node, peer |
+//! | `batchwire_credit_stalls_total` | counter | node, peer |
+//! | `batchwire_sender_blocked_microseconds_total` | counter | node, peer |
+//! | `batchwire_peer_connected` | gauge (0, 1) | node, peer |
+//! | `batchwire_unacked_bytes`, `batchwire_queued_messages`, `batchwire_queue_high_water_bytes` | gauge | node, peer |
+//! | `batchwire_messages_per_write` | gauge (mean) | node, peer |
+//! | `batchwire_handshakes_failed_total` | counter | node, reason |
+//! | `batchwire_handshakes_busy_total`, `batchwire_accept_errors_total` | counter | node |
+//! | `batchwire_undeliverable_total`, `batchwire_events_dropped_total` | counter | node |
+//!
+//! [`Node::publish_metrics`]: crate::Node::publish_metrics
+
+use metrics::{counter, gauge};
+
+use crate::stats::NodeStats;
+
+impl NodeStats {
+    /// Copy these figures into the `metrics` facade (see the module documentation).
+    pub fn publish_metrics(&self) {
+        let node = self.node.clone();
+        for p in &self.peers {
+            let l = [("node", node.clone()), ("peer", p.peer.clone())];
+            let c = |name: &'static str, v: u64| counter!(name, &l).absolute(v);
+            c("batchwire_messages_sent_total", p.messages_sent);
+            c("batchwire_messages_received_total", p.messages_received);
+            c("batchwire_bytes_sent_total", p.bytes_sent);
+            c("batchwire_bytes_received_total", p.bytes_received);
+            c("batchwire_frames_sent_total", p.frames_sent);
+            c("batchwire_frames_received_total", p.frames_received);
+            c("batchwire_writes_total", p.writes);
+            c("batchwire_resent_total", p.resent);
+            c("batchwire_acked_total", p.acked);
+            c("batchwire_connects_total", p.connects);
+            c("batchwire_send_failed_total", p.send_failed);
+            c("batchwire_protocol_violations_total", p.protocol_violations);
+            c(
+                "batchwire_undeliverable_reported_total",
+                p.undeliverable_reported,
+            );
+            c("batchwire_fragments_sent_total", p.fragments_sent);
+            c("batchwire_fragments_received_total", p.fragments_received);
+            c("batchwire_credit_stalls_total", p.credit_stalls);
+            for (reason, v) in [
+                ("drained", p.flushes_drained),
+                ("size", p.flushes_size),
+                ("timer", p.flushes_timer),
+                ("single", p.flushes_single),
+            ] {
+                let l = [
+                    ("node", node.clone()),
+                    ("peer", p.peer.clone()),
+                    ("reason", reason.to_string()),
+                ];
+                counter!("batchwire_flushes_total", &l).absolute(v);
+            }
+            counter!("batchwire_sender_blocked_microseconds_total", &l).absolute(p.blocked_us);
+            gauge!("batchwire_peer_connected", &l).set(if p.connected { 1.0 } else { 0.0 });
+            gauge!("batchwire_unacked_bytes", &l).set(p.unacked_bytes as f64);
+            gauge!("batchwire_queued_messages", &l).set(p.queued as f64);
+            gauge!("batchwire_queue_high_water_bytes", &l).set(p.queue_high_water as f64);
+            gauge!("batchwire_messages_per_write", &l).set(p.messages_per_write());
+        }
+        let l = [("node", node.clone())];
+        for (kind, v) in &self.handshakes.failed {
+            let l = [
+                ("node", node.clone()),
+                ("reason", format!("{kind:?}").to_lowercase()),
+            ];
+            counter!("batchwire_handshakes_failed_total", &l).absolute(*v);
+        }
+        counter!("batchwire_handshakes_busy_total", &l).absolute(self.handshakes.busy);
+        counter!("batchwire_accept_errors_total", &l).absolute(self.handshakes.accept_errors);
+        counter!("batchwire_undeliverable_total", &l).absolute(self.undeliverable);
+        counter!("batchwire_events_dropped_total", &l).absolute(self.events_dropped);
+    }
+}
