@@ -295,7 +295,7 @@ fn main() -> ExitCode {
             };
             let file = match &config {
                 Some(path) => nodefile::read(path),
-                None => Ok(nodefile::NodeFile::default()),
+                None => Ok(nodefile::CliFile::default()),
             };
             file.and_then(|f| nodefile::build(flags, f))
                 .and_then(|(cfg, extras)| run_node(cfg, &extras, run_for))

@@ -7,59 +7,17 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use batchwire::{BundlerKind, NodeConfig, PeerSpec, TlsFiles};
+use batchwire::{BundlerKind, NodeConfig, NodeFile, PeerSpec, TlsFiles};
 use serde::Deserialize;
 
-/// The node's settings as the file has them; every key is optional.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NodeFile {
-    pub name: Option<String>,
-    pub listen: Option<SocketAddr>,
-    pub secret_file: Option<PathBuf>,
-    /// "NAME=HOST:PORT" each.
-    #[serde(default)]
-    pub peers: Vec<String>,
-    /// Mailboxes that exist from the start, besides "echo".
-    #[serde(default)]
-    pub mailboxes: Vec<String>,
-    pub bundler: Option<String>,
-    pub bundler_max_size: Option<usize>,
-    pub bundler_max_delay_us: Option<u64>,
-    pub idle_cpu_level: Option<u8>,
+/// A config file as `batchwire node` reads it: the library's [`NodeFile`] and the
+/// command's own keys.
+#[derive(Debug, Default)]
+pub struct CliFile {
+    pub node: NodeFile,
     pub stats_every_secs: Option<u64>,
     pub metrics_listen: Option<SocketAddr>,
-    pub send_queue_bytes: Option<usize>,
-    pub mailbox_bytes: Option<usize>,
-    pub max_payload: Option<usize>,
-    pub frame_bytes: Option<usize>,
-    pub fragment_bytes: Option<usize>,
-    pub bulk_inflight_bytes: Option<usize>,
-    pub read_bytes: Option<usize>,
-    pub unacked_bytes: Option<usize>,
-    pub reconnect_min_ms: Option<u64>,
-    pub reconnect_max_ms: Option<u64>,
-    pub handshake_timeout_ms: Option<u64>,
-    pub max_handshakes: Option<usize>,
-    pub max_handshakes_per_address: Option<usize>,
-    pub max_peers: Option<usize>,
-    pub events_capacity: Option<usize>,
-    pub shutdown_timeout_ms: Option<u64>,
-    pub write_check_ms: Option<u64>,
-    pub heartbeat_interval_ms: Option<u64>,
-    pub peer_timeout_ms: Option<u64>,
-    pub tls: Option<TlsSection>,
-}
-
-/// `[tls]`: mutual TLS on every connection (all three files).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsSection {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    pub ca: PathBuf,
 }
 
 /// Every setting with its default, as `--print-config` prints it.
@@ -120,15 +78,40 @@ pub const DEFAULTS: &str = r#"# batchwire node configuration (TOML). Every key i
 "#;
 
 /// Read and check a config file.
-pub fn read(path: &Path) -> Result<NodeFile, String> {
+pub fn read(path: &Path) -> Result<CliFile, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
     parse(&text).map_err(|e| format!("config file {}: {e}", path.display()))
 }
 
-/// Parse a config file's text.
-pub fn parse(text: &str) -> Result<NodeFile, String> {
-    toml::from_str(text).map_err(|e| e.to_string())
+/// Parse a config file's text: TOML syntax first (errors with the line), then the
+/// command's keys, then the node's (unknown keys refused, naming the key).
+pub fn parse(text: &str) -> Result<CliFile, String> {
+    let mut table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+    let mut take = |key: &str| table.remove(key);
+    let stats_every_secs = match take("stats_every_secs") {
+        Some(v) => Some(u64::deserialize(v).map_err(|e| format!("`stats_every_secs`: {e}"))?),
+        None => None,
+    };
+    let metrics_listen = match take("metrics_listen") {
+        Some(v) => Some(SocketAddr::deserialize(v).map_err(|e| format!("`metrics_listen`: {e}"))?),
+        None => None,
+    };
+    // Each key on its own, so that an error names its key.
+    let mut node = toml::Table::new();
+    for (key, value) in table {
+        node.insert(key.clone(), value);
+        let one: toml::Table = [(key.clone(), node[&key].clone())].into_iter().collect();
+        if let Err(e) = one.try_into::<NodeFile>() {
+            return Err(format!("`{key}`: {}", e.message().trim()));
+        }
+    }
+    let node: NodeFile = node.try_into().map_err(|e| e.to_string())?;
+    Ok(CliFile {
+        node,
+        stats_every_secs,
+        metrics_listen,
+    })
 }
 
 /// What the command line said (flags win over the file).
@@ -158,105 +141,49 @@ pub struct Extras {
 }
 
 /// The node's configuration from the flags over the file, and the command's own settings.
-pub fn build(flags: Flags, file: NodeFile) -> Result<(NodeConfig, Extras), String> {
-    let missing = |key: &str, flag: &str| {
+pub fn build(flags: Flags, file: CliFile) -> Result<(NodeConfig, Extras), String> {
+    let mut f = file.node;
+    let flag_missing = |key: &str, flag: &str| {
         format!("missing `{key}`: give {flag} or `{key} = ...` in a --config file")
     };
-    let name = flags
-        .name
-        .or(file.name)
-        .ok_or_else(|| missing("name", "--name"))?;
-    let listen = flags
-        .listen
-        .or(file.listen)
-        .ok_or_else(|| missing("listen", "--listen"))?;
-    let secret_file = flags
-        .secret_file
-        .or(file.secret_file)
-        .ok_or_else(|| missing("secret_file", "--secret-file"))?;
-    let secret = NodeConfig::read_secret(&secret_file).map_err(|e| e.to_string())?;
-    let mut cfg = NodeConfig::new(name, listen, secret).mailbox("echo");
-    // Peers: the file's, then the flags' (a flag naming a peer of the file replaces it).
-    let mut peers = Vec::new();
-    for p in &file.peers {
-        let spec: PeerSpec = p.parse().map_err(|e| format!("`peers`: {p:?}: {e}"))?;
-        peers.push(spec);
-    }
-    for p in flags.peers {
-        peers.retain(|q: &PeerSpec| q.name != p.name);
-        peers.push(p);
-    }
-    cfg = cfg.with_peers(peers);
-    for m in file.mailboxes {
-        cfg = cfg.mailbox(m);
-    }
-    let bundler = match (flags.bundler, file.bundler) {
-        (Some(b), _) => b,
-        (None, Some(s)) => s
-            .parse::<BundlerKind>()
-            .map_err(|e| format!("`bundler`: {e}"))?,
-        (None, None) => BundlerKind::Natural,
-    };
-    cfg = cfg.bundler(bundler);
-    if let Some(v) = file.bundler_max_size {
-        cfg = cfg.bundler_max_size(v);
-    }
-    if let Some(v) = file.bundler_max_delay_us {
-        cfg = cfg.bundler_max_delay(Duration::from_micros(v));
-    }
-    if let Some(v) = flags.idle_cpu_level.or(file.idle_cpu_level) {
-        cfg = cfg.idle_cpu_level(v);
-    }
-    let ms = Duration::from_millis;
-    macro_rules! set {
-        ($($key:ident => $method:ident $(via $conv:ident)?),* $(,)?) => {
-            $( if let Some(v) = file.$key { cfg = cfg.$method($($conv)?(v)); } )*
-        };
-    }
-    set!(
-        send_queue_bytes => send_queue_bytes,
-        mailbox_bytes => mailbox_bytes,
-        max_payload => max_payload,
-        frame_bytes => frame_bytes,
-        fragment_bytes => fragment_bytes,
-        bulk_inflight_bytes => bulk_inflight_bytes,
-        read_bytes => read_bytes,
-        unacked_bytes => unacked_bytes,
-        max_peers => max_peers,
-        events_capacity => events_capacity,
-        shutdown_timeout_ms => shutdown_timeout via ms,
-        write_check_ms => write_check via ms,
-        heartbeat_interval_ms => heartbeat_interval via ms,
-        peer_timeout_ms => peer_timeout via ms,
+    f.name = Some(
+        flags
+            .name
+            .or(f.name)
+            .ok_or_else(|| flag_missing("name", "--name"))?,
     );
-    if file.reconnect_min_ms.is_some() || file.reconnect_max_ms.is_some() {
-        let min = ms(file.reconnect_min_ms.unwrap_or(50));
-        let max = ms(file.reconnect_max_ms.unwrap_or(2000));
-        if min > max {
-            return Err(format!(
-                "`reconnect_min_ms` ({min:?}) is above `reconnect_max_ms` ({max:?})"
-            ));
-        }
-        cfg = cfg.reconnect(min, max);
+    f.listen = Some(
+        flags
+            .listen
+            .or(f.listen)
+            .ok_or_else(|| flag_missing("listen", "--listen"))?,
+    );
+    f.secret_file = Some(
+        flags
+            .secret_file
+            .or(f.secret_file)
+            .ok_or_else(|| flag_missing("secret_file", "--secret-file"))?,
+    );
+    // A peer given as a flag replaces one of the same name in the file.
+    for p in &flags.peers {
+        f.peers
+            .retain(|q| q.split_once('=').map(|(n, _)| n.trim()) != Some(p.name.as_str()));
+        f.peers.push(format!("{}={}", p.name, p.addr));
     }
-    if let Some(v) = flags.handshake_timeout_ms.or(file.handshake_timeout_ms) {
-        cfg = cfg.handshake_timeout(ms(v));
+    if !f.mailboxes.iter().any(|m| m == "echo") {
+        f.mailboxes.push("echo".into());
     }
-    if let Some(v) = flags.max_handshakes.or(file.max_handshakes) {
-        cfg = cfg.max_handshakes(v);
+    if let Some(b) = flags.bundler {
+        f.bundler = Some(b.name().to_string());
     }
-    if let Some(v) = flags
+    f.idle_cpu_level = flags.idle_cpu_level.or(f.idle_cpu_level);
+    f.handshake_timeout_ms = flags.handshake_timeout_ms.or(f.handshake_timeout_ms);
+    f.max_handshakes = flags.max_handshakes.or(f.max_handshakes);
+    f.max_handshakes_per_address = flags
         .max_handshakes_per_address
-        .or(file.max_handshakes_per_address)
-    {
-        cfg = cfg.max_handshakes_per_address(v);
-    }
-    let tls = flags.tls.or(file.tls.map(|t| TlsFiles {
-        cert: t.cert,
-        key: t.key,
-        ca: t.ca,
-    }));
-    if let Some(t) = tls {
+        .or(f.max_handshakes_per_address);
+    let mut cfg = f.into_config().map_err(|e| e.to_string())?;
+    if let Some(t) = flags.tls {
         cfg = cfg.tls(t);
     }
     let extras = Extras {
@@ -285,10 +212,10 @@ mod tests {
     fn every_key_of_the_printed_defaults_is_understood_and_builds_a_node_config() {
         let text = uncommented();
         let f = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        assert_eq!(f.name.as_deref(), Some("a"));
-        assert_eq!(f.mailbox_bytes, Some(16 << 20));
-        assert_eq!(f.bulk_inflight_bytes, Some(128 << 10));
-        assert!(f.tls.is_some());
+        assert_eq!(f.node.name.as_deref(), Some("a"));
+        assert_eq!(f.node.mailbox_bytes, Some(16 << 20));
+        assert_eq!(f.node.bulk_inflight_bytes, Some(128 << 10));
+        assert!(f.node.tls.is_some());
         let dir = std::env::temp_dir().join(format!("bw-nodefile-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let secret = dir.join("secret");
@@ -302,11 +229,15 @@ mod tests {
     #[test]
     fn unknown_keys_and_bad_values_are_refused_with_the_key() {
         let e = parse("name = \"a\"\nmailbox_byte = 5\n").unwrap_err();
-        assert!(e.contains("mailbox_byte") && e.contains("line 2"), "{e}");
+        assert!(e.contains("`mailbox_byte`") && e.contains("unknown"), "{e}");
+        let e = parse("name = \"a\"\nmailbox_bytes = \n").unwrap_err();
+        assert!(e.contains("line 2"), "a syntax error names its line: {e}");
         let e = parse("max_payload = \"big\"\n").unwrap_err();
-        assert!(e.contains("max_payload") || e.contains("line 1"), "{e}");
+        assert!(e.contains("`max_payload`") && e.contains("big"), "{e}");
         let e = parse("[tls]\ncert = \"c\"\n").unwrap_err();
-        assert!(e.contains("key"), "{e}");
+        assert!(e.contains("`tls`") && e.contains("key"), "{e}");
+        let e = parse("metrics_listen = \"nowhere\"\n").unwrap_err();
+        assert!(e.contains("`metrics_listen`"), "{e}");
         let f = parse("bundler = \"fastest\"\nname = \"a\"\nlisten = \"127.0.0.1:1\"\n").unwrap();
         let flags = Flags {
             secret_file: Some(PathBuf::from("/nonexistent/secret")),

@@ -12,6 +12,7 @@
 mod address;
 mod class;
 mod config;
+mod config_file;
 mod error;
 mod event;
 mod io;
@@ -24,6 +25,7 @@ mod stats;
 pub use crate::address::Address;
 pub use crate::class::Class;
 pub use crate::config::{NodeConfig, PeerSpec, TlsFiles};
+pub use crate::config_file::{NodeFile, TlsSection};
 pub use crate::error::{Error, RecvError};
 pub use crate::event::{
     CloseReason, DownReason, Event, FailReason, FailedMessage, HandshakeFailure,

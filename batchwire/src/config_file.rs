@@ -1,0 +1,198 @@
+//! [`NodeFile`]: every setting of a node as data, for a configuration file in any format
+//! serde reads (TOML, JSON, YAML...). `batchwire node --config node.toml` uses it, and
+//! `batchwire node --print-config` prints every key with its default.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::{NodeConfig, PeerSpec, TlsFiles};
+use crate::error::Error;
+use batchwire_core::bundler::BundlerKind;
+
+/// A node's settings as a file has them. Every key is optional except that `name`,
+/// `listen` and `secret_file` must be there by the time [`NodeFile::into_config`] is
+/// called; unknown keys are refused. Sizes are in bytes, times in the unit their name says;
+/// each key is the [`NodeConfig`] method of the same name.
+///
+/// Usually read from a file with the serde format of your choice, e.g.
+/// `toml::from_str::<NodeFile>(&text)?.into_config()?`; or filled in by hand:
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = std::env::temp_dir().join(format!("bw-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir)?;
+/// # let secret = dir.join("secret");
+/// # std::fs::write(&secret, "s3cret")?;
+/// let mut file = batchwire::NodeFile::default();
+/// file.name = Some("a".into());
+/// file.listen = Some("127.0.0.1:7001".parse()?);
+/// file.secret_file = Some(secret);
+/// file.peers = vec!["b=127.0.0.1:7002".into()];
+/// file.mailbox_bytes = Some(1 << 20);
+/// let config = file.into_config()?;
+/// # let _ = config;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct NodeFile {
+    /// This node's name, unique in the cluster.
+    pub name: Option<String>,
+    /// The address to listen on.
+    pub listen: Option<SocketAddr>,
+    /// The file holding the cluster secret (trailing newlines are not part of it).
+    pub secret_file: Option<PathBuf>,
+    /// "NAME=HOST:PORT" each.
+    #[serde(default)]
+    pub peers: Vec<String>,
+    /// Mailboxes that exist from the start.
+    #[serde(default)]
+    pub mailboxes: Vec<String>,
+    /// none, natural, per-destination, transfer-queue or linger.
+    pub bundler: Option<String>,
+    /// [`NodeConfig::bundler_max_size`].
+    pub bundler_max_size: Option<usize>,
+    /// [`NodeConfig::bundler_max_delay`], in microseconds.
+    pub bundler_max_delay_us: Option<u64>,
+    /// [`NodeConfig::idle_cpu_level`].
+    pub idle_cpu_level: Option<u8>,
+    /// [`NodeConfig::send_queue_bytes`].
+    pub send_queue_bytes: Option<usize>,
+    /// [`NodeConfig::mailbox_bytes`].
+    pub mailbox_bytes: Option<usize>,
+    /// [`NodeConfig::max_payload`].
+    pub max_payload: Option<usize>,
+    /// [`NodeConfig::frame_bytes`].
+    pub frame_bytes: Option<usize>,
+    /// [`NodeConfig::fragment_bytes`].
+    pub fragment_bytes: Option<usize>,
+    /// [`NodeConfig::bulk_inflight_bytes`].
+    pub bulk_inflight_bytes: Option<usize>,
+    /// [`NodeConfig::read_bytes`].
+    pub read_bytes: Option<usize>,
+    /// [`NodeConfig::unacked_bytes`].
+    pub unacked_bytes: Option<usize>,
+    /// [`NodeConfig::reconnect`]'s first pause, in milliseconds (default 50).
+    pub reconnect_min_ms: Option<u64>,
+    /// [`NodeConfig::reconnect`]'s largest pause, in milliseconds (default 2000).
+    pub reconnect_max_ms: Option<u64>,
+    /// [`NodeConfig::handshake_timeout`], in milliseconds.
+    pub handshake_timeout_ms: Option<u64>,
+    /// [`NodeConfig::max_handshakes`].
+    pub max_handshakes: Option<usize>,
+    /// [`NodeConfig::max_handshakes_per_address`].
+    pub max_handshakes_per_address: Option<usize>,
+    /// [`NodeConfig::max_peers`].
+    pub max_peers: Option<usize>,
+    /// [`NodeConfig::events_capacity`].
+    pub events_capacity: Option<usize>,
+    /// [`NodeConfig::shutdown_timeout`], in milliseconds.
+    pub shutdown_timeout_ms: Option<u64>,
+    /// [`NodeConfig::write_check`], in milliseconds.
+    pub write_check_ms: Option<u64>,
+    /// [`NodeConfig::heartbeat_interval`], in milliseconds.
+    pub heartbeat_interval_ms: Option<u64>,
+    /// [`NodeConfig::peer_timeout`], in milliseconds.
+    pub peer_timeout_ms: Option<u64>,
+    /// Mutual TLS on every connection.
+    pub tls: Option<TlsSection>,
+}
+
+/// `[tls]`: mutual TLS on every connection (all three files, PEM).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// This node's certificate (it must name the node).
+    pub cert: PathBuf,
+    /// This node's private key.
+    pub key: PathBuf,
+    /// The CA that signed every node's certificate.
+    pub ca: PathBuf,
+}
+
+impl NodeFile {
+    /// The [`NodeConfig`] these settings make (reading the secret file). A missing
+    /// essential, a bad peer or bundler name, or an inconsistent value is an
+    /// `Error::Config` naming the key. (Limits are checked again by `Node::start`.)
+    pub fn into_config(self) -> Result<NodeConfig, Error> {
+        let bad = |m: String| Error::Config(m);
+        let missing = |key: &str| bad(format!("missing `{key}`"));
+        let name = self.name.ok_or_else(|| missing("name"))?;
+        let listen = self.listen.ok_or_else(|| missing("listen"))?;
+        let secret_file = self.secret_file.ok_or_else(|| missing("secret_file"))?;
+        let secret = NodeConfig::read_secret(&secret_file)?;
+        let mut cfg = NodeConfig::new(name, listen, secret);
+        let mut peers = Vec::new();
+        for p in &self.peers {
+            let spec: PeerSpec = p.parse().map_err(|e| bad(format!("`peers`: {p:?}: {e}")))?;
+            peers.push(spec);
+        }
+        cfg = cfg.with_peers(peers);
+        for m in self.mailboxes {
+            cfg = cfg.mailbox(m);
+        }
+        if let Some(s) = self.bundler {
+            let kind = s
+                .parse::<BundlerKind>()
+                .map_err(|e| bad(format!("`bundler`: {e}")))?;
+            cfg = cfg.bundler(kind);
+        }
+        if let Some(v) = self.bundler_max_size {
+            cfg = cfg.bundler_max_size(v);
+        }
+        if let Some(v) = self.bundler_max_delay_us {
+            cfg = cfg.bundler_max_delay(Duration::from_micros(v));
+        }
+        if let Some(v) = self.idle_cpu_level {
+            cfg = cfg.idle_cpu_level(v);
+        }
+        let ms = Duration::from_millis;
+        macro_rules! set {
+            ($($key:ident => $method:ident $(via $conv:ident)?),* $(,)?) => {
+                $( if let Some(v) = self.$key { cfg = cfg.$method($($conv)?(v)); } )*
+            };
+        }
+        set!(
+            send_queue_bytes => send_queue_bytes,
+            mailbox_bytes => mailbox_bytes,
+            max_payload => max_payload,
+            frame_bytes => frame_bytes,
+            fragment_bytes => fragment_bytes,
+            bulk_inflight_bytes => bulk_inflight_bytes,
+            read_bytes => read_bytes,
+            unacked_bytes => unacked_bytes,
+            max_peers => max_peers,
+            events_capacity => events_capacity,
+            max_handshakes => max_handshakes,
+            max_handshakes_per_address => max_handshakes_per_address,
+            handshake_timeout_ms => handshake_timeout via ms,
+            shutdown_timeout_ms => shutdown_timeout via ms,
+            write_check_ms => write_check via ms,
+            heartbeat_interval_ms => heartbeat_interval via ms,
+            peer_timeout_ms => peer_timeout via ms,
+        );
+        if self.reconnect_min_ms.is_some() || self.reconnect_max_ms.is_some() {
+            let min = ms(self.reconnect_min_ms.unwrap_or(50));
+            let max = ms(self.reconnect_max_ms.unwrap_or(2000));
+            if min > max {
+                return Err(bad(format!(
+                    "`reconnect_min_ms` ({min:?}) is above `reconnect_max_ms` ({max:?})"
+                )));
+            }
+            cfg = cfg.reconnect(min, max);
+        }
+        if let Some(t) = self.tls {
+            cfg = cfg.tls(TlsFiles {
+                cert: t.cert,
+                key: t.key,
+                ca: t.ca,
+            });
+        }
+        Ok(cfg)
+    }
+}
