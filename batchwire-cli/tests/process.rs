@@ -974,6 +974,16 @@ fn metrics_are_served_for_prometheus_and_counters_move() {
                     s.metric == "batchwire_peer_connected" && s.labels.get("peer") == Some("a")
                 });
                 assert!(connected, "no batchwire_peer_connected for a");
+                let has = |name: &str, label: (&str, &str)| {
+                    sc.samples.iter().any(|s| {
+                        s.metric.starts_with(name) && s.labels.get(label.0) == Some(label.1)
+                    })
+                };
+                assert!(has("batchwire_mailbox_depth", ("mailbox", "echo")));
+                assert!(
+                    has("batchwire_messages_per_write", ("peer", "a")),
+                    "no per-write histogram"
+                );
                 break;
             }
         }

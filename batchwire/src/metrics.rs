@@ -23,20 +23,43 @@
 //! | `batchwire_sender_blocked_microseconds_total` | counter | node, peer |
 //! | `batchwire_peer_connected` | gauge (0, 1) | node, peer |
 //! | `batchwire_unacked_bytes`, `batchwire_queued_messages`, `batchwire_queue_high_water_bytes` | gauge | node, peer |
-//! | `batchwire_messages_per_write` | gauge (mean) | node, peer |
+//! | `batchwire_messages_per_write` | histogram (writes by messages carried, power-of-two buckets: each is recorded at its lower bound) | node, peer |
+//! | `batchwire_disconnects_total` | counter (connections that ended) | node, peer |
+//! | `batchwire_mailbox_depth` | gauge (messages waiting) | node, mailbox |
 //! | `batchwire_handshakes_failed_total` | counter | node, reason |
 //! | `batchwire_handshakes_busy_total`, `batchwire_accept_errors_total` | counter | node |
 //! | `batchwire_undeliverable_total`, `batchwire_events_dropped_total` | counter | node |
 //!
 //! [`Node::publish_metrics`]: crate::Node::publish_metrics
 
-use metrics::{counter, gauge};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use metrics::{counter, gauge, histogram};
 
 use crate::stats::NodeStats;
+
+/// Per (node, peer): the messages-per-write buckets already published (the facade takes
+/// histogram samples, the node keeps counts: what is new since is recorded).
+type Published = Mutex<HashMap<(String, String), Vec<(u64, u64)>>>;
+
+fn published() -> &'static Published {
+    static P: OnceLock<Published> = OnceLock::new();
+    P.get_or_init(Default::default)
+}
 
 impl NodeStats {
     /// Copy these figures into the `metrics` facade (see the module documentation).
     pub fn publish_metrics(&self) {
+        self.publish_with_mailboxes(&[]);
+    }
+
+    /// [`NodeStats::publish_metrics`], and the depth of each mailbox.
+    pub(crate) fn publish_with_mailboxes(&self, depths: &[(String, usize)]) {
+        for (mailbox, n) in depths {
+            let l = [("node", self.node.clone()), ("mailbox", mailbox.clone())];
+            gauge!("batchwire_mailbox_depth", &l).set(*n as f64);
+        }
         let node = self.node.clone();
         for p in &self.peers {
             let l = [("node", node.clone()), ("peer", p.peer.clone())];
@@ -78,7 +101,18 @@ impl NodeStats {
             gauge!("batchwire_unacked_bytes", &l).set(p.unacked_bytes as f64);
             gauge!("batchwire_queued_messages", &l).set(p.queued as f64);
             gauge!("batchwire_queue_high_water_bytes", &l).set(p.queue_high_water as f64);
-            gauge!("batchwire_messages_per_write", &l).set(p.messages_per_write());
+            counter!("batchwire_disconnects_total", &l)
+                .absolute(p.connects.saturating_sub(p.connected as u64));
+            let h = histogram!("batchwire_messages_per_write", &l);
+            let mut last = published().lock().unwrap_or_else(|e| e.into_inner());
+            let seen = last.entry((node.clone(), p.peer.clone())).or_default();
+            for &(bucket, count) in &p.messages_per_write_histogram {
+                let before = seen.iter().find(|(b, _)| *b == bucket).map_or(0, |x| x.1);
+                if count > before {
+                    h.record_many(bucket as f64, (count - before) as usize);
+                }
+            }
+            *seen = p.messages_per_write_histogram.clone();
         }
         let l = [("node", node.clone())];
         for (kind, v) in &self.handshakes.failed {

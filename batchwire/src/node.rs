@@ -143,7 +143,8 @@ impl Node {
     /// Nothing is recorded per message: this reads the counters the node keeps anyway.
     #[cfg(feature = "metrics")]
     pub fn publish_metrics(&self) {
-        self.stats().publish_metrics();
+        self.stats()
+            .publish_with_mailboxes(&self.rt.mailboxes.depths());
     }
 
     /// A snapshot of the counters.

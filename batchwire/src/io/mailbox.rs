@@ -398,6 +398,18 @@ impl Mailboxes {
         q.len()
     }
 
+    /// Each mailbox's name and the messages waiting in it (for metrics).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub fn depths(&self) -> Vec<(String, usize)> {
+        self.0
+            .map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(n, q)| (n.to_string(), q.len()))
+            .collect()
+    }
+
     /// Close every mailbox (the node stopped).
     pub fn close_all(&self) {
         for q in self
