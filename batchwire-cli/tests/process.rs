@@ -27,6 +27,55 @@ fn temp_dir(tag: &str) -> std::path::PathBuf {
     d
 }
 
+/// A `batchwire node` process named "b" on `b`, with peer "a" on `a` and the test secret
+/// (in a folder of its own, `tag`), quiet stats, `extra` flags, `env` and its stderr.
+fn node_b(
+    tag: &str,
+    a: std::net::SocketAddr,
+    b: std::net::SocketAddr,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    stderr: Stdio,
+) -> Proc {
+    let dir = temp_dir(tag);
+    let secret = dir.join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let mut cmd = Command::new(EXE);
+    cmd.args(["node", "--name", "b", "--listen", &b.to_string()])
+        .args(["--peer", &format!("a={a}")])
+        .args([
+            "--secret-file",
+            secret.to_str().unwrap(),
+            "--stats-every",
+            "0",
+        ])
+        .args(extra)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    Proc(cmd.spawn().unwrap())
+}
+
+/// Send SIGTERM to `p` and wait (bounded) for it to exit.
+fn sigterm_and_wait(p: &mut Proc, within: Duration) -> std::process::ExitStatus {
+    let st = Command::new("kill")
+        .args(["-TERM", &p.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(st) = p.0.try_wait().unwrap() {
+            return st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn node_processes_echo_messages_back_in_order() {
     let dir = temp_dir("nodes");
@@ -677,26 +726,9 @@ fn bench_runs_every_scenario_over_tls_at_a_tiny_size() {
 fn sigterm_drains_a_node_mid_stream_and_it_exits_cleanly() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Instant;
-    let dir = temp_dir("sigterm");
-    let secret = dir.join("secret");
-    std::fs::write(&secret, String::from_utf8_lossy(SECRET).as_bytes()).unwrap();
     let addrs = free_addrs(2);
     let (a, b) = (addrs[0], addrs[1]);
-    let mut child = Proc(
-        Command::new(EXE)
-            .args(["node", "--name", "b", "--listen", &b.to_string()])
-            .args(["--peer", &format!("a={a}")])
-            .args([
-                "--secret-file",
-                secret.to_str().unwrap(),
-                "--stats-every",
-                "0",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut child = node_b("sigterm", a, b, &[], &[], Stdio::null());
     let node = Node::start(NodeConfig::new("a", a, SECRET).peer("b", b)).unwrap();
     assert!(node.wait_for_peers(&["b"], Duration::from_secs(20)));
     let me = node.mailbox("me").unwrap();
@@ -759,29 +791,11 @@ fn sigterm_drains_a_node_mid_stream_and_it_exits_cleanly() {
 /// lines for its lifecycle and its connection, none per message).
 #[test]
 fn log_lines_name_their_connection_and_a_healthy_node_is_quiet_at_info() {
-    use std::time::Instant;
-    let dir = temp_dir("spans");
-    let secret = dir.join("secret");
-    std::fs::write(&secret, String::from_utf8_lossy(SECRET).as_bytes()).unwrap();
-    let log = dir.join("stderr");
+    let log = temp_dir("spans-log").join("stderr");
     let addrs = free_addrs(2);
     let (a, b) = (addrs[0], addrs[1]);
-    let mut child = Proc(
-        Command::new(EXE)
-            .env("BATCHWIRE_LOG", "info")
-            .args(["node", "--name", "b", "--listen", &b.to_string()])
-            .args(["--peer", &format!("a={a}")])
-            .args([
-                "--secret-file",
-                secret.to_str().unwrap(),
-                "--stats-every",
-                "0",
-            ])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let stderr = Stdio::from(std::fs::File::create(&log).unwrap());
+    let mut child = node_b("spans", a, b, &[], &[("BATCHWIRE_LOG", "info")], stderr);
     let node = Node::start(NodeConfig::new("a", a, SECRET).peer("b", b)).unwrap();
     assert!(node.wait_for_peers(&["b"], Duration::from_secs(20)));
     let me = node.mailbox("me").unwrap();
@@ -795,16 +809,7 @@ fn log_lines_name_their_connection_and_a_healthy_node_is_quiet_at_info() {
     for _ in 0..20_000 {
         me.recv_timeout(Duration::from_secs(20)).expect("echo lost");
     }
-    let st = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while child.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "still running");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    sigterm_and_wait(&mut child, Duration::from_secs(15));
     let text = std::fs::read_to_string(&log).unwrap();
     let connected = text
         .lines()
@@ -899,30 +904,16 @@ fn node_runs_from_a_config_file_and_refuses_unknown_keys() {
 fn metrics_are_served_for_prometheus_and_counters_move() {
     use std::io::{BufRead, Read, Write};
     use std::time::Instant;
-    let dir = temp_dir("metrics");
-    let secret = dir.join("secret");
-    std::fs::write(&secret, String::from_utf8_lossy(SECRET).as_bytes()).unwrap();
     let addrs = free_addrs(3);
     let (a, b, m) = (addrs[0], addrs[1], addrs[2]);
-    let _b = Proc(
-        Command::new(EXE)
-            .args(["node", "--name", "b", "--listen", &b.to_string()])
-            .args([
-                "--peer",
-                &format!("a={a}"),
-                "--metrics-listen",
-                &m.to_string(),
-            ])
-            .args([
-                "--secret-file",
-                secret.to_str().unwrap(),
-                "--stats-every",
-                "0",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let m_flag = m.to_string();
+    let _b = node_b(
+        "metrics",
+        a,
+        b,
+        &["--metrics-listen", &m_flag],
+        &[],
+        Stdio::null(),
     );
     let scrape = || -> Option<prometheus_parse::Scrape> {
         let mut s = std::net::TcpStream::connect_timeout(&m, Duration::from_secs(2)).ok()?;
