@@ -277,6 +277,15 @@ impl Lane {
     /// queued toward the peer until the bundler reports it taken ([`Lane::note_taken`]).
     pub fn charge(&self, m: &Outgoing, block: bool) -> Result<u64, PushError> {
         let g = self.lock();
+        self.charge_locked(g, m, block)
+    }
+
+    fn charge_locked<'a>(
+        &'a self,
+        g: MutexGuard<'a, Inner>,
+        m: &Outgoing,
+        block: bool,
+    ) -> Result<u64, PushError> {
         if let Some(max) = g.credit.peer_max_payload() {
             if m.payload.len() as u64 > max {
                 return Err(PushError::TooLarge(max));
@@ -293,6 +302,23 @@ impl Lane {
         g.credit.try_charge(m.to, charge);
         g.pushed += 1;
         Ok(charge)
+    }
+
+    /// Transfer-queue: like [`Lane::charge`], unless `m` goes to this lane's bulk queue
+    /// (behind a bulk message of its pair): then `None`, nothing charged. One lock for
+    /// both questions (the sender's path takes it once per message).
+    pub fn charge_unless_bulk(&self, m: &Outgoing, block: bool) -> Result<Option<u64>, PushError> {
+        let g = self.lock();
+        if self.is_bulk(&g, m) {
+            return Ok(None);
+        }
+        self.charge_locked(g, m, block).map(Some)
+    }
+
+    /// Whether `m` goes to the bulk queue whatever is queued: sent as bulk, or too large
+    /// for one piece (no lock).
+    pub fn bulk_by_itself(&self, m: &Outgoing) -> bool {
+        m.bulk || m.payload.len() > self.piece_bytes
     }
 
     /// Transfer-queue: a charged message was not queued after all.

@@ -260,7 +260,7 @@ impl Runtime {
         let Some(shared) = self
             .shared_lane
             .as_ref()
-            .filter(|_| !peer.lane.routes_to_bulk(&m))
+            .filter(|_| !peer.lane.bulk_by_itself(&m))
         else {
             return peer.lane.push(m, block);
         };
@@ -274,7 +274,10 @@ impl Runtime {
                 return Err(PushError::Closed);
             }
         }
-        let charge = peer.lane.charge(&m, block)?;
+        // Behind a bulk message of its pair, it waits in the peer's bulk queue.
+        let Some(charge) = peer.lane.charge_unless_bulk(&m, block)? else {
+            return peer.lane.push(m, block);
+        };
         shared
             .push(m, block)
             .inspect_err(|_| peer.lane.refund(m.to, charge))
