@@ -100,11 +100,11 @@ pub fn parse(text: &str) -> Result<CliFile, String> {
     // Each key on its own, so that an error names its key.
     let mut node = toml::Table::new();
     for (key, value) in table {
-        node.insert(key.clone(), value);
-        let one: toml::Table = [(key.clone(), node[&key].clone())].into_iter().collect();
+        let one: toml::Table = [(key.clone(), value.clone())].into_iter().collect();
         if let Err(e) = one.try_into::<NodeFile>() {
             return Err(format!("`{key}`: {}", e.message().trim()));
         }
+        node.insert(key, value);
     }
     let node: NodeFile = node.try_into().map_err(|e| e.to_string())?;
     Ok(CliFile {

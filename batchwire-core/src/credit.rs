@@ -97,7 +97,20 @@ impl SendCredit {
 
     /// Bytes charged to mailbox `to` and not given back.
     pub fn outstanding(&self, to: &[u8]) -> u64 {
-        self.index.get(to).map_or(0, |&i| self.slots[i].1)
+        self.lookup(to).map_or(0, |i| self.slots[i].1)
+    }
+
+    /// The slot of `to`: the last one used first (a stream to one mailbox asks once per
+    /// message, and hashes nothing).
+    fn lookup(&self, to: &[u8]) -> Option<usize> {
+        if self
+            .slots
+            .get(self.last)
+            .is_some_and(|s| s.0.as_bytes() == to)
+        {
+            return Some(self.last);
+        }
+        self.index.get(to).copied()
     }
 
     /// Whether a send to `to` would be admitted now.
@@ -106,14 +119,7 @@ impl SendCredit {
     }
 
     fn find(&mut self, to: &[u8]) -> Option<usize> {
-        if self
-            .slots
-            .get(self.last)
-            .is_some_and(|s| s.0.as_bytes() == to)
-        {
-            return Some(self.last);
-        }
-        let i = *self.index.get(to)?;
+        let i = self.lookup(to)?;
         self.last = i;
         Some(i)
     }

@@ -275,10 +275,10 @@ impl NodeConfig {
     ///
     /// A trade-off: an ordinary message sent while a bulk stream runs waits behind up to
     /// this many bytes in the socket, and one peer's bulk stream moves at most this much
-    /// per round trip. On loopback (`batchwire bench hol`) 128 KiB kept small-message p99
-    /// within 3x of its idle value at about 650 MiB/s of bulk; 512 KiB gave about
-    /// 1.2 GiB/s but p99 25x. On a link with a long round trip, raise it toward bandwidth
-    /// x round trip (1 Gbit/s x 10 ms is about 1.2 MiB).
+    /// per round trip. On loopback (`batchwire bench hol`, 3 runs per bundler) 128 KiB
+    /// kept small-message p99 at 2.6-3.3x of its idle value with about 600 MiB/s of bulk;
+    /// 512 KiB gave about 1.2 GiB/s but p99 25x (one run). On a link with a long round
+    /// trip, raise it toward bandwidth x round trip (1 Gbit/s x 10 ms is about 1.2 MiB).
     pub fn bulk_inflight_bytes(mut self, bytes: usize) -> Self {
         self.session.bulk_inflight = bytes;
         self

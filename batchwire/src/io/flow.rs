@@ -86,20 +86,20 @@ impl Flow {
         self.lock().credit.wants_sync()
     }
 
-    /// Take the snapshot for a SYNC as of message `next` (the caller is at a frame
-    /// boundary with the delivery turn, so exactly the messages below `next` are charged),
-    /// then wake the writer.
-    ///
-    /// `next` is read in the same session turn (`recv_next` passes it in), and the writer
-    /// takes the SYNC in the session turn in which it takes its ACKs
-    /// ([`Flow::take_output`]): so no ACK beyond `next` is written before this SYNC, and the
-    /// peer still holds every message from `next` on when it recounts.
-    pub fn snapshot(&self, recv_next: impl FnOnce(&dyn Fn(u64))) {
-        recv_next(&|next| {
-            let mut g = self.lock();
-            let s = g.credit.snapshot(next, self.max_payload);
-            g.sync = Some(s);
-        });
+    /// Take the snapshot for a SYNC as of message `next` (then [`Flow::wake_writer`],
+    /// outside the session turn). The caller is at a frame boundary with the delivery turn
+    /// (so exactly the messages below `next` are charged) and calls this inside the session
+    /// turn in which it read `next`: the writer takes the SYNC in the session turn in which
+    /// it takes its ACKs ([`Flow::take_output`]), so no ACK beyond `next` is written before
+    /// this SYNC, and the peer still holds every message from `next` on when it recounts.
+    pub fn snapshot(&self, next: u64) {
+        let mut g = self.lock();
+        let s = g.credit.snapshot(next, self.max_payload);
+        g.sync = Some(s);
+    }
+
+    /// Wake the peer's writer: a SYNC is waiting.
+    pub fn wake_writer(&self) {
         self.wake(true);
     }
 

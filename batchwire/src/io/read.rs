@@ -80,18 +80,22 @@ impl Reader<'_> {
     /// Take a SYNC snapshot between two deliveries.
     fn snapshot(&self) {
         let _turn = self.peer.delivery_turn();
-        let peer = self.peer;
-        peer.flow
-            .snapshot(|take| peer.session(|s, _| take(s.recv_next())));
+        self.take_snapshot();
     }
 
     /// After a delivery (with the turn): a snapshot if the accounts asked for one.
     fn snapshot_if_asked(&self) {
-        let peer = self.peer;
-        if peer.flow.wants_sync() {
-            peer.flow
-                .snapshot(|take| peer.session(|s, _| take(s.recv_next())));
+        if self.peer.flow.wants_sync() {
+            self.take_snapshot();
         }
+    }
+
+    /// The snapshot, as of what the session received, in the same session turn (see
+    /// `Flow::snapshot`).
+    fn take_snapshot(&self) {
+        let peer = self.peer;
+        peer.session(|s, _| peer.flow.snapshot(s.recv_next()));
+        peer.flow.wake_writer();
     }
 
     /// Act on one frame. Returns true on GOODBYE.
@@ -151,8 +155,7 @@ impl Reader<'_> {
 
     /// The peer's SYNC: recount each of its mailboxes' charges as held there, plus what
     /// this node has in flight from the SYNC's `next` on, plus what is still queued (the
-    /// window first, then the queues: a message moving between them meanwhile is missed,
-    /// never counted twice).
+    /// window, then the lane, counted again if the writer moved anything between them).
     fn recount(&self, sy: Sync) {
         let peer = self.peer;
         let mut held: NameMap<u64> = NameMap::default();
