@@ -52,7 +52,7 @@ pub use crate::header::{
 };
 use crate::header::{
     KIND_ACK, KIND_AUTH, KIND_CREDIT, KIND_FRAGMENT, KIND_GOODBYE, KIND_HELLO, KIND_MESSAGES,
-    KIND_REFUSE, KIND_RESUME, KIND_SYNC, KIND_UNDELIVERABLE, begin, finish,
+    KIND_MEMBER, KIND_REFUSE, KIND_RESUME, KIND_SYNC, KIND_UNDELIVERABLE, begin, finish,
 };
 pub use crate::messages::{
     ListWriter, Message, MessageIter, MessageList, MessageSpan, check_message, encode_message,
@@ -91,7 +91,13 @@ pub enum Frame {
     Fragment(Fragment),
     Credit(Credit),
     Sync(Sync),
+    /// A membership packet (see [`crate::membership`]): opaque here, at most
+    /// [`MAX_MEMBER_LEN`] bytes, checked by the membership layer.
+    Member(Bytes),
 }
+
+/// The longest MEMBER frame body: a SWIM packet (at most 1400 bytes) and its tag.
+pub const MAX_MEMBER_LEN: usize = 2048;
 
 /// The first frame after a handshake, each way: where the two sides' streams stand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,6 +337,7 @@ impl Frame {
             Frame::Fragment(_) => "FRAGMENT",
             Frame::Credit(_) => "CREDIT",
             Frame::Sync(_) => "SYNC",
+            Frame::Member(_) => "MEMBER",
         }
     }
 
@@ -353,6 +360,7 @@ impl Frame {
             Frame::Fragment(f) => f.encode(out),
             Frame::Credit(c) => c.encode(out),
             Frame::Sync(s) => s.encode(out),
+            Frame::Member(b) => out.extend_from_slice(b),
         }
         finish(out, start);
     }
@@ -370,6 +378,7 @@ impl Frame {
             Frame::Fragment(_) => KIND_FRAGMENT,
             Frame::Credit(_) => KIND_CREDIT,
             Frame::Sync(_) => KIND_SYNC,
+            Frame::Member(_) => KIND_MEMBER,
         }
     }
 
@@ -399,11 +408,24 @@ impl Frame {
             KIND_FRAGMENT => ("FRAGMENT", Fragment::read(&mut r).map(Frame::Fragment)),
             KIND_CREDIT => ("CREDIT", Credit::read(&mut r).map(Frame::Credit)),
             KIND_SYNC => ("SYNC", Sync::read(&mut r).map(Frame::Sync)),
+            KIND_MEMBER => ("MEMBER", read_member(&mut r).map(Frame::Member)),
             other => return Err(FrameError::UnknownKind(other)),
         };
         let frame = res.and_then(|f| r.expect_empty().map(|_| f));
         frame.map_err(|source| FrameError::Malformed { kind: name, source })
     }
+}
+
+/// A MEMBER body: at least its tag byte, at most [`MAX_MEMBER_LEN`] bytes.
+fn read_member(r: &mut Reader) -> Result<Bytes, DecodeError> {
+    let n = r.remaining();
+    if n == 0 || n > MAX_MEMBER_LEN {
+        return Err(DecodeError::Invalid {
+            what: "member packet length",
+            detail: format!("{n} bytes (1 to {MAX_MEMBER_LEN})"),
+        });
+    }
+    r.take(n, "member packet")
 }
 
 /// Is a whole frame at the front of `buf`? `Ok(Some(n))`: yes, `n` bytes long.

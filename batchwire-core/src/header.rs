@@ -37,6 +37,7 @@ pub(crate) const KIND_RESUME: u8 = 8;
 pub(crate) const KIND_FRAGMENT: u8 = 9;
 pub(crate) const KIND_CREDIT: u8 = 10;
 pub(crate) const KIND_SYNC: u8 = 11;
+pub(crate) const KIND_MEMBER: u8 = 12;
 
 /// Write a frame header with a placeholder length; returns where the frame starts.
 pub(crate) fn begin(out: &mut Vec<u8>, kind: u8) -> usize {

@@ -10,6 +10,7 @@ pub mod fuzz;
 pub mod handshake;
 mod header;
 pub mod idle;
+pub mod membership;
 #[cfg(test)]
 mod lanes_tests;
 pub mod messages;

@@ -1,0 +1,654 @@
+//! Cluster membership, sans IO: SWIM (the [`foca`] crate: probes, indirect probes,
+//! suspicion, infection-style dissemination) glued to batchwire's authenticated connections.
+//!
+//! [`Membership`] owns one `Foca` instance and everything around it that is a protocol rule:
+//! the timers (as deadlines, from the `now` passed in), the check that a packet comes from
+//! the member its connection authenticated, a size limit and a rate limit per sending peer,
+//! the leave notice that tells a graceful leave from a crash, the transport's hint that a
+//! member is unreachable, and the events a view change produces. The IO layer moves the
+//! packets (in MEMBER frames, on connections that proved the cluster secret) and calls, in
+//! the manner of quinn-proto:
+//!
+//! 1. inputs: [`Membership::handle_join`], [`Membership::handle_frame`],
+//!    [`Membership::handle_unreachable`], [`Membership::handle_leave`] and
+//!    [`Membership::handle_timeout`], each with `now`;
+//! 2. outputs, after any input: [`Membership::poll_transmit`] (packets to send),
+//!    [`Membership::poll_event`] (view changes), [`Membership::poll_timeout`] (when to call
+//!    `handle_timeout` next).
+//!
+//! Trust: a packet is only ever fed in from a connection whose peer proved the secret (and,
+//! with TLS, showed a certificate naming it), and its sender field must be that peer. So a
+//! node appears in a view only once it proved the secret to some member; what members say
+//! about third parties is believed (they hold the secret too).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::num::{NonZeroU8, NonZeroUsize};
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use foca::{
+    Codec as _, Foca, Identity, Member, NoCustomBroadcast, Notification, PeriodicParams,
+    PostcardCodec, Runtime, State, Timer,
+};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use crate::codec::{Name, NameHash};
+
+/// The tag of a MEMBER frame holding a SWIM packet.
+const TAG_SWIM: u8 = 0;
+/// The tag of a MEMBER frame saying "I, the authenticated sender, am leaving".
+const TAG_LEAVE: u8 = 1;
+/// Largest SWIM packet (foca's `max_packet_size`); a MEMBER frame adds one tag byte.
+pub const MAX_PACKET: usize = 1400;
+
+/// Who a member is: its name, the address it listens on, when it started (so a node
+/// restarted under the same name is a new member that wins over the old one), and a bump
+/// (a node declared down by mistake comes back as the next bump).
+///
+/// Two ids are the same member when name, start and bump agree; the address is carried
+/// along (the first one seen is kept).
+#[derive(Clone, Debug)]
+pub struct MemberId {
+    pub name: Name,
+    pub addr: SocketAddr,
+    pub started: u64,
+    pub bump: u16,
+}
+
+impl PartialEq for MemberId {
+    fn eq(&self, o: &Self) -> bool {
+        self.name == o.name && self.started == o.started && self.bump == o.bump
+    }
+}
+impl Eq for MemberId {}
+
+impl Identity for MemberId {
+    type Addr = Name;
+    fn renew(&self) -> Option<Self> {
+        Some(MemberId {
+            bump: self.bump.checked_add(1)?,
+            ..self.clone()
+        })
+    }
+    fn addr(&self) -> Name {
+        self.name.clone()
+    }
+    fn win_addr_conflict(&self, other: &Self) -> bool {
+        (self.started, self.bump) > (other.started, other.bump)
+    }
+}
+
+impl serde::Serialize for MemberId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (self.name.as_str(), self.addr, self.started, self.bump).serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for MemberId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (name, addr, started, bump) = <(String, SocketAddr, u64, u16)>::deserialize(d)?;
+        // A member's name follows the rules of a node name: 1 to 255 bytes.
+        let name = (!name.is_empty())
+            .then(|| Name::new(&name))
+            .flatten()
+            .ok_or_else(|| serde::de::Error::custom("member name must be 1 to 255 bytes"))?;
+        Ok(MemberId {
+            name,
+            addr,
+            started,
+            bump,
+        })
+    }
+}
+
+/// Membership settings. The defaults suit a LAN or one machine; see each field.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct MembershipConfig {
+    /// How often each member probes one other (SWIM's protocol period). Default 1 s.
+    pub probe_period: Duration,
+    /// How long a probe waits for its ACK before asking others to probe indirectly.
+    /// Default 300 ms.
+    pub probe_rtt: Duration,
+    /// How long a suspected member has to refute before it is declared down. Default 3 s.
+    pub suspicion_timeout: Duration,
+    /// How often news (joins, suspicions, downs) is pushed to 3 random members while there
+    /// is any. Default 200 ms.
+    pub gossip_period: Duration,
+    /// How often a member announces itself to one random member (repairs views that drifted
+    /// apart), and to two members it saw go down (heals partitions). Default 30 s.
+    pub announce_period: Duration,
+    /// How long a down member stays in the view (as down) before it is forgotten.
+    /// Default 10 min.
+    pub forget_down_after: Duration,
+    /// Most MEMBER frames taken from one peer per second (more are dropped and counted;
+    /// SWIM tolerates loss). Default 200.
+    pub frames_per_second: u32,
+    /// Most members in the view (the node's own `max_peers` bounds it too). Default 1024.
+    pub max_members: usize,
+}
+
+impl Default for MembershipConfig {
+    fn default() -> Self {
+        MembershipConfig {
+            probe_period: Duration::from_secs(1),
+            probe_rtt: Duration::from_millis(300),
+            suspicion_timeout: Duration::from_secs(3),
+            gossip_period: Duration::from_millis(200),
+            announce_period: Duration::from_secs(30),
+            forget_down_after: Duration::from_secs(600),
+            frames_per_second: 200,
+            max_members: 1024,
+        }
+    }
+}
+
+impl MembershipConfig {
+    fn foca(&self) -> Result<foca::Config, MemberError> {
+        let bad = |why: &str| Err(MemberError::Config(why.to_string()));
+        if self.probe_rtt.is_zero() || self.probe_rtt >= self.probe_period {
+            return bad("probe_rtt must be above zero and below probe_period");
+        }
+        if self.suspicion_timeout.is_zero() || self.gossip_period.is_zero() {
+            return bad("suspicion_timeout and gossip_period must be above zero");
+        }
+        if self.announce_period.is_zero() || self.frames_per_second == 0 || self.max_members == 0
+        {
+            return bad("announce_period, frames_per_second and max_members must be above zero");
+        }
+        let mut c = foca::Config::simple();
+        c.probe_period = self.probe_period;
+        c.probe_rtt = self.probe_rtt;
+        c.num_indirect_probes = NonZeroUsize::new(3).expect("3 > 0");
+        // Each update goes out log10(n + 1) * 4 times (foca's LAN rule) for the view's bound:
+        // enough to reach every member with high probability.
+        let tx = (((self.max_members as f64 + 1.0).log10() * 4.0) as u8).max(4);
+        c.max_transmissions = NonZeroU8::new(tx).expect("at least 4");
+        c.suspect_to_down_after = self.suspicion_timeout;
+        c.remove_down_after = Some(self.forget_down_after);
+        c.max_packet_size = NonZeroUsize::new(MAX_PACKET).expect("> 0");
+        c.notify_down_members = true;
+        let every = |frequency, n| {
+            Some(PeriodicParams {
+                frequency,
+                num_members: NonZeroUsize::new(n).expect("> 0"),
+            })
+        };
+        c.periodic_gossip = every(self.gossip_period, 3);
+        c.periodic_announce = every(self.announce_period, 1);
+        c.periodic_announce_to_down_members = every(self.announce_period, 2);
+        Ok(c)
+    }
+}
+
+/// Where a member stands in this node's view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MemberState {
+    /// Answering probes.
+    Alive,
+    /// Some member could not reach it; it has `suspicion_timeout` to refute.
+    Suspect,
+    /// Declared down (it did not refute, or it was restarted as a new member).
+    Down,
+    /// Announced its leave.
+    Left,
+}
+
+impl MemberState {
+    /// Alive or suspect: a member that sends go to.
+    pub fn is_live(self) -> bool {
+        matches!(self, MemberState::Alive | MemberState::Suspect)
+    }
+}
+
+/// A change of this node's view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MemberEvent {
+    /// A member appeared (or came back as a new incarnation).
+    Joined(MemberId),
+    /// A member is suspected down.
+    Suspected(MemberId),
+    /// A suspected member refuted the suspicion.
+    Refuted(MemberId),
+    /// A member was declared down.
+    Down(MemberId),
+    /// A member left gracefully.
+    Left(MemberId),
+}
+
+/// A MEMBER frame that breaks the rules. The connection it came on is closed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemberError {
+    #[error("membership packet claims to come from {claimed:?} but the connection is {peer:?}")]
+    Impersonation { peer: Name, claimed: Name },
+    #[error("malformed membership packet: {0}")]
+    Malformed(String),
+    #[error("unknown membership packet tag {0}")]
+    UnknownTag(u8),
+    #[error("empty membership packet")]
+    Empty,
+    #[error("membership packet of {len} bytes exceeds {max}")]
+    TooLarge { len: usize, max: usize },
+    #[error("invalid membership settings: {0}")]
+    Config(String),
+}
+
+/// Counters of what the membership layer did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemberCounters {
+    pub packets_in: u64,
+    pub bytes_in: u64,
+    pub packets_out: u64,
+    pub bytes_out: u64,
+    /// Packets dropped by the per-peer rate limit.
+    pub rate_limited: u64,
+    /// Packets SWIM rejected without breaking a rule (stale, races).
+    pub ignored: u64,
+}
+
+/// What foca asks for while handling one input.
+#[derive(Default)]
+struct Out {
+    sends: VecDeque<(MemberId, Bytes)>,
+    timers: Vec<(Timer<MemberId>, Duration)>,
+    renamed: bool,
+}
+
+impl Runtime<MemberId> for Out {
+    fn notify(&mut self, n: Notification<'_, MemberId>) {
+        // Ups and downs are read off the member list after each input (suspicion has no
+        // notification); a rename there too. Nothing else matters to the view.
+        if let Notification::Rename(..) = n {
+            self.renamed = true;
+        }
+    }
+    fn send_to(&mut self, to: MemberId, data: &[u8]) {
+        let mut b = BytesMut::with_capacity(data.len() + 1);
+        b.put_u8(TAG_SWIM);
+        b.put_slice(data);
+        self.sends.push_back((to, b.freeze()));
+    }
+    fn submit_after(&mut self, event: Timer<MemberId>, after: Duration) {
+        self.timers.push((event, after));
+    }
+}
+
+/// A token bucket per sending peer.
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// The membership state machine (see the module documentation).
+pub struct Membership {
+    foca: Foca<MemberId, PostcardCodec, SmallRng, NoCustomBroadcast>,
+    cfg: MembershipConfig,
+    out: Out,
+    timers: BTreeMap<(Instant, u64), Timer<MemberId>>,
+    seq: u64,
+    /// What this node reported of each member (the view).
+    view: HashMap<Name, (MemberId, MemberState), NameHash>,
+    /// Members that sent a leave notice (name → start and bump), so their going down is
+    /// reported as a leave.
+    left: HashMap<Name, (u64, u16), NameHash>,
+    events: VecDeque<MemberEvent>,
+    buckets: HashMap<Name, Bucket, NameHash>,
+    counters: MemberCounters,
+    left_cluster: bool,
+    /// Suspicions this node raised on the transport's hint: (deadline, member, its SWIM
+    /// incarnation then). Foca declares down only members its own probes suspected, so
+    /// this node does the same for these: still suspect at the deadline, same incarnation
+    /// (it did not refute), and it is declared down.
+    hinted: Vec<(Instant, MemberId, foca::Incarnation)>,
+}
+
+impl Membership {
+    /// A node `me` alone in its cluster until it joins one; `seed` seeds the random choice
+    /// of members to probe (tests pass a fixed one).
+    pub fn new(
+        me: MemberId,
+        cfg: MembershipConfig,
+        seed: u64,
+        now: Instant,
+    ) -> Result<Membership, MemberError> {
+        let foca = Foca::new(
+            me,
+            cfg.foca()?,
+            SmallRng::seed_from_u64(seed),
+            PostcardCodec,
+        );
+        let mut m = Membership {
+            foca,
+            cfg,
+            out: Out::default(),
+            timers: BTreeMap::new(),
+            seq: 0,
+            view: HashMap::default(),
+            left: HashMap::default(),
+            events: VecDeque::new(),
+            buckets: HashMap::default(),
+            counters: MemberCounters::default(),
+            left_cluster: false,
+            hinted: Vec::new(),
+        };
+        m.after(now);
+        Ok(m)
+    }
+
+    // ---- getters ----
+
+    /// This node's own id.
+    pub fn me(&self) -> &MemberId {
+        self.foca.identity()
+    }
+
+    /// The view: every member this node knows of (itself not included), with its state.
+    /// Down and left members stay listed for `forget_down_after`.
+    pub fn members(&self) -> Vec<(MemberId, MemberState)> {
+        let mut v: Vec<_> = self.view.values().cloned().collect();
+        v.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        v
+    }
+
+    /// The state of the member called `name`, if it is in the view.
+    pub fn state_of(&self, name: &[u8]) -> Option<(MemberId, MemberState)> {
+        self.view.get(name).cloned()
+    }
+
+    /// Whether no other member is live in this node's view (a node that should join).
+    pub fn is_alone(&self) -> bool {
+        self.foca.num_members() == 0
+    }
+
+    pub fn counters(&self) -> MemberCounters {
+        self.counters
+    }
+
+    pub fn config(&self) -> &MembershipConfig {
+        &self.cfg
+    }
+
+    // ---- inputs ----
+
+    /// A connection to `seed` (dialled by address; the handshake told its name) is up:
+    /// announce ourselves to it. Its answer brings the rest of the cluster.
+    pub fn handle_join(&mut self, now: Instant, seed: MemberId) {
+        if seed.name == self.me().name {
+            return;
+        }
+        let r = self.foca.announce(seed, &mut self.out);
+        self.result(r);
+        self.after(now);
+    }
+
+    /// A MEMBER frame body from the peer `from` (authenticated by its connection).
+    pub fn handle_frame(
+        &mut self,
+        now: Instant,
+        from: &Name,
+        body: &[u8],
+    ) -> Result<(), MemberError> {
+        let Some((&tag, packet)) = body.split_first() else {
+            return Err(MemberError::Empty);
+        };
+        if packet.len() > MAX_PACKET {
+            return Err(MemberError::TooLarge {
+                len: packet.len(),
+                max: MAX_PACKET,
+            });
+        }
+        if !self.admit(now, from) {
+            self.counters.rate_limited += 1;
+            return Ok(());
+        }
+        self.counters.packets_in += 1;
+        self.counters.bytes_in += body.len() as u64;
+        match tag {
+            TAG_SWIM => {
+                // The sender field must be the connection's peer: no member speaks for
+                // another.
+                let header: foca::Header<MemberId> = PostcardCodec
+                    .decode_header(packet)
+                    .map_err(|e| MemberError::Malformed(e.to_string()))?;
+                if header.src.name != *from {
+                    return Err(MemberError::Impersonation {
+                        peer: from.clone(),
+                        claimed: header.src.name,
+                    });
+                }
+                match self.foca.handle_data(packet, &mut self.out) {
+                    Ok(()) => {}
+                    Err(foca::Error::MalformedPacket | foca::Error::Decode(_)) => {
+                        return Err(MemberError::Malformed(
+                            "SWIM packet does not decode".to_string(),
+                        ));
+                    }
+                    Err(_) => self.counters.ignored += 1,
+                }
+            }
+            TAG_LEAVE => {
+                if !packet.is_empty() {
+                    return Err(MemberError::Malformed(
+                        "leave notice with a body".to_string(),
+                    ));
+                }
+                let known = self
+                    .foca
+                    .iter_members()
+                    .find(|m| m.id().name == *from)
+                    .map(|m| m.id().clone());
+                if let Some(id) = known {
+                    if self.left.len() >= self.cfg.max_members {
+                        self.left.clear();
+                    }
+                    self.left
+                        .insert(from.detached(), (id.started, id.bump));
+                    let r = self
+                        .foca
+                        .apply_many(std::iter::once(Member::down(id)), true, &mut self.out);
+                    self.result(r);
+                }
+            }
+            other => return Err(MemberError::UnknownTag(other)),
+        }
+        self.after(now);
+        Ok(())
+    }
+
+    /// The transport lost its connection to `name` and could not open a new one: suspect
+    /// it now rather than at its next probe (it refutes if it is alive).
+    pub fn handle_unreachable(&mut self, now: Instant, name: &[u8]) {
+        let m = self
+            .foca
+            .iter_members()
+            .find(|m| m.id().name.as_bytes() == name && m.state() == State::Alive)
+            .map(|m| Member::new(m.id().clone(), m.incarnation(), State::Suspect));
+        if let Some(m) = m {
+            if !self.hinted.iter().any(|h| h.1 == *m.id()) && self.hinted.len() < self.cfg.max_members {
+                let deadline = now + self.cfg.suspicion_timeout;
+                self.hinted.push((deadline, m.id().clone(), m.incarnation()));
+            }
+            let r = self.foca.apply_many(std::iter::once(m), true, &mut self.out);
+            self.result(r);
+            self.after(now);
+        }
+    }
+
+    /// Leave gracefully: a leave notice to every live member, then SWIM's own leave
+    /// (this node declares itself down and gossips it). Afterwards this node sends nothing
+    /// more on its own.
+    pub fn handle_leave(&mut self, now: Instant) {
+        if self.left_cluster {
+            return;
+        }
+        self.left_cluster = true;
+        let live: Vec<MemberId> = self.foca.iter_members().map(|m| m.id().clone()).collect();
+        for id in live {
+            self.out
+                .sends
+                .push_back((id, Bytes::from_static(&[TAG_LEAVE])));
+        }
+        let r = self.foca.leave_cluster(&mut self.out);
+        self.result(r);
+        self.after(now);
+        self.timers.clear();
+        self.hinted.clear();
+    }
+
+    /// Fire every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(entry) = self.timers.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let timer = entry.remove();
+            let r = self.foca.handle_timer(timer, &mut self.out);
+            self.result(r);
+        }
+        let (due, later): (Vec<_>, Vec<_>) =
+            self.hinted.drain(..).partition(|(at, _, _)| *at <= now);
+        self.hinted = later;
+        for (_, id, inc) in due {
+            let still = self.foca.iter_members().any(|m| {
+                *m.id() == id && m.state() == State::Suspect && m.incarnation() == inc
+            });
+            if still {
+                let r = self.foca.apply_many(std::iter::once(Member::down(id)), true, &mut self.out);
+                self.result(r);
+            }
+        }
+        self.after(now);
+    }
+
+    // ---- outputs ----
+
+    /// The next packet to send: to whom, and the MEMBER frame body.
+    pub fn poll_transmit(&mut self) -> Option<(MemberId, Bytes)> {
+        let (to, b) = self.out.sends.pop_front()?;
+        self.counters.packets_out += 1;
+        self.counters.bytes_out += b.len() as u64;
+        Some((to, b))
+    }
+
+    /// The next change of the view.
+    pub fn poll_event(&mut self) -> Option<MemberEvent> {
+        self.events.pop_front()
+    }
+
+    /// When `handle_timeout` is due next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let hinted = self.hinted.iter().map(|h| h.0).min();
+        let t = self.timers.keys().next().map(|k| k.0);
+        match (t, hinted) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    // ---- internals ----
+
+    /// Whether a packet from `from` fits its rate (a bucket of `frames_per_second`,
+    /// refilled continuously). The table is bounded: past twice the view's bound it starts
+    /// over.
+    fn admit(&mut self, now: Instant, from: &Name) -> bool {
+        let rate = self.cfg.frames_per_second as f64;
+        if self.buckets.len() > 2 * self.cfg.max_members && !self.buckets.contains_key(from) {
+            self.buckets.clear();
+        }
+        let b = self
+            .buckets
+            .entry(from.detached())
+            .or_insert(Bucket { tokens: rate, at: now });
+        let dt = now.saturating_duration_since(b.at).as_secs_f64();
+        b.tokens = (b.tokens + dt * rate).min(rate);
+        b.at = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn result(&mut self, r: Result<(), foca::Error>) {
+        if r.is_err() {
+            self.counters.ignored += 1;
+        }
+    }
+
+    /// After any input: turn foca's timer requests into deadlines, and compare the member
+    /// list with the view to report what changed.
+    fn after(&mut self, now: Instant) {
+        for (t, d) in self.out.timers.drain(..) {
+            self.seq += 1;
+            self.timers.insert((now + d, self.seq), t);
+        }
+        self.out.renamed = false;
+        let mut seen: HashSet<Name, NameHash> = HashSet::default();
+        let me = self.foca.identity().name.clone();
+        for m in self.foca.iter_membership_state() {
+            let id = m.id();
+            if id.name == me {
+                continue;
+            }
+            let state = match m.state() {
+                State::Alive => MemberState::Alive,
+                State::Suspect => MemberState::Suspect,
+                State::Down
+                    if self
+                        .left
+                        .get(&id.name)
+                        .is_some_and(|l| *l == (id.started, id.bump)) =>
+                {
+                    MemberState::Left
+                }
+                State::Down => MemberState::Down,
+            };
+            seen.insert(id.name.clone());
+            let event = match self.view.get(&id.name) {
+                None if state.is_live() => Some(MemberEvent::Joined(id.clone())),
+                None => None,
+                Some((old, old_state)) if old != id => {
+                    // Replaced by a new incarnation: the old one is gone.
+                    if old_state.is_live() {
+                        self.events.push_back(MemberEvent::Down(old.clone()));
+                    }
+                    state.is_live().then(|| MemberEvent::Joined(id.clone()))
+                }
+                Some((_, old_state)) if *old_state == state => None,
+                Some((_, old_state)) => match state {
+                    MemberState::Alive if *old_state == MemberState::Suspect => {
+                        Some(MemberEvent::Refuted(id.clone()))
+                    }
+                    MemberState::Alive => Some(MemberEvent::Joined(id.clone())),
+                    MemberState::Suspect => Some(MemberEvent::Suspected(id.clone())),
+                    MemberState::Down => Some(MemberEvent::Down(id.clone())),
+                    MemberState::Left => Some(MemberEvent::Left(id.clone())),
+                },
+            };
+            if let Some(e) = event {
+                self.events.push_back(e);
+            }
+            let room = self.view.len() < self.cfg.max_members;
+            match self.view.get_mut(&id.name) {
+                Some(v) => *v = (id.clone(), state),
+                None if room => {
+                    self.view.insert(id.name.detached(), (id.clone(), state));
+                }
+                None => {}
+            }
+        }
+        // Forgotten by SWIM (down for `forget_down_after`): forgotten here too.
+        if seen.len() < self.view.len() {
+            self.view.retain(|n, _| seen.contains(n));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,414 @@
+//! The membership glue on a simulated network with a fake clock: packets take 1 ms, links
+//! can be cut, nodes can crash (stop, silently) or leave. Seeded, so every run is the same.
+
+use std::collections::HashSet;
+
+use super::*;
+
+/// A simulated cluster of `Membership` machines.
+struct Net {
+    nodes: Vec<Option<Membership>>,
+    now: Instant,
+    start: Instant,
+    /// Packets in flight: (arrival, from, to, body).
+    wire: Vec<(Instant, usize, usize, Bytes)>,
+    /// Links that drop everything, both ways.
+    cut: HashSet<(usize, usize)>,
+    /// Every event each node reported, with the time since the start.
+    log: Vec<Vec<(Duration, MemberEvent)>>,
+}
+
+const LATENCY: Duration = Duration::from_millis(1);
+const STEP: Duration = Duration::from_millis(5);
+
+fn id(i: usize, started: u64) -> MemberId {
+    MemberId {
+        name: Name::new(&format!("n{i:02}")).unwrap(),
+        addr: SocketAddr::from(([10, 0, 0, i as u8], 7000)),
+        started,
+        bump: 0,
+    }
+}
+
+fn cfg() -> MembershipConfig {
+    MembershipConfig {
+        announce_period: Duration::from_secs(2),
+        ..MembershipConfig::default()
+    }
+}
+
+impl Net {
+    /// `n` nodes, each alone.
+    fn new(n: usize, cfg: MembershipConfig) -> Net {
+        let now = Instant::now();
+        let nodes = (0..n)
+            .map(|i| Some(Membership::new(id(i, 1), cfg.clone(), 7 + i as u64, now).unwrap()))
+            .collect();
+        Net {
+            nodes,
+            now,
+            start: now,
+            wire: Vec::new(),
+            cut: HashSet::new(),
+            log: vec![Vec::new(); n],
+        }
+    }
+
+    fn node(&mut self, i: usize) -> &mut Membership {
+        self.nodes[i].as_mut().expect("node is running")
+    }
+
+    /// Every node joins through node 0 (as the IO layer does once its handshake with the
+    /// seed's address told it the seed's id).
+    fn join_all_through_0(&mut self) {
+        let seed = self.node(0).me().clone();
+        let now = self.now;
+        for i in 1..self.nodes.len() {
+            self.node(i).handle_join(now, seed.clone());
+        }
+        self.collect();
+    }
+
+    fn index(&self, name: &Name) -> Option<usize> {
+        self.nodes
+            .iter()
+            .position(|n| n.as_ref().is_some_and(|m| m.me().name == *name))
+    }
+
+    /// Take every node's packets and events.
+    fn collect(&mut self) {
+        let t = self.now - self.start;
+        for i in 0..self.nodes.len() {
+            let Some(m) = self.nodes[i].as_mut() else {
+                continue;
+            };
+            let mut sends = Vec::new();
+            while let Some(s) = m.poll_transmit() {
+                sends.push(s);
+            }
+            while let Some(e) = m.poll_event() {
+                self.log[i].push((t, e));
+            }
+            for (to, body) in sends {
+                if let Some(j) = self.index(&to.name) {
+                    self.wire.push((self.now + LATENCY, i, j, body));
+                }
+            }
+        }
+    }
+
+    /// Advance the clock by one step: deliver what arrived, fire timers.
+    fn step(&mut self) {
+        self.now += STEP;
+        let now = self.now;
+        let (due, later): (Vec<_>, Vec<_>) = self.wire.drain(..).partition(|w| w.0 <= now);
+        self.wire = later;
+        for (_, from, to, body) in due {
+            if self.cut.contains(&(from, to)) || self.cut.contains(&(to, from)) {
+                continue;
+            }
+            let Some(name) = self.nodes[from].as_ref().map(|m| m.me().name.clone()) else {
+                continue;
+            };
+            if let Some(m) = self.nodes[to].as_mut() {
+                m.handle_frame(now, &name, &body).expect("valid packet");
+            }
+        }
+        for m in self.nodes.iter_mut().flatten() {
+            if m.poll_timeout().is_some_and(|t| t <= now) {
+                m.handle_timeout(now);
+            }
+        }
+        self.collect();
+    }
+
+    /// Step until `cond` holds or `limit` of simulated time passes; returns the time taken.
+    fn run_until(&mut self, limit: Duration, mut cond: impl FnMut(&Net) -> bool) -> Option<Duration> {
+        let from = self.now;
+        while self.now - from < limit {
+            if cond(self) {
+                return Some(self.now - from);
+            }
+            self.step();
+        }
+        cond(self).then(|| self.now - from)
+    }
+
+    /// Whether node `i` sees member `j` in `state`.
+    fn sees(&self, i: usize, j: &Name, state: MemberState) -> bool {
+        self.nodes[i]
+            .as_ref()
+            .is_some_and(|m| m.state_of(j.as_bytes()).is_some_and(|(_, s)| s == state))
+    }
+
+    /// Whether every running node sees every other running node alive.
+    fn converged(&self) -> bool {
+        let names: Vec<Name> = self.nodes.iter().flatten().map(|m| m.me().name.clone()).collect();
+        self.nodes.iter().flatten().all(|m| {
+            names
+                .iter()
+                .filter(|n| **n != m.me().name)
+                .all(|n| m.state_of(n.as_bytes()).is_some_and(|(_, s)| s == MemberState::Alive))
+        })
+    }
+
+    fn all_running_see(&self, j: &Name, state: MemberState) -> bool {
+        (0..self.nodes.len())
+            .filter(|i| self.nodes[*i].is_some())
+            .all(|i| self.sees(i, j, state))
+    }
+
+    fn events_of(&self, i: usize) -> Vec<MemberEvent> {
+        self.log[i].iter().map(|(_, e)| e.clone()).collect()
+    }
+}
+
+#[test]
+fn eight_nodes_join_through_one_seed_and_converge() {
+    let mut net = Net::new(8, cfg());
+    net.join_all_through_0();
+    let t = net.run_until(Duration::from_secs(10), Net::converged);
+    let t = t.expect("every node sees every other within 10 s");
+    assert!(t < Duration::from_secs(3), "converged in {t:?}");
+    // Each node reported each other one joined, once.
+    for i in 0..8 {
+        let joined = net
+            .events_of(i)
+            .iter()
+            .filter(|e| matches!(e, MemberEvent::Joined(_)))
+            .count();
+        assert_eq!(joined, 7, "node {i}: {:?}", net.events_of(i));
+    }
+    // At rest nothing is suspected for a while.
+    net.run_until(Duration::from_secs(20), |_| false);
+    for i in 0..8 {
+        assert!(
+            !net.events_of(i).iter().any(|e| matches!(e, MemberEvent::Suspected(_))),
+            "node {i} suspected someone at rest: {:?}",
+            net.events_of(i)
+        );
+    }
+}
+
+#[test]
+fn a_crashed_node_is_declared_down_by_every_survivor() {
+    let c = cfg();
+    let mut net = Net::new(8, c.clone());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged).unwrap();
+    let victim = net.node(5).me().name.clone();
+    net.nodes[5] = None;
+    // SWIM alone: found by a probe, suspected, then down after the suspicion timeout.
+    let t = net
+        .run_until(Duration::from_secs(30), |n| {
+            n.all_running_see(&victim, MemberState::Down)
+        })
+        .expect("every survivor sees the crash");
+    // Someone probes it within a few periods; then the probe round and the suspicion.
+    assert!(
+        t <= c.suspicion_timeout + 4 * c.probe_period,
+        "detected after {t:?}"
+    );
+    for i in (0..8).filter(|i| *i != 5) {
+        let ev = net.events_of(i);
+        assert!(ev.iter().any(|e| matches!(e, MemberEvent::Down(m) if m.name == victim)));
+        assert!(!ev.iter().any(|e| matches!(e, MemberEvent::Left(_))));
+    }
+}
+
+#[test]
+fn the_transports_hint_makes_detection_take_the_suspicion_timeout() {
+    let c = cfg();
+    let mut net = Net::new(8, c.clone());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged).unwrap();
+    let victim = net.node(3).me().name.clone();
+    net.nodes[3] = None;
+    // The node that dials it finds its connection refused at once.
+    let now = net.now;
+    net.node(0).handle_unreachable(now, victim.as_bytes());
+    net.collect();
+    let t = net
+        .run_until(Duration::from_secs(30), |n| {
+            n.all_running_see(&victim, MemberState::Down)
+        })
+        .unwrap();
+    assert!(
+        t <= c.suspicion_timeout + c.probe_period,
+        "detected after {t:?}"
+    );
+}
+
+#[test]
+fn a_suspicion_is_refuted_by_a_live_member() {
+    let mut net = Net::new(6, cfg());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged).unwrap();
+    let target = net.node(2).me().name.clone();
+    // A transport hiccup: node 0 suspects node 2, which is alive.
+    let now = net.now;
+    net.node(0).handle_unreachable(now, target.as_bytes());
+    net.collect();
+    net.run_until(Duration::from_secs(15), |_| false);
+    for i in [0, 1, 3, 4, 5] {
+        assert!(net.sees(i, &target, MemberState::Alive), "node {i}");
+        assert!(
+            !net
+                .events_of(i)
+                .iter()
+                .any(|e| matches!(e, MemberEvent::Down(m) if m.name == target)),
+            "node {i} declared a live member down"
+        );
+    }
+    let ev = net.events_of(0);
+    assert!(ev.iter().any(|e| matches!(e, MemberEvent::Suspected(m) if m.name == target)));
+    assert!(ev.iter().any(|e| matches!(e, MemberEvent::Refuted(m) if m.name == target)));
+}
+
+#[test]
+fn a_leave_is_told_apart_from_a_crash() {
+    let mut net = Net::new(6, cfg());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged).unwrap();
+    let (leaver, crasher) = (net.node(4).me().name.clone(), net.node(5).me().name.clone());
+    let now = net.now;
+    net.node(4).handle_leave(now);
+    net.collect();
+    // Its last packets go out; then it stops.
+    net.step();
+    net.nodes[4] = None;
+    net.nodes[5] = None;
+    let t = net
+        .run_until(Duration::from_secs(30), |n| {
+            n.all_running_see(&leaver, MemberState::Left) && n.all_running_see(&crasher, MemberState::Down)
+        })
+        .expect("the leave and the crash are both seen");
+    for i in 0..4 {
+        let ev = net.events_of(i);
+        assert!(ev.iter().any(|e| matches!(e, MemberEvent::Left(m) if m.name == leaver)));
+        assert!(!ev.iter().any(|e| matches!(e, MemberEvent::Suspected(m) if m.name == leaver)));
+        assert!(ev.iter().any(|e| matches!(e, MemberEvent::Down(m) if m.name == crasher)));
+    }
+    // The leave is seen at once, long before the crash.
+    let left_at = net.log[0]
+        .iter()
+        .find(|(_, e)| matches!(e, MemberEvent::Left(_)))
+        .unwrap()
+        .0;
+    let down_at = net.log[0]
+        .iter()
+        .find(|(_, e)| matches!(e, MemberEvent::Down(_)))
+        .unwrap()
+        .0;
+    assert!(left_at < down_at, "left {left_at:?}, down {down_at:?} (run {t:?})");
+}
+
+#[test]
+fn a_partition_heals() {
+    let mut net = Net::new(6, cfg());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged).unwrap();
+    for a in 0..3 {
+        for b in 3..6 {
+            net.cut.insert((a, b));
+        }
+    }
+    let far = net.node(4).me().name.clone();
+    net.run_until(Duration::from_secs(30), |n| n.sees(0, &far, MemberState::Down))
+        .expect("each side declares the other down");
+    net.cut.clear();
+    net.run_until(Duration::from_secs(60), Net::converged)
+        .expect("after the heal every node sees every other alive again");
+}
+
+#[test]
+fn a_restarted_node_joins_as_a_new_incarnation() {
+    let mut net = Net::new(5, cfg());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged).unwrap();
+    let old = net.node(3).me().clone();
+    // Killed and started again at once, under the same name, later start time.
+    let now = net.now;
+    net.nodes[3] = Some(Membership::new(id(3, 2), cfg(), 99, now).unwrap());
+    let seed = net.node(0).me().clone();
+    net.node(3).handle_join(now, seed);
+    net.collect();
+    net.run_until(Duration::from_secs(20), |n| {
+        (0..5).filter(|i| *i != 3).all(|i| {
+            n.nodes[i]
+                .as_ref()
+                .unwrap()
+                .state_of(old.name.as_bytes())
+                .is_some_and(|(m, s)| m.started == 2 && s == MemberState::Alive)
+        })
+    })
+    .expect("everyone sees the new incarnation");
+    for i in [0, 1, 2, 4] {
+        let ev = net.events_of(i);
+        let joined_new = ev
+            .iter()
+            .any(|e| matches!(e, MemberEvent::Joined(m) if m.name == old.name && m.started == 2));
+        assert!(joined_new, "node {i}: {ev:?}");
+    }
+}
+
+#[test]
+fn packets_that_break_the_rules_are_refused() {
+    let now = Instant::now();
+    let mut a = Membership::new(id(0, 1), cfg(), 1, now).unwrap();
+    let mut b = Membership::new(id(1, 1), cfg(), 2, now).unwrap();
+    b.handle_join(now, a.me().clone());
+    let (_, announce) = b.poll_transmit().unwrap();
+    let mallory = Name::new("mallory").unwrap();
+    // From a connection that is not the sender named inside.
+    assert!(matches!(
+        a.handle_frame(now, &mallory, &announce),
+        Err(MemberError::Impersonation { .. })
+    ));
+    assert!(a.members().is_empty(), "nothing was learnt from it");
+    let from = b.me().name.clone();
+    assert!(matches!(a.handle_frame(now, &from, &[]), Err(MemberError::Empty)));
+    assert!(matches!(a.handle_frame(now, &from, &[9, 1]), Err(MemberError::UnknownTag(9))));
+    assert!(matches!(
+        a.handle_frame(now, &from, &[0, 0xff, 0xff, 0xff]),
+        Err(MemberError::Malformed(_))
+    ));
+    let mut big = vec![0u8; MAX_PACKET + 2];
+    big[0] = TAG_SWIM;
+    assert!(matches!(
+        a.handle_frame(now, &from, &big),
+        Err(MemberError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        a.handle_frame(now, &from, &[TAG_LEAVE, 1]),
+        Err(MemberError::Malformed(_))
+    ));
+    // The real announce is taken.
+    a.handle_frame(now, &from, &announce).unwrap();
+    assert_eq!(a.members().len(), 1);
+    // A flood in one instant: past the rate, packets are dropped and counted.
+    for _ in 0..1000 {
+        a.handle_frame(now, &from, &announce).unwrap();
+    }
+    let c = a.counters();
+    assert!(c.rate_limited >= 1000 - 200, "{c:?}");
+    // Everything queued in answer is bounded by the packets admitted.
+    let mut answers = 0;
+    while a.poll_transmit().is_some() {
+        answers += 1;
+    }
+    assert!(answers <= 201, "{answers} answers");
+}
+
+#[test]
+fn bad_settings_are_refused() {
+    let now = Instant::now();
+    let c = MembershipConfig {
+        probe_rtt: Duration::from_secs(2),
+        ..MembershipConfig::default()
+    };
+    assert!(matches!(
+        Membership::new(id(0, 1), c, 1, now),
+        Err(MemberError::Config(_))
+    ));
+}
