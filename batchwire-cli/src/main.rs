@@ -85,6 +85,13 @@ enum Cmd {
         /// Most inbound handshakes in progress from one source address [default: 16].
         #[arg(long)]
         max_handshakes_per_address: Option<usize>,
+        /// Join a running cluster through the member at HOST:PORT (repeatable; one that
+        /// answers is enough). Membership events are printed as `member ...` lines.
+        #[arg(long = "join")]
+        join: Vec<SocketAddr>,
+        /// The address other members dial to reach this node [default: --listen].
+        #[arg(long)]
+        advertise: Option<SocketAddr>,
     },
     /// Generate a test CA and a certificate per node, to try mutual TLS in a minute.
     Certs {
@@ -268,6 +275,8 @@ fn main() -> ExitCode {
             handshake_timeout_ms,
             max_handshakes,
             max_handshakes_per_address,
+            join,
+            advertise,
         } => {
             if print_config {
                 print!("{}", nodefile::DEFAULTS);
@@ -292,6 +301,8 @@ fn main() -> ExitCode {
                 handshake_timeout_ms,
                 max_handshakes,
                 max_handshakes_per_address,
+                join,
+                advertise,
             };
             let file = match &config {
                 Some(path) => nodefile::read(path),
@@ -376,6 +387,7 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
     let node = Node::start(cfg).map_err(|e| e.to_string())?;
     let mut last_published: Option<Instant> = None;
     let echo = node.mailbox("echo").map_err(|e| e.to_string())?;
+    print_member_events(node.events());
     println!("node {} listening on {}", node.name(), node.local_addr());
     let start = Instant::now();
     let mut last_stats = Instant::now();
@@ -430,6 +442,30 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
     Ok(())
 }
 
+/// Print each membership event as one line on stdout, as it happens:
+/// `member joined|suspected|alive|down|left NAME ADDR INCARNATION`.
+fn print_member_events(events: std::sync::mpsc::Receiver<batchwire::Event>) {
+    use batchwire::Event as E;
+    let spawned = std::thread::Builder::new()
+        .name("member-events".into())
+        .spawn(move || {
+            for e in events {
+                let (what, m) = match &e {
+                    E::MemberJoined { member } => ("joined", member),
+                    E::MemberSuspected { member } => ("suspected", member),
+                    E::MemberAlive { member } => ("alive", member),
+                    E::MemberDown { member } => ("down", member),
+                    E::MemberLeft { member } => ("left", member),
+                    _ => continue,
+                };
+                println!("member {what} {} {} {}", m.name, m.addr, m.incarnation);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the event printer");
+    }
+}
+
 fn run_bench(a: BenchArgs) -> Result<(), String> {
     let started = Instant::now();
     let entries = throughput::Entry::parse_list(&a.bundler)?;
@@ -445,12 +481,12 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
         ("--break-every", a.break_every > 0),
         ("--verify", a.verify),
     ];
-    if a.scenario != Some(Scenario::Throughput) {
-        if let Some((flag, _)) = throughput_only.iter().find(|(_, on)| *on) {
-            return Err(format!(
-                "{flag} applies to the throughput scenario: batchwire bench throughput {flag} ..."
-            ));
-        }
+    if a.scenario != Some(Scenario::Throughput)
+        && let Some((flag, _)) = throughput_only.iter().find(|(_, on)| *on)
+    {
+        return Err(format!(
+            "{flag} applies to the throughput scenario: batchwire bench throughput {flag} ..."
+        ));
     }
     if a.unacked_bytes == Some(0) {
         return Err("--unacked-bytes must be above 0".into());

@@ -70,6 +70,17 @@ pub const DEFAULTS: &str = r#"# batchwire node configuration (TOML). Every key i
 # heartbeat_interval_ms = 500
 # peer_timeout_ms = 3000
 
+# Cluster membership (SWIM). Join a running cluster through any of these members (one is
+# enough); other hosts dial this node at `advertise` (default: the listen address, which
+# must then not be 0.0.0.0 for other hosts).
+# join = ["127.0.0.1:7001"]
+# advertise = "10.0.0.1:7001"
+# membership = true
+# probe_period_ms = 1000            # each member probes one other this often
+# probe_rtt_ms = 300                # then asks 3 others to probe it indirectly
+# suspicion_timeout_ms = 3000       # a suspect that does not refute is declared down
+# gossip_period_ms = 200            # news goes to 3 random members this often
+
 # Mutual TLS on every connection (all three, PEM).
 # [tls]
 # cert = "a.pem"
@@ -129,6 +140,8 @@ pub struct Flags {
     pub handshake_timeout_ms: Option<u64>,
     pub max_handshakes: Option<usize>,
     pub max_handshakes_per_address: Option<usize>,
+    pub join: Vec<SocketAddr>,
+    pub advertise: Option<SocketAddr>,
 }
 
 /// What `batchwire node` does besides the library's settings.
@@ -182,6 +195,15 @@ pub fn build(flags: Flags, file: CliFile) -> Result<(NodeConfig, Extras), String
     f.max_handshakes_per_address = flags
         .max_handshakes_per_address
         .or(f.max_handshakes_per_address);
+    // Seeds from the flags come first (tried first), then the file's.
+    let mut join = flags.join;
+    for s in &f.join {
+        if !join.contains(s) {
+            join.push(*s);
+        }
+    }
+    f.join = join;
+    f.advertise = flags.advertise.or(f.advertise);
     let mut cfg = f.into_config().map_err(|e| e.to_string())?;
     if let Some(t) = flags.tls {
         cfg = cfg.tls(t);

@@ -959,24 +959,24 @@ fn metrics_are_served_for_prometheus_and_counters_move() {
     // Published once a second: wait (bounded) until a scrape shows every message.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Some(sc) = scrape() {
-            if received(&sc).is_some_and(|v| v >= N as f64) {
-                let connected = sc.samples.iter().any(|s| {
-                    s.metric == "batchwire_peer_connected" && s.labels.get("peer") == Some("a")
-                });
-                assert!(connected, "no batchwire_peer_connected for a");
-                let has = |name: &str, label: (&str, &str)| {
-                    sc.samples.iter().any(|s| {
-                        s.metric.starts_with(name) && s.labels.get(label.0) == Some(label.1)
-                    })
-                };
-                assert!(has("batchwire_mailbox_depth", ("mailbox", "echo")));
-                assert!(
-                    has("batchwire_messages_per_write", ("peer", "a")),
-                    "no per-write histogram"
-                );
-                break;
-            }
+        if let Some(sc) = scrape()
+            && received(&sc).is_some_and(|v| v >= N as f64)
+        {
+            let connected = sc.samples.iter().any(|s| {
+                s.metric == "batchwire_peer_connected" && s.labels.get("peer") == Some("a")
+            });
+            assert!(connected, "no batchwire_peer_connected for a");
+            let has = |name: &str, label: (&str, &str)| {
+                sc.samples
+                    .iter()
+                    .any(|s| s.metric.starts_with(name) && s.labels.get(label.0) == Some(label.1))
+            };
+            assert!(has("batchwire_mailbox_depth", ("mailbox", "echo")));
+            assert!(
+                has("batchwire_messages_per_write", ("peer", "a")),
+                "no per-write histogram"
+            );
+            break;
         }
         assert!(
             Instant::now() < deadline,

@@ -51,8 +51,8 @@ pub use crate::header::{
     MESSAGE_OVERHEAD, PROTOCOL_VERSION,
 };
 use crate::header::{
-    KIND_ACK, KIND_AUTH, KIND_CREDIT, KIND_FRAGMENT, KIND_GOODBYE, KIND_HELLO, KIND_MESSAGES,
-    KIND_MEMBER, KIND_REFUSE, KIND_RESUME, KIND_SYNC, KIND_UNDELIVERABLE, begin, finish,
+    KIND_ACK, KIND_AUTH, KIND_CREDIT, KIND_FRAGMENT, KIND_GOODBYE, KIND_HELLO, KIND_MEMBER,
+    KIND_MESSAGES, KIND_REFUSE, KIND_RESUME, KIND_SYNC, KIND_UNDELIVERABLE, begin, finish,
 };
 pub use crate::messages::{
     ListWriter, Message, MessageIter, MessageList, MessageSpan, check_message, encode_message,

@@ -43,6 +43,9 @@ pub enum Role {
         /// The node this node meant to reach.
         expect: Name,
     },
+    /// This node dialled a seed's address to join its cluster, not knowing its name: any
+    /// node but this one will do (it must still prove the secret).
+    Join,
     /// This node accepted the connection. `refuse` lists the names this node dials itself:
     /// an inbound connection claiming one of them is refused before any proof is exchanged.
     Accept {
@@ -215,7 +218,7 @@ impl Handshake {
     }
 
     fn dialling(&self) -> bool {
-        matches!(self.cfg.role, Role::Dial { .. })
+        matches!(self.cfg.role, Role::Dial { .. } | Role::Join)
     }
 
     /// Process one frame from the peer. `Ok(Some(peer))` when the handshake completes.

@@ -7,7 +7,8 @@ pub const MAGIC: [u8; 4] = *b"BWIR";
 /// Version 2: role-bound handshake proofs (the acceptor proves only after the dialler).
 /// Version 3: large messages in fragments, per-mailbox credit (FRAGMENT, CREDIT, SYNC), and
 /// RESUME's `keep`.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// Version 4: cluster membership (MEMBER frames carrying SWIM packets).
+pub const PROTOCOL_VERSION: u16 = 4;
 /// Bytes before the body: the length and the kind.
 pub const HEADER_LEN: usize = 5;
 /// Bytes a MESSAGES frame adds around its messages (header, count, first sequence number).

@@ -10,9 +10,9 @@ pub mod fuzz;
 pub mod handshake;
 mod header;
 pub mod idle;
-pub mod membership;
 #[cfg(test)]
 mod lanes_tests;
+pub mod membership;
 pub mod messages;
 pub mod outbox;
 pub mod reassembly;

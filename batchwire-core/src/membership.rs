@@ -146,6 +146,11 @@ impl Default for MembershipConfig {
 }
 
 impl MembershipConfig {
+    /// Check the settings (`Node::start` does).
+    pub fn validate(&self) -> Result<(), MemberError> {
+        self.foca().map(|_| ())
+    }
+
     fn foca(&self) -> Result<foca::Config, MemberError> {
         let bad = |why: &str| Err(MemberError::Config(why.to_string()));
         if self.probe_rtt.is_zero() || self.probe_rtt >= self.probe_period {
@@ -154,8 +159,7 @@ impl MembershipConfig {
         if self.suspicion_timeout.is_zero() || self.gossip_period.is_zero() {
             return bad("suspicion_timeout and gossip_period must be above zero");
         }
-        if self.announce_period.is_zero() || self.frames_per_second == 0 || self.max_members == 0
-        {
+        if self.announce_period.is_zero() || self.frames_per_second == 0 || self.max_members == 0 {
             return bad("announce_period, frames_per_second and max_members must be above zero");
         }
         let mut c = foca::Config::simple();
@@ -446,11 +450,12 @@ impl Membership {
                     if self.left.len() >= self.cfg.max_members {
                         self.left.clear();
                     }
-                    self.left
-                        .insert(from.detached(), (id.started, id.bump));
-                    let r = self
-                        .foca
-                        .apply_many(std::iter::once(Member::down(id)), true, &mut self.out);
+                    self.left.insert(from.detached(), (id.started, id.bump));
+                    let r = self.foca.apply_many(
+                        std::iter::once(Member::down(id)),
+                        true,
+                        &mut self.out,
+                    );
                     self.result(r);
                 }
             }
@@ -469,11 +474,16 @@ impl Membership {
             .find(|m| m.id().name.as_bytes() == name && m.state() == State::Alive)
             .map(|m| Member::new(m.id().clone(), m.incarnation(), State::Suspect));
         if let Some(m) = m {
-            if !self.hinted.iter().any(|h| h.1 == *m.id()) && self.hinted.len() < self.cfg.max_members {
+            if !self.hinted.iter().any(|h| h.1 == *m.id())
+                && self.hinted.len() < self.cfg.max_members
+            {
                 let deadline = now + self.cfg.suspicion_timeout;
-                self.hinted.push((deadline, m.id().clone(), m.incarnation()));
+                self.hinted
+                    .push((deadline, m.id().clone(), m.incarnation()));
             }
-            let r = self.foca.apply_many(std::iter::once(m), true, &mut self.out);
+            let r = self
+                .foca
+                .apply_many(std::iter::once(m), true, &mut self.out);
             self.result(r);
             self.after(now);
         }
@@ -514,11 +524,14 @@ impl Membership {
             self.hinted.drain(..).partition(|(at, _, _)| *at <= now);
         self.hinted = later;
         for (_, id, inc) in due {
-            let still = self.foca.iter_members().any(|m| {
-                *m.id() == id && m.state() == State::Suspect && m.incarnation() == inc
-            });
+            let still = self
+                .foca
+                .iter_members()
+                .any(|m| *m.id() == id && m.state() == State::Suspect && m.incarnation() == inc);
             if still {
-                let r = self.foca.apply_many(std::iter::once(Member::down(id)), true, &mut self.out);
+                let r =
+                    self.foca
+                        .apply_many(std::iter::once(Member::down(id)), true, &mut self.out);
                 self.result(r);
             }
         }
@@ -560,10 +573,10 @@ impl Membership {
         if self.buckets.len() > 2 * self.cfg.max_members && !self.buckets.contains_key(from) {
             self.buckets.clear();
         }
-        let b = self
-            .buckets
-            .entry(from.detached())
-            .or_insert(Bucket { tokens: rate, at: now });
+        let b = self.buckets.entry(from.detached()).or_insert(Bucket {
+            tokens: rate,
+            at: now,
+        });
         let dt = now.saturating_duration_since(b.at).as_secs_f64();
         b.tokens = (b.tokens + dt * rate).min(rate);
         b.at = now;

@@ -275,10 +275,10 @@ impl SendWindow {
     /// generation to pass back to [`SendWindow::mark_written`]. It counts as sent from
     /// now on: the peer may acknowledge it before the write returns.
     pub fn unwritten(&mut self) -> Unwritten {
-        if let Some(c) = self.chunks.back() {
-            if self.cursor < self.chunks.len() {
-                self.sent = self.sent.max(c.end_seq);
-            }
+        if let Some(c) = self.chunks.back()
+            && self.cursor < self.chunks.len()
+        {
+            self.sent = self.sent.max(c.end_seq);
         }
         let mut u = Unwritten {
             generation: self.generation,
@@ -349,13 +349,12 @@ impl SendWindow {
             }
             if let Some(c) = self.chunks.pop_front() {
                 // Unique once the writer's clones are gone (they are, long before the ack).
-                if self.free.len() < FREE_BUFFERS {
-                    if let Ok(mut m) = c.data.try_into_mut() {
-                        if m.capacity() <= FREE_MAX_CAPACITY {
-                            m.clear();
-                            self.free.push(m);
-                        }
-                    }
+                if self.free.len() < FREE_BUFFERS
+                    && let Ok(mut m) = c.data.try_into_mut()
+                    && m.capacity() <= FREE_MAX_CAPACITY
+                {
+                    m.clear();
+                    self.free.push(m);
                 }
             }
             self.cursor = self.cursor.saturating_sub(1);

@@ -598,6 +598,20 @@ impl Session {
         }
     }
 
+    /// The cluster membership declared the peer's `incarnation` down (or it left): close
+    /// its connection and declare it down now. A newer incarnation, already connected, is
+    /// left alone.
+    pub fn handle_declared_down(&mut self, now: Instant, incarnation: u64) {
+        if self.incarnation.is_some_and(|i| i != incarnation) || self.closing.is_some() {
+            return;
+        }
+        if let Some(c) = self.current.take() {
+            self.disconnected_since = now;
+            self.events.push_back(SessionEvent::Close { conn: c.id });
+        }
+        self.declare_down(DownReason::Membership);
+    }
+
     /// When [`Session::handle_timeout`] next has something to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let timeout = self.cfg.peer_timeout;

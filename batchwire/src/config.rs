@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use batchwire_core::bundler::{BundlerConfig, BundlerKind};
+use batchwire_core::membership::MembershipConfig;
 use batchwire_core::session::SessionConfig;
 
 use crate::error::Error;
@@ -106,6 +107,9 @@ pub struct NodeConfig {
     pub(crate) write_check: Duration,
     pub(crate) session: SessionConfig,
     pub(crate) tls: Option<TlsFiles>,
+    pub(crate) seeds: Vec<SocketAddr>,
+    pub(crate) advertise: Option<SocketAddr>,
+    pub(crate) membership: Option<MembershipConfig>,
 }
 
 impl std::fmt::Debug for NodeConfig {
@@ -123,6 +127,9 @@ impl std::fmt::Debug for NodeConfig {
             .field("fragment_bytes", &self.fragment_bytes)
             .field("session", &self.session)
             .field("tls", &self.tls)
+            .field("seeds", &self.seeds)
+            .field("advertise", &self.advertise)
+            .field("membership", &self.membership)
             .finish_non_exhaustive()
     }
 }
@@ -157,7 +164,53 @@ impl NodeConfig {
             write_check: Duration::from_millis(100),
             session: SessionConfig::default(),
             tls: None,
+            seeds: Vec::new(),
+            advertise: None,
+            membership: Some(MembershipConfig::default()),
         }
+    }
+
+    /// Join the cluster that the node listening at `seed` belongs to (repeatable: the
+    /// seeds are tried in turn until one answers). Knowing one member is enough: the
+    /// membership layer (SWIM) brings the rest, and connections to members are opened as
+    /// needed. The seed's node must prove the cluster secret like any peer; this node must
+    /// prove it (and with TLS show a certificate naming it) before it appears in any view.
+    /// A seed that is this node itself is skipped.
+    pub fn join(mut self, seed: SocketAddr) -> Self {
+        self.seeds.push(seed);
+        self
+    }
+
+    /// The seed addresses given with [`NodeConfig::join`].
+    pub fn seeds(&self) -> &[SocketAddr] {
+        &self.seeds
+    }
+
+    /// The address other members should dial to reach this node. Default: the address it
+    /// listens on, which must then not be a wildcard (`0.0.0.0` or `[::]`) if other nodes
+    /// are to find it through the membership.
+    pub fn advertise(mut self, addr: SocketAddr) -> Self {
+        self.advertise = Some(addr);
+        self
+    }
+
+    /// Membership settings (probe period, suspicion timeout...; see [`MembershipConfig`]).
+    /// Membership is on by default, with its defaults.
+    pub fn membership(mut self, m: MembershipConfig) -> Self {
+        self.membership = Some(m);
+        self
+    }
+
+    /// Turn the membership layer off: only the static peers are known, nothing is
+    /// probed or gossiped, and `join` cannot be used.
+    pub fn without_membership(mut self) -> Self {
+        self.membership = None;
+        self
+    }
+
+    /// The membership settings, `None` when membership is off.
+    pub fn membership_config(&self) -> Option<&MembershipConfig> {
+        self.membership.as_ref()
     }
 
     /// This node's name.
@@ -458,6 +511,12 @@ impl NodeConfig {
                 "peer_timeout ({:?}) must be longer than heartbeat_interval ({:?})",
                 s.peer_timeout, s.heartbeat_interval
             ));
+        }
+        if let Some(m) = &self.membership {
+            m.validate().map_err(|e| Error::Config(e.to_string()))?;
+        }
+        if !self.seeds.is_empty() && self.membership.is_none() {
+            return bad("join (seeds) needs the membership layer, which is off".into());
         }
         if self.write_check.is_zero() || self.handshake_timeout.is_zero() {
             return bad("write_check and handshake_timeout must be above 0".into());

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use crate::config::{NodeConfig, PeerSpec, TlsFiles};
 use crate::error::Error;
 use batchwire_core::bundler::BundlerKind;
+use batchwire_core::membership::MembershipConfig;
 
 /// A node's settings as a file has them. Every key is optional except that `name`,
 /// `listen` and `secret_file` must be there by the time [`NodeFile::into_config`] is
@@ -99,6 +100,21 @@ pub struct NodeFile {
     pub heartbeat_interval_ms: Option<u64>,
     /// [`NodeConfig::peer_timeout`], in milliseconds.
     pub peer_timeout_ms: Option<u64>,
+    /// [`NodeConfig::join`]: seed addresses of a running cluster.
+    #[serde(default)]
+    pub join: Vec<SocketAddr>,
+    /// [`NodeConfig::advertise`].
+    pub advertise: Option<SocketAddr>,
+    /// Membership on (default) or off ([`NodeConfig::without_membership`]).
+    pub membership: Option<bool>,
+    /// [`MembershipConfig::probe_period`], in milliseconds.
+    pub probe_period_ms: Option<u64>,
+    /// [`MembershipConfig::probe_rtt`], in milliseconds.
+    pub probe_rtt_ms: Option<u64>,
+    /// [`MembershipConfig::suspicion_timeout`], in milliseconds.
+    pub suspicion_timeout_ms: Option<u64>,
+    /// [`MembershipConfig::gossip_period`], in milliseconds.
+    pub gossip_period_ms: Option<u64>,
     /// Mutual TLS on every connection.
     pub tls: Option<TlsSection>,
 }
@@ -185,6 +201,38 @@ impl NodeFile {
                 )));
             }
             cfg = cfg.reconnect(min, max);
+        }
+        for s in &self.join {
+            cfg = cfg.join(*s);
+        }
+        if let Some(a) = self.advertise {
+            cfg = cfg.advertise(a);
+        }
+        let tuned = [
+            self.probe_period_ms,
+            self.probe_rtt_ms,
+            self.suspicion_timeout_ms,
+            self.gossip_period_ms,
+        ];
+        if self.membership == Some(false) {
+            if !self.join.is_empty() || tuned.iter().any(Option::is_some) {
+                return Err(bad(
+                    "`membership = false` with membership settings or `join`".into(),
+                ));
+            }
+            cfg = cfg.without_membership();
+        } else if tuned.iter().any(Option::is_some) {
+            let mut m = MembershipConfig::default();
+            let set = |v: Option<u64>, d: &mut Duration| {
+                if let Some(v) = v {
+                    *d = ms(v);
+                }
+            };
+            set(self.probe_period_ms, &mut m.probe_period);
+            set(self.probe_rtt_ms, &mut m.probe_rtt);
+            set(self.suspicion_timeout_ms, &mut m.suspicion_timeout);
+            set(self.gossip_period_ms, &mut m.gossip_period);
+            cfg = cfg.membership(m);
         }
         if let Some(t) = self.tls {
             cfg = cfg.tls(TlsFiles {

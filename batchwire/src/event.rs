@@ -6,6 +6,7 @@ use bytes::Bytes;
 
 use crate::address::Address;
 
+pub use batchwire_core::membership::MemberState;
 pub use batchwire_core::session::{DownReason, FailReason};
 
 /// Something that happened on a node; subscribe with `Node::events`.
@@ -85,6 +86,50 @@ pub enum Event {
         /// How many.
         count: u64,
     },
+    /// A member appeared in this node's view (it proved the cluster secret to some member),
+    /// or came back as a new incarnation (restarted under the same name).
+    MemberJoined {
+        /// The member.
+        member: Member,
+    },
+    /// Some member could not reach `member`; it has the suspicion timeout to refute.
+    /// Sends to it go on meanwhile.
+    MemberSuspected {
+        /// The member.
+        member: Member,
+    },
+    /// A suspected member refuted the suspicion: it is alive.
+    MemberAlive {
+        /// The member.
+        member: Member,
+    },
+    /// The failure detector declared `member` down (it crashed, or is cut off). Its
+    /// session is declared down too (`PeerDown`, what was pending reported in
+    /// `SendFailed`). It is still dialled with back-off, so a healed partition or a restart
+    /// brings it back (`MemberJoined`).
+    MemberDown {
+        /// The member.
+        member: Member,
+    },
+    /// `member` left gracefully (`Node::shutdown`). Its session is declared down and it is
+    /// not dialled again.
+    MemberLeft {
+        /// The member.
+        member: Member,
+    },
+}
+
+/// A member in a node's view (see `Node::members`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its node name.
+    pub name: String,
+    /// The address it advertises (where members dial it).
+    pub addr: SocketAddr,
+    /// Its incarnation: the one its connections present (it changes on every restart).
+    pub incarnation: u64,
+    /// Where it stands.
+    pub state: MemberState,
 }
 
 /// A message handed back by `Event::SendFailed`.

@@ -28,11 +28,13 @@ pub use crate::config::{NodeConfig, PeerSpec, TlsFiles};
 pub use crate::config_file::{NodeFile, TlsSection};
 pub use crate::error::{Error, RecvError};
 pub use crate::event::{
-    CloseReason, DownReason, Event, FailReason, FailedMessage, HandshakeFailure,
+    CloseReason, DownReason, Event, FailReason, FailedMessage, HandshakeFailure, Member,
+    MemberState,
 };
 pub use crate::io::mailbox::Envelope;
 pub use crate::mailbox::{Mailbox, RecvFuture};
 pub use crate::node::Node;
-pub use crate::stats::{HandshakeStats, NodeStats, PeerStats};
+pub use crate::stats::{HandshakeStats, MembershipStats, NodeStats, PeerStats};
 pub use batchwire_core::bundler::BundlerKind;
+pub use batchwire_core::membership::MembershipConfig;
 pub use bytes::Bytes;

@@ -11,7 +11,7 @@ use crate::address::Address;
 use crate::class::Class;
 use crate::config::NodeConfig;
 use crate::error::Error;
-use crate::event::Event;
+use crate::event::{Event, Member};
 use crate::io::runtime::Runtime;
 use crate::mailbox::Mailbox;
 use crate::stats::NodeStats;
@@ -129,6 +129,26 @@ impl Node {
     /// Wait until every named peer is connected, up to `timeout`. Returns whether they are.
     pub fn wait_for_peers(&self, peers: &[&str], timeout: Duration) -> bool {
         self.rt.wait_for_peers(peers, timeout)
+    }
+
+    /// The cluster membership view: every other member this node knows of, with its
+    /// address, incarnation and state (alive, suspect, down, left; down and left members
+    /// stay listed for `forget_down_after`). Empty with membership off.
+    /// [`Node::send_all`] and [`Node::send_others`] address the live ones.
+    pub fn members(&self) -> Vec<Member> {
+        self.rt.members()
+    }
+
+    /// The address other members dial to reach this node (`NodeConfig::advertise`, else
+    /// the listening address).
+    pub fn advertised_addr(&self) -> SocketAddr {
+        self.rt.advertise
+    }
+
+    /// Wait until `cond` holds for the membership view, up to `timeout`. Returns whether it
+    /// does. E.g. `node.wait_for_members(t, |v| v.iter().filter(|m| m.state.is_live()).count() == 2)`.
+    pub fn wait_for_members(&self, timeout: Duration, cond: impl Fn(&[Member]) -> bool) -> bool {
+        self.rt.wait_for_members(timeout, cond)
     }
 
     /// Close every connection now, as a network failure would (for chaos testing: see

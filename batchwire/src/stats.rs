@@ -182,6 +182,29 @@ pub struct NodeStats {
     pub handshakes: HandshakeStats,
     /// Events dropped because a subscriber did not keep up (see `Node::events`).
     pub events_dropped: u64,
+    /// The membership layer's traffic.
+    pub membership: MembershipStats,
+}
+
+/// What the membership layer (SWIM) sent and took. Bytes are MEMBER frame bodies (add 5
+/// bytes of frame header each, and TCP/IP's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct MembershipStats {
+    /// Packets taken from members.
+    pub packets_in: u64,
+    /// Their bytes.
+    pub bytes_in: u64,
+    /// Packets sent to members.
+    pub packets_out: u64,
+    /// Their bytes.
+    pub bytes_out: u64,
+    /// Packets dropped by the per-peer rate limit (`frames_per_second`).
+    pub rate_limited: u64,
+    /// Packets that broke the rules (their connection was closed).
+    pub violations: u64,
+    /// Packets dropped because the membership thread was behind.
+    pub inputs_dropped: u64,
 }
 
 impl NodeStats {

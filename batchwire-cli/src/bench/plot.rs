@@ -370,7 +370,7 @@ fn series_name(r: &BenchResult, show_idle: bool) -> String {
 }
 
 fn size_name(size: usize) -> String {
-    if size >= 1000 && size % 1000 == 0 {
+    if size >= 1000 && size.is_multiple_of(1000) {
         format!("{} KB", size / 1000)
     } else {
         format!("{size} B")
@@ -535,7 +535,7 @@ mod tests {
                 let name = tag.split_whitespace().next().ok_or("empty tag")?;
                 stack.push(name.to_string());
             }
-            if tag.matches('"').count() % 2 != 0 {
+            if !tag.matches('"').count().is_multiple_of(2) {
                 return Err(format!("unbalanced quotes in <{tag}>"));
             }
             rest = &rest[end + 1..];

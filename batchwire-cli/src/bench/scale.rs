@@ -248,15 +248,15 @@ fn print_table(reports: &[HubReport]) {
         ]);
     }
     print!("{}", t.render());
-    if let (Some(a), Some(b)) = (reports.first(), reports.last()) {
-        if b.peers > a.peers {
-            let per = |x: f64, y: f64| (y - x) / (b.peers - a.peers) as f64;
-            println!(
-                "per additional peer: {:.1} threads, {:.0} KiB resident, {:.3}% of a core idle",
-                per(a.threads as f64, b.threads as f64),
-                per(a.rss_kib as f64, b.rss_kib as f64),
-                per(cpu_percent(a), cpu_percent(b)),
-            );
-        }
+    if let (Some(a), Some(b)) = (reports.first(), reports.last())
+        && b.peers > a.peers
+    {
+        let per = |x: f64, y: f64| (y - x) / (b.peers - a.peers) as f64;
+        println!(
+            "per additional peer: {:.1} threads, {:.0} KiB resident, {:.3}% of a core idle",
+            per(a.threads as f64, b.threads as f64),
+            per(a.rss_kib as f64, b.rss_kib as f64),
+            per(cpu_percent(a), cpu_percent(b)),
+        );
     }
 }

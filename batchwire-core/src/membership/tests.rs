@@ -123,7 +123,11 @@ impl Net {
     }
 
     /// Step until `cond` holds or `limit` of simulated time passes; returns the time taken.
-    fn run_until(&mut self, limit: Duration, mut cond: impl FnMut(&Net) -> bool) -> Option<Duration> {
+    fn run_until(
+        &mut self,
+        limit: Duration,
+        mut cond: impl FnMut(&Net) -> bool,
+    ) -> Option<Duration> {
         let from = self.now;
         while self.now - from < limit {
             if cond(self) {
@@ -143,12 +147,17 @@ impl Net {
 
     /// Whether every running node sees every other running node alive.
     fn converged(&self) -> bool {
-        let names: Vec<Name> = self.nodes.iter().flatten().map(|m| m.me().name.clone()).collect();
+        let names: Vec<Name> = self
+            .nodes
+            .iter()
+            .flatten()
+            .map(|m| m.me().name.clone())
+            .collect();
         self.nodes.iter().flatten().all(|m| {
-            names
-                .iter()
-                .filter(|n| **n != m.me().name)
-                .all(|n| m.state_of(n.as_bytes()).is_some_and(|(_, s)| s == MemberState::Alive))
+            names.iter().filter(|n| **n != m.me().name).all(|n| {
+                m.state_of(n.as_bytes())
+                    .is_some_and(|(_, s)| s == MemberState::Alive)
+            })
         })
     }
 
@@ -183,7 +192,9 @@ fn eight_nodes_join_through_one_seed_and_converge() {
     net.run_until(Duration::from_secs(20), |_| false);
     for i in 0..8 {
         assert!(
-            !net.events_of(i).iter().any(|e| matches!(e, MemberEvent::Suspected(_))),
+            !net.events_of(i)
+                .iter()
+                .any(|e| matches!(e, MemberEvent::Suspected(_))),
             "node {i} suspected someone at rest: {:?}",
             net.events_of(i)
         );
@@ -195,7 +206,8 @@ fn a_crashed_node_is_declared_down_by_every_survivor() {
     let c = cfg();
     let mut net = Net::new(8, c.clone());
     net.join_all_through_0();
-    net.run_until(Duration::from_secs(10), Net::converged).unwrap();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .unwrap();
     let victim = net.node(5).me().name.clone();
     net.nodes[5] = None;
     // SWIM alone: found by a probe, suspected, then down after the suspicion timeout.
@@ -211,7 +223,10 @@ fn a_crashed_node_is_declared_down_by_every_survivor() {
     );
     for i in (0..8).filter(|i| *i != 5) {
         let ev = net.events_of(i);
-        assert!(ev.iter().any(|e| matches!(e, MemberEvent::Down(m) if m.name == victim)));
+        assert!(
+            ev.iter()
+                .any(|e| matches!(e, MemberEvent::Down(m) if m.name == victim))
+        );
         assert!(!ev.iter().any(|e| matches!(e, MemberEvent::Left(_))));
     }
 }
@@ -221,7 +236,8 @@ fn the_transports_hint_makes_detection_take_the_suspicion_timeout() {
     let c = cfg();
     let mut net = Net::new(8, c.clone());
     net.join_all_through_0();
-    net.run_until(Duration::from_secs(10), Net::converged).unwrap();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .unwrap();
     let victim = net.node(3).me().name.clone();
     net.nodes[3] = None;
     // The node that dials it finds its connection refused at once.
@@ -243,7 +259,8 @@ fn the_transports_hint_makes_detection_take_the_suspicion_timeout() {
 fn a_suspicion_is_refuted_by_a_live_member() {
     let mut net = Net::new(6, cfg());
     net.join_all_through_0();
-    net.run_until(Duration::from_secs(10), Net::converged).unwrap();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .unwrap();
     let target = net.node(2).me().name.clone();
     // A transport hiccup: node 0 suspects node 2, which is alive.
     let now = net.now;
@@ -253,23 +270,29 @@ fn a_suspicion_is_refuted_by_a_live_member() {
     for i in [0, 1, 3, 4, 5] {
         assert!(net.sees(i, &target, MemberState::Alive), "node {i}");
         assert!(
-            !net
-                .events_of(i)
+            !net.events_of(i)
                 .iter()
                 .any(|e| matches!(e, MemberEvent::Down(m) if m.name == target)),
             "node {i} declared a live member down"
         );
     }
     let ev = net.events_of(0);
-    assert!(ev.iter().any(|e| matches!(e, MemberEvent::Suspected(m) if m.name == target)));
-    assert!(ev.iter().any(|e| matches!(e, MemberEvent::Refuted(m) if m.name == target)));
+    assert!(
+        ev.iter()
+            .any(|e| matches!(e, MemberEvent::Suspected(m) if m.name == target))
+    );
+    assert!(
+        ev.iter()
+            .any(|e| matches!(e, MemberEvent::Refuted(m) if m.name == target))
+    );
 }
 
 #[test]
 fn a_leave_is_told_apart_from_a_crash() {
     let mut net = Net::new(6, cfg());
     net.join_all_through_0();
-    net.run_until(Duration::from_secs(10), Net::converged).unwrap();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .unwrap();
     let (leaver, crasher) = (net.node(4).me().name.clone(), net.node(5).me().name.clone());
     let now = net.now;
     net.node(4).handle_leave(now);
@@ -280,14 +303,24 @@ fn a_leave_is_told_apart_from_a_crash() {
     net.nodes[5] = None;
     let t = net
         .run_until(Duration::from_secs(30), |n| {
-            n.all_running_see(&leaver, MemberState::Left) && n.all_running_see(&crasher, MemberState::Down)
+            n.all_running_see(&leaver, MemberState::Left)
+                && n.all_running_see(&crasher, MemberState::Down)
         })
         .expect("the leave and the crash are both seen");
     for i in 0..4 {
         let ev = net.events_of(i);
-        assert!(ev.iter().any(|e| matches!(e, MemberEvent::Left(m) if m.name == leaver)));
-        assert!(!ev.iter().any(|e| matches!(e, MemberEvent::Suspected(m) if m.name == leaver)));
-        assert!(ev.iter().any(|e| matches!(e, MemberEvent::Down(m) if m.name == crasher)));
+        assert!(
+            ev.iter()
+                .any(|e| matches!(e, MemberEvent::Left(m) if m.name == leaver))
+        );
+        assert!(
+            !ev.iter()
+                .any(|e| matches!(e, MemberEvent::Suspected(m) if m.name == leaver))
+        );
+        assert!(
+            ev.iter()
+                .any(|e| matches!(e, MemberEvent::Down(m) if m.name == crasher))
+        );
     }
     // The leave is seen at once, long before the crash.
     let left_at = net.log[0]
@@ -300,22 +333,28 @@ fn a_leave_is_told_apart_from_a_crash() {
         .find(|(_, e)| matches!(e, MemberEvent::Down(_)))
         .unwrap()
         .0;
-    assert!(left_at < down_at, "left {left_at:?}, down {down_at:?} (run {t:?})");
+    assert!(
+        left_at < down_at,
+        "left {left_at:?}, down {down_at:?} (run {t:?})"
+    );
 }
 
 #[test]
 fn a_partition_heals() {
     let mut net = Net::new(6, cfg());
     net.join_all_through_0();
-    net.run_until(Duration::from_secs(10), Net::converged).unwrap();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .unwrap();
     for a in 0..3 {
         for b in 3..6 {
             net.cut.insert((a, b));
         }
     }
     let far = net.node(4).me().name.clone();
-    net.run_until(Duration::from_secs(30), |n| n.sees(0, &far, MemberState::Down))
-        .expect("each side declares the other down");
+    net.run_until(Duration::from_secs(30), |n| {
+        n.sees(0, &far, MemberState::Down)
+    })
+    .expect("each side declares the other down");
     net.cut.clear();
     net.run_until(Duration::from_secs(60), Net::converged)
         .expect("after the heal every node sees every other alive again");
@@ -325,7 +364,8 @@ fn a_partition_heals() {
 fn a_restarted_node_joins_as_a_new_incarnation() {
     let mut net = Net::new(5, cfg());
     net.join_all_through_0();
-    net.run_until(Duration::from_secs(10), Net::converged).unwrap();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .unwrap();
     let old = net.node(3).me().clone();
     // Killed and started again at once, under the same name, later start time.
     let now = net.now;
@@ -367,8 +407,14 @@ fn packets_that_break_the_rules_are_refused() {
     ));
     assert!(a.members().is_empty(), "nothing was learnt from it");
     let from = b.me().name.clone();
-    assert!(matches!(a.handle_frame(now, &from, &[]), Err(MemberError::Empty)));
-    assert!(matches!(a.handle_frame(now, &from, &[9, 1]), Err(MemberError::UnknownTag(9))));
+    assert!(matches!(
+        a.handle_frame(now, &from, &[]),
+        Err(MemberError::Empty)
+    ));
+    assert!(matches!(
+        a.handle_frame(now, &from, &[9, 1]),
+        Err(MemberError::UnknownTag(9))
+    ));
     assert!(matches!(
         a.handle_frame(now, &from, &[0, 0xff, 0xff, 0xff]),
         Err(MemberError::Malformed(_))

@@ -77,11 +77,11 @@ fn simulate(seed: u64, total: u64) -> (Vec<u64>, u32) {
                 if !read(&mut conn, &mut rw, max, &mut got) {
                     conn = Conn::default(); // gap: that connection is closed
                 }
-                if let Some(o) = old.as_mut() {
-                    if rng.chance(50) {
-                        read(o, &mut rw, usize::MAX, &mut got);
-                        old = None;
-                    }
+                if let Some(o) = old.as_mut()
+                    && rng.chance(50)
+                {
+                    read(o, &mut rw, usize::MAX, &mut got);
+                    old = None;
                 }
                 if let Some(a) = rw.ack_due() {
                     acks_in_flight.push(a);

@@ -32,6 +32,9 @@ pub enum DownReason {
     },
     /// It said goodbye (it shut down).
     Left,
+    /// The cluster's failure detector (SWIM membership) declared it down, or it left the
+    /// cluster.
+    Membership,
 }
 
 impl std::fmt::Display for DownReason {
@@ -40,6 +43,9 @@ impl std::fmt::Display for DownReason {
             DownReason::Silent { after } => write!(f, "silent for more than {after:?}"),
             DownReason::Unreachable { after } => write!(f, "unreachable for more than {after:?}"),
             DownReason::Left => write!(f, "the peer shut down"),
+            DownReason::Membership => {
+                write!(f, "declared down (or left) in the cluster membership")
+            }
         }
     }
 }

@@ -442,7 +442,7 @@ fn after_handle_timeout_the_next_deadline_is_in_the_future() {
                 let _ = s.poll_control(now, id);
             }
             3 => s.handle_heard(now, id),
-            4 => s.set_paused(now, rng % 2 == 0),
+            4 => s.set_paused(now, rng.is_multiple_of(2)),
             _ => {}
         }
         s.handle_timeout(now);

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use crate::io::setup::Setup;
+use crate::io::setup::{Setup, Side};
 use crate::io::threads::Threads;
 
 const PAUSE: Duration = Duration::from_millis(50);
@@ -49,7 +49,7 @@ pub(crate) fn run_acceptor(listener: TcpListener, setup: Arc<Setup>, threads: Th
         };
         let st = setup.clone();
         let spawned = threads.spawn(format!("bw-in-{}", setup.name), move || {
-            st.run(s, None, Some(slot));
+            st.run(s, Side::Accept(slot));
         });
         if let Err(e) = spawned {
             // The closure (socket and slot) was dropped: the connection is closed.

@@ -1,31 +1,140 @@
-//! A dialer thread: for a peer whose name sorts after ours, connect, run the connection
-//! until it breaks (this thread is its reader), and connect again with exponential back-off,
-//! until the node stops.
+//! Dialing. A peer whose name sorts after ours is this node's to dial (the tie-break that
+//! prevents simultaneous connects): its dialer thread connects, runs the connection until it
+//! breaks (this thread is its reader), and connects again with exponential back-off, until
+//! the node stops or the member leaves. [`Dialers`] keeps one per such peer: the static
+//! peers from the start, members as the membership finds them.
+//!
+//! Joining is the one exception to the tie-break: [`run_joiner`] dials seed addresses
+//! without knowing whose they are, while this node is alone. Once the seed knows us, the
+//! node whose name sorts first dials the other, and that connection replaces the join
+//! connection if it was the other way round.
 
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use batchwire_core::codec::Name;
-use tracing::debug;
+use tracing::{debug, info};
 
-use crate::io::setup::Setup;
+use crate::io::members::Members;
+use crate::io::setup::{Setup, Side};
+use crate::io::threads::Threads;
 
-pub(crate) fn run_dialer(setup: Arc<Setup>, peer: Name, addr: SocketAddr) {
+/// Where a dialer dials, and whether it should go on.
+struct Target {
+    addr: Mutex<SocketAddr>,
+    keep: AtomicBool,
+    running: AtomicBool,
+}
+
+/// The dialers, by peer name (a cheap handle).
+#[derive(Clone)]
+pub(crate) struct Dialers(Arc<DialersInner>);
+
+struct DialersInner {
+    setup: Arc<Setup>,
+    threads: Threads,
+    map: Mutex<HashMap<Name, Arc<Target>>>,
+    /// Static peers: dialled for the node's lifetime whatever the membership says.
+    fixed: Vec<Name>,
+}
+
+impl Dialers {
+    pub fn new(setup: Arc<Setup>, threads: Threads, fixed: Vec<Name>) -> Dialers {
+        Dialers(Arc::new(DialersInner {
+            setup,
+            threads,
+            map: Mutex::new(HashMap::new()),
+            fixed,
+        }))
+    }
+
+    /// Dial `name` at `addr` if that is this node's job (its name sorts after ours) and no
+    /// dialer runs for it; a running one dials `addr` from its next attempt on.
+    pub fn ensure(&self, name: &Name, addr: SocketAddr) {
+        let inner = &self.0;
+        if inner.setup.name.as_str() >= name.as_str() {
+            return;
+        }
+        let mut map = inner.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = map.get(name) {
+            *t.addr.lock().unwrap_or_else(|p| p.into_inner()) = addr;
+            t.keep.store(true, Ordering::Release);
+            if t.running.load(Ordering::Acquire) {
+                return;
+            }
+        }
+        let t = Arc::new(Target {
+            addr: Mutex::new(addr),
+            keep: AtomicBool::new(true),
+            running: AtomicBool::new(true),
+        });
+        map.insert(name.detached(), t.clone());
+        let (st, pn) = (inner.setup.clone(), name.detached());
+        let spawned = inner.threads.spawn(format!("bw-dial-{name}"), move || {
+            run_dialer(&st, &pn, &t);
+            t.running.store(false, Ordering::Release);
+        });
+        if let Err(e) = spawned {
+            debug!(node = %inner.setup.name, peer = %name, error = %e, "cannot start a dialer");
+            map.remove(name);
+        }
+    }
+
+    /// Stop dialing `name` (it left the cluster), unless it is a static peer.
+    pub fn stop(&self, name: &Name) {
+        if self.0.fixed.contains(name) {
+            return;
+        }
+        if let Some(t) = self
+            .0
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+        {
+            t.keep.store(false, Ordering::Release);
+        }
+    }
+
+    /// Stop dialing every member `keep` rejects (forgotten by the membership), static
+    /// peers excepted.
+    pub fn retain(&self, keep: impl Fn(&Name) -> bool) {
+        let map = self.0.map.lock().unwrap_or_else(|p| p.into_inner());
+        for (n, t) in map.iter() {
+            if !keep(n) && !self.0.fixed.contains(n) {
+                t.keep.store(false, Ordering::Release);
+            }
+        }
+    }
+}
+
+fn run_dialer(setup: &Setup, peer: &Name, target: &Target) {
     let (min, max) = (setup.config.reconnect_min, setup.config.reconnect_max);
     let mut backoff = min;
     let mut failures = 0u32;
-    while !setup.shutdown.is_stopped() {
+    while !setup.shutdown.is_stopped() && target.keep.load(Ordering::Acquire) {
+        let addr = *target.addr.lock().unwrap_or_else(|p| p.into_inner());
         match TcpStream::connect_timeout(&addr, setup.config.handshake_timeout) {
             Ok(s) => {
                 // A completed handshake resets the back-off.
-                if setup.run(s, Some(peer.clone()), None) {
+                if setup.run(s, Side::Dial(peer.clone())) {
                     backoff = min;
                     failures = 0;
                 }
             }
             Err(e) => {
                 failures += 1;
+                // A member that cannot be reached again: tell the membership at once
+                // (it suspects the member, which refutes if it is alive), not at the
+                // member's next probe.
+                if failures == 1
+                    && let Some(m) = &setup.members
+                {
+                    m.unreachable(peer);
+                }
                 // Log the first failure and then rarely: a peer that is not up yet is normal.
                 if failures == 1 || failures.is_power_of_two() {
                     debug!(node = %setup.name, %peer, %addr, error = %e, failures, "cannot connect yet; retrying with back-off");
@@ -34,6 +143,42 @@ pub(crate) fn run_dialer(setup: Arc<Setup>, peer: Name, addr: SocketAddr) {
         }
         if !setup.shutdown.sleep(backoff) {
             break;
+        }
+        backoff = (backoff * 2).min(max).max(Duration::from_millis(1));
+    }
+}
+
+/// While this node has no live member, dial the seeds in turn (with back-off) and run
+/// each connection that comes up to its end. The handshake tells the seed's name; the
+/// connection then announces this node to the seed's membership (see `Setup::run`).
+pub(crate) fn run_joiner(setup: Arc<Setup>, members: Members, seeds: Vec<SocketAddr>) {
+    let (min, max) = (setup.config.reconnect_min, setup.config.reconnect_max);
+    let mut backoff = min;
+    let mut attempts = 0u32;
+    loop {
+        for addr in &seeds {
+            if setup.shutdown.is_shutting_down() {
+                return;
+            }
+            if members.view().iter().any(|m| m.state.is_live()) {
+                info!(node = %setup.name, "joined the cluster");
+                return;
+            }
+            attempts += 1;
+            match TcpStream::connect_timeout(addr, setup.config.handshake_timeout) {
+                Ok(s) => {
+                    if setup.run(s, Side::Join) {
+                        backoff = min;
+                    }
+                }
+                Err(e) if attempts == 1 || attempts.is_power_of_two() => {
+                    info!(node = %setup.name, seed = %addr, error = %e, attempts, "cannot reach the seed yet; retrying");
+                }
+                Err(_) => {}
+            }
+        }
+        if !setup.shutdown.sleep(backoff) {
+            return;
         }
         backoff = (backoff * 2).min(max).max(Duration::from_millis(1));
     }

@@ -227,10 +227,10 @@ impl Lane {
     #[inline]
     pub fn push(&self, m: Outgoing, block: bool) -> Result<(), PushError> {
         let g = self.lock();
-        if let Some(max) = g.credit.peer_max_payload() {
-            if m.payload.len() as u64 > max {
-                return Err(PushError::TooLarge(max));
-            }
+        if let Some(max) = g.credit.peer_max_payload()
+            && m.payload.len() as u64 > max
+        {
+            return Err(PushError::TooLarge(max));
         }
         let bulk = self.is_bulk(&g, &m);
         let credit = self.charges_credit;
@@ -286,10 +286,10 @@ impl Lane {
         m: &Outgoing,
         block: bool,
     ) -> Result<u64, PushError> {
-        if let Some(max) = g.credit.peer_max_payload() {
-            if m.payload.len() as u64 > max {
-                return Err(PushError::TooLarge(max));
-            }
+        if let Some(max) = g.credit.peer_max_payload()
+            && m.payload.len() as u64 > max
+        {
+            return Err(PushError::TooLarge(max));
         }
         let mut g = self.wait_for(g, block, |g| {
             if g.credit.admits(m.to.as_bytes()) {

@@ -31,6 +31,7 @@ use crate::io::events::Events;
 use crate::io::flow::Held;
 use crate::io::lane::Lane;
 use crate::io::mailbox::{Envelope, MailboxQueue, Mailboxes};
+use crate::io::members::Members;
 use crate::io::peer::Peer;
 
 /// What a reader uses.
@@ -44,6 +45,7 @@ pub(crate) struct Reader<'a> {
     pub max_frame: usize,
     pub max_payload: u64,
     pub read_bytes: usize,
+    pub members: Option<&'a Members>,
 }
 
 impl Reader<'_> {
@@ -133,6 +135,13 @@ impl Reader<'_> {
                     from: u.from.to_string(),
                     count: u.count as u64,
                 });
+            }
+            // Membership packets go to the membership thread, which checks them (the
+            // sender named inside must be this peer); without membership they are ignored.
+            Frame::Member(body) => {
+                if let Some(m) = self.members {
+                    m.frame(&peer.name, body);
+                }
             }
             Frame::Goodbye => {
                 peer.session(|s, now| s.handle_goodbye(now, id));
@@ -444,6 +453,7 @@ mod tests {
                 max_frame: 1 << 20,
                 max_payload: 1 << 20,
                 read_bytes: 1 << 16,
+                members: None,
             }
             .run(BytesMut::new())
         });

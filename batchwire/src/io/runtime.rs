@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use batchwire_core::codec::Name;
 use batchwire_core::idle::IdleStrategy;
+use batchwire_core::membership::{MemberId, Membership};
 use batchwire_core::outbox::ALL;
 use batchwire_core::session::PeerState;
 use bytes::Bytes;
@@ -31,11 +32,12 @@ use crate::config::NodeConfig;
 use crate::error::Error;
 use crate::event::Event;
 use crate::io::bundle::run_bundler;
-use crate::io::dial::run_dialer;
+use crate::io::dial::{Dialers, run_joiner};
 use crate::io::events::Events;
 use crate::io::lane::{Lane, Outgoing, PushError};
 use crate::io::link::TlsConfigs;
 use crate::io::mailbox::{Envelope, MailboxQueue, Mailboxes, Refused};
+use crate::io::members::{MemberStats, Members, MembersCtx, run_members};
 use crate::io::peer::{ConnWatch, Peer, PeerCtx};
 use crate::io::peers::Peers;
 use crate::io::setup::Setup;
@@ -44,7 +46,7 @@ use crate::io::threads::Threads;
 use crate::io::tick::run_ticker;
 use crate::io::timer::Timer;
 use crate::io::{accept::run_acceptor, idle_strategy, lane_cfg};
-use crate::stats::{NodeStats, PeerStats};
+use crate::stats::{MembershipStats, NodeStats, PeerStats};
 
 /// A running node's parts.
 pub(crate) struct Runtime {
@@ -65,6 +67,31 @@ pub(crate) struct Runtime {
     /// With `transfer-queue`: the one queue every peer shares.
     shared_lane: Option<Arc<Lane>>,
     local_messages: AtomicU64,
+    /// The membership thread's handle (`None` with membership off).
+    members: Option<Members>,
+    member_stats: Arc<MemberStats>,
+    /// Where members dial this node.
+    pub advertise: SocketAddr,
+}
+
+/// The address members should dial: the configured one, else the listening one (a
+/// wildcard becomes loopback: fine on one host; other hosts need `advertise`).
+fn advertise_addr(config: &NodeConfig, local: SocketAddr) -> SocketAddr {
+    if let Some(a) = config.advertise {
+        return a;
+    }
+    let mut a = local;
+    if a.ip().is_unspecified() {
+        let lo: std::net::IpAddr = match a.ip() {
+            std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        };
+        a.set_ip(lo);
+        if config.membership.is_some() {
+            warn!(node = %config.name, listen = %local, advertised = %a, "listening on a wildcard address without `advertise`: members on other hosts cannot reach this node");
+        }
+    }
+    a
 }
 
 impl Runtime {
@@ -97,9 +124,13 @@ impl Runtime {
             source,
         })?;
         let local_addr = listener.local_addr()?;
-        let mut inc = [0u8; 8];
-        getrandom::fill(&mut inc).map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
-        let incarnation = u64::from_le_bytes(inc);
+        // The incarnation is the start time in microseconds: a node restarted under the
+        // same name has a later one, which the membership lets win over the old.
+        let incarnation = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_micros() as u64)
+            .max(1);
+        let advertise = advertise_addr(&config, local_addr);
 
         let (shutdown, timer, threads, writers) = (
             Shutdown::default(),
@@ -134,6 +165,13 @@ impl Runtime {
                 MailboxQueue::new(n.clone(), config.mailbox_bytes, idle)
             });
         }
+        let (members, members_rx) = match &config.membership {
+            Some(_) => {
+                let (m, rx) = Members::new();
+                (Some(m), Some(rx))
+            }
+            None => (None, None),
+        };
         let dials: Arc<[Name]> = peer_names
             .iter()
             .filter(|(p, _)| name.as_str() < p.as_str())
@@ -150,7 +188,15 @@ impl Runtime {
             events.clone(),
             shutdown.clone(),
             shared_lane.clone(),
+            members.clone(),
+            peer_names.clone(),
         ));
+        let dialers = Dialers::new(
+            setup.clone(),
+            threads.clone(),
+            peer_names.iter().map(|(n, _)| n.clone()).collect(),
+        );
+        let member_stats = Arc::new(MemberStats::default());
         for (pn, _) in &peer_names {
             peers
                 .get_or_insert(pn)
@@ -171,6 +217,9 @@ impl Runtime {
             writers,
             shared_lane: shared_lane.clone(),
             local_messages: AtomicU64::new(0),
+            members: members.clone(),
+            member_stats: member_stats.clone(),
+            advertise,
             config,
         });
         info!(node = %name, addr = %local_addr, bundler = %rt.config.bundler.kind, "node started");
@@ -186,12 +235,49 @@ impl Runtime {
                 run_bundler(lane, p, b, done)
             })?;
         }
-        for (pn, addr) in peer_names {
+        for (pn, addr) in &peer_names {
             if name.as_str() < pn.as_str() {
-                let st = setup.clone();
-                threads.spawn(format!("bw-dial-{pn}"), move || run_dialer(st, pn, addr))?;
+                dialers.ensure(pn, *addr);
             } else {
                 debug!(node = %name, peer = %pn, "waiting for the peer to dial (the name that sorts first dials)");
+            }
+        }
+        if let (Some(cfg), Some(m), Some(rx)) = (&rt.config.membership, members, members_rx) {
+            let me = MemberId {
+                name: name.clone(),
+                addr: advertise,
+                started: incarnation,
+                bump: 0,
+            };
+            let mut seed = [0u8; 8];
+            getrandom::fill(&mut seed)
+                .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+            let machine =
+                Membership::new(me, cfg.clone(), u64::from_le_bytes(seed), Instant::now())
+                    .map_err(|e| Error::Config(e.to_string()))?;
+            let ctx = MembersCtx {
+                members: m.clone(),
+                peers: rt.peers.clone(),
+                dialers,
+                events: rt.events.clone(),
+                shutdown: rt.shutdown.clone(),
+                node: name.clone(),
+                counters: member_stats,
+            };
+            threads.spawn(format!("bw-members-{name}"), move || {
+                run_members(machine, rx, ctx)
+            })?;
+            // Seeds that are this node itself are skipped (a shared seed list is fine).
+            let seeds: Vec<SocketAddr> = rt
+                .config
+                .seeds
+                .iter()
+                .copied()
+                .filter(|s| *s != advertise && *s != local_addr)
+                .collect();
+            if !seeds.is_empty() {
+                let st = setup.clone();
+                threads.spawn(format!("bw-join-{name}"), move || run_joiner(st, m, seeds))?;
             }
         }
         Ok(rt)
@@ -309,10 +395,10 @@ impl Runtime {
             payload: &payload,
             bulk: false,
         };
-        if let Some(lane) = &self.shared_lane {
-            if !peers.iter().any(|p| p.lane.routes_to_bulk(&m(p))) {
-                return self.send_all_shared(lane, &peers, m(&peers[0]), &mb, &payload);
-            }
+        if let Some(lane) = &self.shared_lane
+            && !peers.iter().any(|p| p.lane.routes_to_bulk(&m(p)))
+        {
+            return self.send_all_shared(lane, &peers, m(&peers[0]), &mb, &payload);
         }
         for p in &peers {
             if p.state() == PeerState::Down {
@@ -547,6 +633,45 @@ impl Runtime {
             local_messages: self.local_messages.load(Ordering::Relaxed),
             handshakes: self.setup.security.snapshot(),
             events_dropped: self.events.dropped(),
+            membership: self.membership_stats(),
+        }
+    }
+
+    fn membership_stats(&self) -> MembershipStats {
+        let s = &self.member_stats;
+        MembershipStats {
+            packets_in: s.packets_in.load(Ordering::Relaxed),
+            bytes_in: s.bytes_in.load(Ordering::Relaxed),
+            packets_out: s.packets_out.load(Ordering::Relaxed),
+            bytes_out: s.bytes_out.load(Ordering::Relaxed),
+            rate_limited: s.rate_limited.load(Ordering::Relaxed),
+            violations: s.violations.load(Ordering::Relaxed),
+            inputs_dropped: self.members.as_ref().map_or(0, |m| m.dropped()),
+        }
+    }
+
+    /// The membership view (empty with membership off).
+    pub fn members(&self) -> Vec<crate::event::Member> {
+        self.members
+            .as_ref()
+            .map(|m| m.view().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Wait until `cond` holds for the view, up to `timeout` (polls every 10 ms).
+    pub fn wait_for_members(
+        &self,
+        timeout: Duration,
+        cond: impl Fn(&[crate::event::Member]) -> bool,
+    ) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if cond(&self.members()) {
+                return true;
+            }
+            if Instant::now() >= deadline || !self.shutdown.sleep(Duration::from_millis(10)) {
+                return false;
+            }
         }
     }
 
@@ -557,6 +682,11 @@ impl Runtime {
             return;
         }
         info!(node = %self.name, "shutting down");
+        // 0. Tell the cluster we leave (before the writers say goodbye), so members
+        //    remove this node at once instead of suspecting it.
+        if let Some(m) = &self.members {
+            m.leave(Duration::from_millis(500));
+        }
         // 1. Drain: no new sends; each writer flushes its lane, waits for its peer's
         //    acknowledgements (or the deadline) and says goodbye. Connections that break
         //    meanwhile may come back (dialers and the acceptor still run).
@@ -573,6 +703,9 @@ impl Runtime {
         //    own).
         self.shutdown.stop();
         self.timer.wake();
+        if let Some(m) = &self.members {
+            m.wake();
+        }
         let mut wake = self.local_addr;
         match wake.ip() {
             std::net::IpAddr::V4(ip) if ip.is_unspecified() => {

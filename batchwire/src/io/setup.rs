@@ -4,7 +4,7 @@
 //! is commented, in the manner of mini-redis' `connection.rs`.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use batchwire_core::codec::Name;
 use batchwire_core::frame::{self, Frame, Resume};
 use batchwire_core::handshake::{Handshake, HandshakeConfig, HandshakeError, PeerInfo, Role};
+use batchwire_core::membership::MemberId;
 use bytes::BytesMut;
 use tracing::{debug, info, warn};
 
@@ -20,8 +21,9 @@ use crate::event::{CloseReason, Event};
 use crate::io::conn::{Conn, LinkError};
 use crate::io::events::Events;
 use crate::io::lane::Lane;
-use crate::io::link::{Link, TlsConfigs, cert_names};
+use crate::io::link::{JOIN_SERVER_NAME, Link, TlsConfigs, cert_names};
 use crate::io::mailbox::Mailboxes;
+use crate::io::members::Members;
 use crate::io::peer::Peer;
 use crate::io::peers::{AddError, Peers};
 use crate::io::read::{Reader, read_more};
@@ -50,6 +52,21 @@ pub(crate) struct Setup {
     pub shutdown: Shutdown,
     /// With transfer-queue, the shared lane (readers count it in credit recounts).
     pub shared: Option<Arc<Lane>>,
+    /// The membership thread's handle (`None` with membership off).
+    pub members: Option<Members>,
+    /// The static peers' addresses: a connection with one of them announces this node
+    /// to its membership (static peers become members).
+    statics: Vec<(Name, SocketAddr)>,
+}
+
+/// Which end of a fresh connection this node is.
+pub(crate) enum Side {
+    /// Accepted, holding one of the handshake places.
+    Accept(HandshakeSlot),
+    /// Dialled the peer called so.
+    Dial(Name),
+    /// Dialled a seed's address, not knowing its name.
+    Join,
 }
 
 impl Setup {
@@ -65,6 +82,8 @@ impl Setup {
         events: Events,
         shutdown: Shutdown,
         shared: Option<Arc<Lane>>,
+        members: Option<Members>,
+        statics: Vec<(Name, SocketAddr)>,
     ) -> Setup {
         Setup {
             name,
@@ -80,6 +99,8 @@ impl Setup {
             events,
             shutdown,
             shared,
+            members,
+            statics,
         }
     }
 
@@ -100,24 +121,22 @@ impl Setup {
         })
     }
 
-    /// Run a fresh connection to its end. `expect` is the peer's name when we dialled;
-    /// `slot` is an inbound handshake's place, freed once the peer is authenticated.
-    /// Returns whether the handshake succeeded.
-    pub fn run(
-        &self,
-        stream: TcpStream,
-        expect: Option<Name>,
-        slot: Option<HandshakeSlot>,
-    ) -> bool {
+    /// Run a fresh connection to its end. An inbound handshake's place (in `side`) is
+    /// freed once the peer is authenticated. Returns whether the handshake succeeded.
+    pub fn run(&self, stream: TcpStream, side: Side) -> bool {
         let Ok(addr) = stream.peer_addr() else {
             return false; // already gone
         };
+        let (expect, slot, joining) = match side {
+            Side::Accept(slot) => (None, Some(slot), false),
+            Side::Dial(name) => (Some(name), None, false),
+            Side::Join => (None, None, true),
+        };
+        let dialled = expect.is_some() || joining;
         // Every log line of this connection says which it is: its handshake first, then
         // (once the peer proved who it is) the connection with the peer's name and
         // incarnation.
-        let hs_span =
-            tracing::info_span!("handshake", node = %self.name, %addr, dialled = expect.is_some())
-                .entered();
+        let hs_span = tracing::info_span!("handshake", node = %self.name, %addr, dialled).entered();
         // Small messages must not wait for Nagle: batching is the bundler's job.
         let _ = stream.set_nodelay(true);
         // One deadline for everything before the connection carries messages.
@@ -127,9 +146,9 @@ impl Setup {
         //    sides prove the cluster secret; see core::handshake), and with TLS a check that
         //    the peer's certificate names the node it claims to be.
         let setup = self
-            .open(stream, expect.as_ref(), deadline)
+            .open(stream, expect.as_ref(), joining, deadline)
             .and_then(|link| {
-                let (info, buf) = self.handshake(&link, expect.clone(), deadline)?;
+                let (info, buf) = self.handshake(&link, expect.clone(), joining, deadline)?;
                 self.check_certificate(&link, &info)?;
                 Ok((Arc::new(link), info, buf))
             });
@@ -195,6 +214,7 @@ impl Setup {
             incarnation: info.incarnation,
             addr,
         });
+        self.announce(&info, dialled.then_some(addr));
 
         // 4. Read until the connection ends one way or another.
         let reader = Reader {
@@ -206,6 +226,7 @@ impl Setup {
             max_frame: self.config.max_frame(),
             max_payload: self.config.max_payload as u64,
             read_bytes: self.config.read_bytes,
+            members: self.members.as_ref(),
         };
         let result = reader.run(buf);
 
@@ -250,6 +271,31 @@ impl Setup {
         true
     }
 
+    /// A connection is up with a seed we dialled (`dialled` is its address) or with a
+    /// static peer: if it is not a live member yet, announce this node to it (the
+    /// membership then brings the rest of the cluster, both ways).
+    fn announce(&self, info: &PeerInfo, dialled: Option<SocketAddr>) {
+        let Some(m) = &self.members else {
+            return;
+        };
+        let addr = dialled.or_else(|| {
+            self.statics
+                .iter()
+                .find(|(n, _)| *n == info.name)
+                .map(|(_, a)| *a)
+        });
+        if let Some(addr) = addr
+            && !m.is_live(info.name.as_str())
+        {
+            m.join(MemberId {
+                name: info.name.detached(),
+                addr,
+                started: info.incarnation,
+                bump: 0,
+            });
+        }
+    }
+
     /// Count, log and report a connection that failed before carrying messages.
     fn failed(&self, addr: std::net::SocketAddr, peer: Option<String>, e: &LinkError) {
         if self.shutdown.is_shutting_down() {
@@ -271,12 +317,18 @@ impl Setup {
         &self,
         stream: TcpStream,
         expect: Option<&Name>,
+        joining: bool,
         deadline: Instant,
     ) -> Result<Link, LinkError> {
         let Some(tls) = &self.tls else {
             return Ok(Link::Plain(stream));
         };
-        Link::tls(stream, tls, expect.map(|n| n.as_str()), deadline).map_err(|e| {
+        let dial = match expect {
+            Some(n) => Some(n.as_str()),
+            None if joining => Some(JOIN_SERVER_NAME),
+            None => None,
+        };
+        Link::tls(stream, tls, dial, deadline).map_err(|e| {
             if matches!(
                 e.kind(),
                 std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
@@ -295,12 +347,14 @@ impl Setup {
         &self,
         link: &Link,
         expect: Option<Name>,
+        joining: bool,
         deadline: Instant,
     ) -> Result<(PeerInfo, BytesMut), LinkError> {
         let mut nonce = [0u8; 16];
         getrandom::fill(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
         let role = match expect {
             Some(expect) => Role::Dial { expect },
+            None if joining => Role::Join,
             None => Role::Accept {
                 refuse: self.dials.clone(),
             },

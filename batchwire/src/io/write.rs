@@ -176,11 +176,11 @@ pub(crate) fn hold_frames(peer: &Peer, frames: &[(&[u8], u32)], reason: FlushRea
 /// One vectored write of what is due on `c`: control frames, then unwritten data.
 fn write_pending(peer: &Peer, c: &Conn, shutdown: &Shutdown, control: &mut Vec<u8>) {
     let mut go_on = || !c.is_closed() && !past_grace(shutdown);
-    if c.link.tls_pending() {
-        if let Err(e) = c.link.flush_tls(&mut go_on) {
-            fail_write(peer, c, &e);
-            return;
-        }
+    if c.link.tls_pending()
+        && let Err(e) = c.link.flush_tls(&mut go_on)
+    {
+        fail_write(peer, c, &e);
+        return;
     }
     control.clear();
     let u = peer.session(|s, now| {
@@ -193,6 +193,7 @@ fn write_pending(peer: &Peer, c: &Conn, shutdown: &Shutdown, control: &mut Vec<u
         s.unwritten(c.id)
     });
     let notices = peer.take_notices(control);
+    peer.take_members(control);
     if control.is_empty() && u.chunks.is_empty() {
         return;
     }

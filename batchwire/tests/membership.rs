@@ -1,0 +1,227 @@
+//! Cluster membership between real nodes on loopback: joining through one seed, the view
+//! and its events, a graceful leave, static peers as members, and the refusals (wrong
+//! secret, a certificate naming another node, forged membership packets).
+//! Crashes (SIGKILL) are in the CLI's process tests and the netns test.
+
+mod common;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use batchwire::{Address, Event, Member, MemberState, Node, NodeConfig, TlsFiles};
+use batchwire_core::frame::Frame;
+use common::*;
+
+const T: Duration = Duration::from_secs(20);
+
+fn live(v: &[Member]) -> Vec<String> {
+    let mut n: Vec<String> = v
+        .iter()
+        .filter(|m| m.state.is_live())
+        .map(|m| m.name.clone())
+        .collect();
+    n.sort();
+    n
+}
+
+fn node(name: &str, seed: Option<SocketAddr>) -> Node {
+    let mut c = NodeConfig::new(name, "127.0.0.1:0".parse().unwrap(), SECRET);
+    if let Some(s) = seed {
+        c = c.join(s);
+    }
+    Node::start(c).unwrap()
+}
+
+/// Wait until `n` sees exactly `names` live.
+fn sees(n: &Node, names: &[&str]) -> bool {
+    n.wait_for_members(T, |v| live(v) == names)
+}
+
+#[test]
+fn nodes_join_through_one_seed_and_send_to_the_live_view() {
+    let a = node("a", None);
+    let ev_a = a.events();
+    let seed = a.local_addr();
+    let b = node("b", Some(seed));
+    let c = node("c", Some(seed));
+    // "0d" sorts before every other name: it is the one to dial them all, knowing only c.
+    let d = node("0d", Some(c.local_addr()));
+    assert!(sees(&a, &["0d", "b", "c"]), "a: {:?}", a.members());
+    assert!(sees(&b, &["0d", "a", "c"]), "b: {:?}", b.members());
+    assert!(sees(&c, &["0d", "a", "b"]), "c: {:?}", c.members());
+    assert!(sees(&d, &["a", "b", "c"]), "0d: {:?}", d.members());
+    // The view carries what members advertise.
+    let vb = a.members().into_iter().find(|m| m.name == "b").unwrap();
+    assert_eq!(vb.addr, b.advertised_addr());
+    assert_eq!(vb.state, MemberState::Alive);
+    // a reported each join once.
+    let mut joined = Vec::new();
+    while let Ok(e) = ev_a.recv_timeout(Duration::from_millis(100)) {
+        if let Event::MemberJoined { member } = e {
+            joined.push(member.name);
+        }
+    }
+    joined.sort();
+    assert_eq!(joined, ["0d", "b", "c"]);
+    // send_others from the newest node reaches everyone it learnt of through the view.
+    let inboxes: Vec<_> = [&a, &b, &c]
+        .iter()
+        .map(|n| n.mailbox("inbox").unwrap())
+        .collect();
+    d.send_others("inbox", &b"hello"[..]).unwrap();
+    for (i, mb) in inboxes.iter().enumerate() {
+        let e = mb
+            .recv_timeout(T)
+            .unwrap_or_else(|e| panic!("inbox {i}: {e:?}"));
+        assert_eq!(&e.payload[..], b"hello");
+        assert_eq!(e.from.node(), "0d");
+    }
+    // At rest the membership costs little: a few packets a second.
+    let before = a.stats().membership;
+    std::thread::sleep(Duration::from_secs(3));
+    let after = a.stats().membership;
+    let per_sec = (after.bytes_in + after.bytes_out - before.bytes_in - before.bytes_out) / 3;
+    eprintln!("membership at rest on a: {per_sec} B/s");
+    assert!(per_sec < 4096, "{per_sec} B/s at rest");
+    assert_eq!(after.violations, 0);
+}
+
+#[test]
+fn a_graceful_leave_is_a_leave_not_a_suspicion() {
+    let a = node("a", None);
+    let b = node("b", Some(a.local_addr()));
+    let c = node("c", Some(a.local_addr()));
+    assert!(sees(&a, &["b", "c"]) && sees(&c, &["a", "b"]));
+    let (ev_a, ev_c) = (a.events(), c.events());
+    b.shutdown();
+    for (n, ev) in [(&a, &ev_a), (&c, &ev_c)] {
+        let left = wait_event(ev, T, |e| matches!(e, Event::MemberLeft { .. }));
+        match left {
+            Some(Event::MemberLeft { member }) => assert_eq!(member.name, "b"),
+            other => panic!("{}: no leave: {other:?}", n.name()),
+        }
+        assert!(sees(n, &[if n.name() == "a" { "c" } else { "a" }]));
+        let v = n.members();
+        let vb = v.iter().find(|m| m.name == "b").unwrap();
+        assert_eq!(vb.state, MemberState::Left);
+    }
+    // Nobody suspected it, and sends to it fail at once.
+    for e in ev_a.try_iter().chain(ev_c.try_iter()) {
+        assert!(
+            !matches!(&e, Event::MemberSuspected { member } if member.name == "b"),
+            "{e:?}"
+        );
+    }
+    let err = a
+        .send(&Address::new("b", "inbox").unwrap(), &b"x"[..])
+        .unwrap_err();
+    assert!(matches!(err, batchwire::Error::PeerDown(_)), "{err:?}");
+}
+
+#[test]
+fn static_peers_are_members_and_a_newcomer_learns_them() {
+    let nodes = start(mesh(&["a", "b"]));
+    assert!(sees(&nodes[0], &["b"]) && sees(&nodes[1], &["a"]));
+    let c = node("c", Some(nodes[1].local_addr()));
+    assert!(sees(&c, &["a", "b"]), "c: {:?}", c.members());
+    assert!(sees(&nodes[0], &["b", "c"]));
+}
+
+#[test]
+fn membership_off_keeps_the_static_world() {
+    let mut cfgs = mesh(&["a", "b"]);
+    cfgs = cfgs.into_iter().map(|c| c.without_membership()).collect();
+    let nodes = start(cfgs);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(nodes[0].members().is_empty());
+    let bad = NodeConfig::new("x", "127.0.0.1:0".parse().unwrap(), SECRET)
+        .without_membership()
+        .join(nodes[0].local_addr());
+    assert!(matches!(Node::start(bad), Err(batchwire::Error::Config(_))));
+}
+
+#[test]
+fn without_the_secret_a_node_never_appears_in_a_view() {
+    let a = node("a", None);
+    let ev = a.events();
+    let m = Node::start(
+        NodeConfig::new(
+            "mallory",
+            "127.0.0.1:0".parse().unwrap(),
+            &b"wrong secret"[..],
+        )
+        .join(a.local_addr()),
+    )
+    .unwrap();
+    let failed = wait_event(&ev, T, |e| matches!(e, Event::HandshakeFailed { .. }));
+    assert!(failed.is_some(), "the seed refused it");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(a.members().is_empty(), "{:?}", a.members());
+    assert!(m.members().is_empty(), "{:?}", m.members());
+}
+
+#[test]
+fn joining_over_tls_checks_the_certificates_names() {
+    let certs = test_certs("main");
+    let cfg = |name: &str, files: &str, seed: Option<SocketAddr>| {
+        let mut c = NodeConfig::new(name, "127.0.0.1:0".parse().unwrap(), SECRET)
+            .tls(TlsFiles::in_dir(&certs, files));
+        if let Some(s) = seed {
+            c = c.join(s);
+        }
+        c
+    };
+    let a = Node::start(cfg("a", "a", None)).unwrap();
+    let b = Node::start(cfg("b", "b", Some(a.local_addr()))).unwrap();
+    assert!(sees(&a, &["b"]) && sees(&b, &["a"]));
+    // "zz" presenting c's certificate: refused by the seed before it is in any view.
+    let ev = a.events();
+    let z = Node::start(cfg("zz", "c", Some(a.local_addr()))).unwrap();
+    let failed = wait_event(&ev, T, |e| matches!(e, Event::HandshakeFailed { .. }));
+    assert!(failed.is_some());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(live(&a.members()), ["b"]);
+    assert!(z.members().is_empty());
+}
+
+#[test]
+fn forged_membership_packets_close_only_that_connection() {
+    let a = node("a", None);
+    let _b = node("b", Some(a.local_addr()));
+    assert!(sees(&a, &["b"]));
+    // A peer with the secret that speaks for another member.
+    let mut s = raw_peer(a.local_addr(), "m", "a");
+    let mut out = Vec::new();
+    // A SWIM packet whose sender field says "b": the membership refuses it.
+    let mut forged = vec![0u8];
+    forged.extend_from_slice(&postcard_header_from("b"));
+    Frame::Member(forged.into()).encode(&mut out);
+    s.write_all(&out).unwrap();
+    let t0 = std::time::Instant::now();
+    while a.stats().membership.violations == 0 && t0.elapsed() < T {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(a.stats().membership.violations, 1);
+    // The forger is not a member, b still is, and b's connection was untouched.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(live(&a.members()), ["b"]);
+    assert!(a.connected_peers().contains(&"b".to_string()));
+}
+
+/// A SWIM header (foca's postcard encoding) claiming to come from `name`: src, its SWIM
+/// incarnation, dst, then a Ping.
+fn postcard_header_from(name: &str) -> Vec<u8> {
+    let id = |n: &str| {
+        let mut v = vec![n.len() as u8];
+        v.extend_from_slice(n.as_bytes());
+        // SocketAddr V4 127.0.0.1:1, started 1, bump 0.
+        v.extend_from_slice(&[0, 127, 0, 0, 1, 1, 1, 0]);
+        v
+    };
+    let mut h = id(name);
+    h.push(0); // src incarnation
+    h.extend(id("a"));
+    h.extend_from_slice(&[0, 1]); // Message::Ping(1)
+    h
+}
