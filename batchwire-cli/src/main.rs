@@ -138,7 +138,7 @@ struct BenchArgs {
     /// roundtrip 100,1000,10000; fan-in 100; mperf 1000; rpc 100).
     #[arg(long, value_delimiter = ',')]
     size: Option<Vec<usize>>,
-    /// Nodes (mperf: 4, rpc: 4; the other scenarios run 2).
+    /// Nodes (mperf: 4, rpc: 4; membership: 8, 16 and 32; the other scenarios run 2).
     #[arg(long)]
     nodes: Option<usize>,
     /// Threads: fan-in's sender threads (1000), rpc's calling threads per node (16).
@@ -193,7 +193,8 @@ struct BenchArgs {
     /// scale: seconds of idle measured per peer count.
     #[arg(long, default_value_t = 10)]
     idle_secs: u64,
-    /// hol: milliseconds per phase (default 3000; 1500 when quick).
+    /// hol: milliseconds per phase (default 3000; 1500 when quick); membership: the
+    /// window at rest (default 5000).
     #[arg(long)]
     phase_ms: Option<u64>,
     /// hol: the nodes' bulk budget (`NodeConfig::bulk_inflight_bytes`; default 128 KiB).
@@ -216,6 +217,9 @@ enum Scenario {
     /// No head-of-line blocking: small-message latency beside a 64 MiB stream, and the
     /// rate to one mailbox while another is never read.
     Hol,
+    /// Cluster membership: N node processes join through one seed; convergence, crash
+    /// detection, rejoin and bytes at rest (not in the quick default).
+    Membership,
 }
 
 impl Scenario {
@@ -228,6 +232,7 @@ impl Scenario {
             Scenario::Roundtrip => "roundtrip",
             Scenario::Scale => "scale",
             Scenario::Hol => "hol",
+            Scenario::Membership => "membership",
         }
     }
 
@@ -387,7 +392,19 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
     let node = Node::start(cfg).map_err(|e| e.to_string())?;
     let mut last_published: Option<Instant> = None;
     let echo = node.mailbox("echo").map_err(|e| e.to_string())?;
-    print_member_events(node.events());
+    // Subscribe first, then print the view as it stands: members that joined before the
+    // subscription are printed from the view (one may be printed twice), none is missed.
+    let events = node.events();
+    for m in node.members() {
+        let what = match m.state {
+            batchwire::MemberState::Alive => "joined",
+            batchwire::MemberState::Suspect => "suspected",
+            batchwire::MemberState::Down => "down",
+            _ => "left",
+        };
+        println!("member {what} {} {} {}", m.name, m.addr, m.incarnation);
+    }
+    print_member_events(events);
     println!("node {} listening on {}", node.name(), node.local_addr());
     let start = Instant::now();
     let mut last_stats = Instant::now();
@@ -595,6 +612,19 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
             Scenario::Rpc => rpc::run(&common, &over),
             Scenario::Roundtrip => roundtrip::run(&common, &over),
             Scenario::Hol => crate::bench::hol::run(&common, a.phase_ms, a.bulk_inflight_bytes),
+            Scenario::Membership => {
+                common.refuse_remote("membership")?;
+                let counts = match a.nodes {
+                    Some(n) => vec![n],
+                    None => vec![8, 16, 32],
+                };
+                crate::bench::membership::run(
+                    &counts,
+                    a.runs.unwrap_or(3),
+                    Duration::from_millis(a.phase_ms.unwrap_or(5000)),
+                    a.quiet,
+                )
+            }
             Scenario::Scale => {
                 common.refuse_remote("scale")?;
                 crate::bench::scale::run(&a.peer_counts, a.idle_secs, a.base_port, a.quiet)

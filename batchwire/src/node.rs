@@ -135,6 +135,10 @@ impl Node {
     /// address, incarnation and state (alive, suspect, down, left; down and left members
     /// stay listed for `forget_down_after`). Empty with membership off.
     /// [`Node::send_all`] and [`Node::send_others`] address the live ones.
+    ///
+    /// Events only reach subscribers from the moment they subscribe, and a node starts
+    /// joining at once: to follow the view without a gap, subscribe ([`Node::events`])
+    /// first, then read this.
     pub fn members(&self) -> Vec<Member> {
         self.rt.members()
     }

@@ -295,6 +295,20 @@ impl std::fmt::Display for NodeStats {
                 self.events_dropped,
             )?;
         }
+        let m = &self.membership;
+        let sent: u64 = self.peers.iter().map(|p| p.bytes_sent).sum();
+        writeln!(
+            f,
+            "  membership: in {} packets / {} B, out {} packets / {} B, rate-limited {}, violations {}, dropped {}; all peers: sent {} B",
+            m.packets_in,
+            m.bytes_in,
+            m.packets_out,
+            m.bytes_out,
+            m.rate_limited,
+            m.violations,
+            m.inputs_dropped,
+            sent,
+        )?;
         for p in &self.peers {
             writeln!(
                 f,

@@ -8,6 +8,7 @@
 
 pub mod fanin;
 pub mod hol;
+pub mod membership;
 pub mod mperf;
 pub mod pingpong;
 pub mod plot;

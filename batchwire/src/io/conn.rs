@@ -19,6 +19,10 @@ pub(crate) struct Conn {
     pub id: ConnId,
     pub link: Arc<Link>,
     closed: AtomicBool,
+    /// Dialled by the node whose name sorts first (the tie-break's choice). A connection
+    /// the other way (a join, or a member reaching one that does not know it yet) gives
+    /// way to a live canonical one.
+    pub canonical: bool,
 }
 
 impl Conn {
@@ -27,6 +31,7 @@ impl Conn {
             id,
             link,
             closed: AtomicBool::new(false),
+            canonical: true,
         }
     }
 

@@ -208,8 +208,10 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
     while let Some((to, body)) = m.poll_transmit() {
         match ctx.peers.get_or_insert(&to.name) {
             Ok(peer) => {
-                ctx.dialers.ensure(&to.name, to.addr);
                 peer.push_member(body);
+                if !peer.current().is_some_and(|c| !c.is_closed()) {
+                    ctx.dialers.reach(&to.name, to.addr);
+                }
             }
             Err(e) => {
                 debug!(node = %ctx.node, member = %to.name, error = ?e, "no room for the member's peer; packet dropped")

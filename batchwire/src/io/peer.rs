@@ -372,6 +372,20 @@ impl Peer {
         old
     }
 
+    /// Whether the current connection is live, canonical (see `Conn::canonical`) and to
+    /// the peer's `incarnation`.
+    pub fn has_live_canonical(&self, incarnation: u64) -> bool {
+        self.current_is_live_canonical()
+            && self.session(|s, _| s.incarnation()) == Some(incarnation)
+    }
+
+    /// Whether the current connection is live and canonical (no session lock taken: for
+    /// use inside `Peer::session`).
+    pub fn current_is_live_canonical(&self) -> bool {
+        self.current()
+            .is_some_and(|c| c.canonical && !c.is_closed())
+    }
+
     /// Forget `conn` if it is still the current connection.
     pub fn uninstall(&self, conn: &Arc<Conn>) {
         let mut g = self.conn.lock().unwrap_or_else(|p| p.into_inner());

@@ -190,9 +190,25 @@ impl Setup {
 
         // 3. RESUME each way: what each side received, and the oldest it still holds. The
         //    session checks the peer's values and makes this the current connection (a
-        //    restarted peer, a new incarnation, starts both streams from 0).
-        let conn = match self.resume(&peer, link, &info, buf, deadline) {
-            Ok(c) => c,
+        //    restarted peer, a new incarnation, starts both streams from 0). A connection
+        //    against the tie-break (the larger name dialled) is redundant beside a live one
+        //    the tie-break asked for, to the same incarnation: it closes before RESUME, so
+        //    neither side installs it.
+        let canonical = if dialled {
+            self.name.as_str() < info.name.as_str()
+        } else {
+            info.name.as_str() < self.name.as_str()
+        };
+        if !canonical && peer.has_live_canonical(info.incarnation) {
+            debug!(node = %self.name, peer = %info.name, %addr, "redundant connection (a canonical one is live); closed");
+            return true;
+        }
+        let conn = match self.resume(&peer, link, &info, buf, deadline, canonical) {
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                debug!(node = %self.name, peer = %info.name, %addr, "redundant connection (a canonical one came first); closed");
+                return true;
+            }
             Err(e) => {
                 if e.is_violation() {
                     peer.stats.violations.fetch_add(1, Relaxed);
@@ -449,7 +465,8 @@ impl Setup {
         info: &PeerInfo,
         mut buf: BytesMut,
         deadline: Instant,
-    ) -> Result<(Arc<Conn>, BytesMut), LinkError> {
+        canonical: bool,
+    ) -> Result<Option<(Arc<Conn>, BytesMut)>, LinkError> {
         let (id, ours) = peer.session(|s, now| s.handle_connect(now, info.incarnation));
         let mut out = Vec::new();
         Frame::Resume(ours).encode(&mut out);
@@ -474,16 +491,28 @@ impl Setup {
         // From now on a blocked write returns every `write_check` for the writer to look up.
         link.set_read_timeout(None)?;
         link.set_write_timeout(Some(self.config.write_check))?;
-        let conn = Arc::new(Conn::new(id, link));
+        let mut conn = Conn::new(id, link);
+        conn.canonical = canonical;
+        let conn = Arc::new(conn);
         let lane = peer.lane.clone();
         conn.link.set_waker(Box::new(move || lane.poke()));
         // Reconcile and install together, so the session's current connection and the
-        // connection the writer uses are always the same one.
+        // connection the writer uses are always the same one. (Installs happen under the
+        // session lock, so the redundancy check here sees every one.)
         let replaced = peer.session(|s, now| {
+            if !canonical
+                && s.incarnation() == Some(info.incarnation)
+                && peer.current_is_live_canonical()
+            {
+                return Ok(None);
+            }
             let r = s.handle_resume(now, id, theirs)?;
-            Ok::<_, LinkError>((r.resent, r.keep, peer.install(conn.clone())))
+            Ok::<_, LinkError>(Some((r.resent, r.keep, peer.install(conn.clone()))))
         })?;
-        let (resent, keep, old) = replaced;
+        let Some((resent, keep, old)) = replaced else {
+            conn.close();
+            return Ok(None);
+        };
         // The peer goes on with none of its messages in pieces below `keep`: drop what was
         // reassembled of those, and give their credit back.
         let gone = {
@@ -495,7 +524,7 @@ impl Setup {
         if let Some(old) = old {
             old.close();
         }
-        Ok((conn, buf))
+        Ok(Some((conn, buf)))
     }
 }
 

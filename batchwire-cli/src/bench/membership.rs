@@ -1,0 +1,386 @@
+//! The `membership` scenario: N `batchwire node` processes on loopback (each node its own
+//! process, so a crash is a real SIGKILL), all joining through one seed. Each node prints
+//! its membership events (`member joined|suspected|alive|down|left NAME ADDR INCARNATION`)
+//! and, every second, its counters; the bench timestamps every line as it arrives.
+//!
+//! Per run it measures:
+//! 1. **converge**: from starting the seed until every node sees the other N-1 alive;
+//! 2. **at rest**: over `--phase-ms` (default 5 s) after that, the membership bytes each node
+//!    sends per second, and all bytes it sends (connection heartbeats included);
+//! 3. **down**: a non-seed node is SIGKILLed; the time until every survivor reports it down;
+//! 4. **rejoin**: it is started again (same name and port: a new incarnation); the time
+//!    until every survivor reports it joined and it sees the N-1 others.
+//!
+//! Then every process is killed. The threads and resident memory of the seed process are
+//! read from /proc at rest.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::{Duration, Instant};
+
+use batchwire::MembershipConfig;
+
+use super::{BenchResult, Context, Progress, Table};
+
+/// One node process.
+struct Proc {
+    child: Child,
+}
+
+/// What one node has said so far.
+#[derive(Default, Clone)]
+struct Seen {
+    /// Member name → (state word, incarnation, when).
+    members: HashMap<String, (String, u64, Instant)>,
+    /// (when, membership bytes sent, all bytes sent) from its latest counters.
+    sent: Option<(Instant, u64, u64)>,
+}
+
+impl Seen {
+    fn live(&self) -> usize {
+        self.members
+            .values()
+            .filter(|(s, _, _)| s == "joined" || s == "alive" || s == "suspected")
+            .count()
+    }
+}
+
+/// The lines of every process, as (node index, arrival, line).
+struct Lines {
+    tx: Sender<(usize, Instant, String)>,
+    rx: Receiver<(usize, Instant, String)>,
+    seen: Vec<Seen>,
+}
+
+impl Lines {
+    fn take(&mut self, i: usize, at: Instant, line: &str) {
+        let s = &mut self.seen[i];
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if let ["member", what, name, _addr, inc] = w[..] {
+            let inc = inc.parse().unwrap_or(0);
+            s.members
+                .insert(name.to_string(), (what.to_string(), inc, at));
+        } else if let Some(rest) = line.trim().strip_prefix("membership: ") {
+            // "in P packets / B B, out P packets / B B, ...; all peers: sent S B"
+            let nums: Vec<u64> = rest
+                .split(|c: char| !c.is_ascii_digit())
+                .filter_map(|t| t.parse().ok())
+                .collect();
+            if let (Some(out_b), Some(all)) = (nums.get(3), nums.last()) {
+                s.sent = Some((at, *out_b, *all));
+            }
+        }
+    }
+
+    /// Take lines until `done` holds or `timeout` passes; returns when it held.
+    fn until(
+        &mut self,
+        timeout: Duration,
+        mut done: impl FnMut(&[Seen]) -> bool,
+    ) -> Option<Instant> {
+        let end = Instant::now() + timeout;
+        loop {
+            if done(&self.seen) {
+                return Some(Instant::now());
+            }
+            let left = end.checked_duration_since(Instant::now())?;
+            if let Ok((i, at, l)) = self.rx.recv_timeout(left.min(Duration::from_millis(50))) {
+                self.take(i, at, &l);
+                // When the line that made it true arrived.
+                if done(&self.seen) {
+                    return Some(at);
+                }
+            }
+        }
+    }
+}
+
+fn free_addrs(n: usize) -> Result<Vec<SocketAddr>, String> {
+    let ls: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()
+        .ctx("finding free ports")?;
+    ls.iter()
+        .map(|l| l.local_addr().ctx("a free port"))
+        .collect()
+}
+
+fn spawn(
+    dir: &std::path::Path,
+    i: usize,
+    name: &str,
+    addr: SocketAddr,
+    seed: Option<SocketAddr>,
+    tx: &Sender<(usize, Instant, String)>,
+) -> Result<Proc, String> {
+    let exe = std::env::current_exe().ctx("finding the batchwire binary")?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["node", "--name", name, "--listen", &addr.to_string()])
+        .arg("--secret-file")
+        .arg(dir.join("secret"))
+        .args(["--stats-every", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    // BATCHWIRE_BENCH_LOGS=DIR keeps each node's log (at BATCHWIRE_LOG's level) there.
+    match std::env::var_os("BATCHWIRE_BENCH_LOGS") {
+        Some(logs) => {
+            let f = std::fs::File::create(std::path::Path::new(&logs).join(format!("{name}.log")))
+                .ctx("creating a node log")?;
+            cmd.stderr(f);
+        }
+        None => {
+            cmd.env("BATCHWIRE_LOG", "error").stderr(Stdio::null());
+        }
+    }
+    if let Some(s) = seed {
+        cmd.args(["--join", &s.to_string()]);
+    }
+    let mut child = cmd.spawn().ctx("starting a node process")?;
+    let out = child.stdout.take().ok_or("no stdout")?;
+    let tx = tx.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send((i, Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(Proc { child })
+}
+
+/// (threads, resident KiB) of process `pid`.
+fn usage(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("Threads:"), field("VmRSS:"))
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, Default)]
+struct RunFigures {
+    converge_s: f64,
+    down_all_s: f64,
+    down_median_s: f64,
+    rejoin_s: f64,
+    member_bps_median: f64,
+    member_bps_max: f64,
+    all_bps_median: f64,
+    threads: u64,
+    rss_mib: f64,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
+fn one_run(n: usize, rest: Duration) -> Result<RunFigures, String> {
+    let dir = std::env::temp_dir().join(format!("batchwire-membership-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).ctx("making a temporary folder")?;
+    std::fs::write(dir.join("secret"), "batchwire-bench-membership").ctx("writing the secret")?;
+    let addrs = free_addrs(n)?;
+    let (tx, rx) = channel();
+    let mut lines = Lines {
+        tx,
+        rx,
+        seen: vec![Seen::default(); n],
+    };
+    let names: Vec<String> = (0..n).map(|i| format!("m{i:03}")).collect();
+    let mut procs: Vec<Proc> = Vec::with_capacity(n);
+    let res = (|| {
+        // 1. Converge: the seed, then everyone else at once, knowing only the seed.
+        let t0 = Instant::now();
+        for i in 0..n {
+            let seed = (i > 0).then_some(addrs[0]);
+            procs.push(spawn(&dir, i, &names[i], addrs[i], seed, &lines.tx)?);
+        }
+        let all = |s: &[Seen]| s.iter().all(|x| x.live() == n - 1);
+        let done = lines.until(Duration::from_secs(60), all).ok_or_else(|| {
+            let live: Vec<usize> = lines.seen.iter().map(Seen::live).collect();
+            format!("{n} nodes did not converge within 60 s (live members each sees: {live:?})")
+        })?;
+        let converge_s = (done - t0).as_secs_f64();
+        // 2. At rest.
+        std::thread::sleep(Duration::from_millis(1500));
+        lines.until(Duration::from_millis(100), |_| false);
+        let before: Vec<_> = lines.seen.iter().map(|s| s.sent).collect();
+        let (threads, rss) = usage(procs[0].child.id());
+        lines.until(rest, |_| false);
+        let (mut member_bps, mut all_bps) = (Vec::new(), Vec::new());
+        for (b, s) in before.iter().zip(&lines.seen) {
+            if let (Some((t0, m0, a0)), Some((t1, m1, a1))) = (b, s.sent) {
+                let dt = (t1 - *t0).as_secs_f64();
+                if dt > 0.5 {
+                    member_bps.push((m1 - m0) as f64 / dt);
+                    all_bps.push((a1 - a0) as f64 / dt);
+                }
+            }
+        }
+        if member_bps.len() < n / 2 {
+            return Err("too few nodes printed their counters at rest".to_string());
+        }
+        // 3. A crash: SIGKILL a node that is not the seed.
+        let v = n / 2;
+        let victim = names[v].clone();
+        let old_inc = lines.seen[0].members.get(&victim).map_or(0, |m| m.1);
+        procs[v].child.kill().ctx("killing a node")?;
+        let tk = Instant::now();
+        let _ = procs[v].child.wait();
+        let down = |s: &[Seen]| {
+            s.iter().enumerate().filter(|(i, _)| *i != v).all(|(_, x)| {
+                x.members
+                    .get(&victim)
+                    .is_some_and(|m| m.0 == "down" || m.0 == "left")
+            })
+        };
+        let all_down = lines
+            .until(Duration::from_secs(60), down)
+            .ok_or_else(|| format!("not every survivor saw {victim} down within 60 s"))?;
+        let mut each: Vec<f64> = lines
+            .seen
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != v)
+            .filter_map(|(_, x)| x.members.get(&victim).map(|m| (m.2 - tk).as_secs_f64()))
+            .collect();
+        // 4. Rejoin: the same name and port, a new incarnation.
+        lines.seen[v] = Seen::default();
+        let tr = Instant::now();
+        procs[v] = spawn(&dir, v, &victim, addrs[v], Some(addrs[0]), &lines.tx)?;
+        let back = |s: &[Seen]| {
+            s[v].live() == n - 1
+                && s.iter().enumerate().filter(|(i, _)| *i != v).all(|(_, x)| {
+                    x.members
+                        .get(&victim)
+                        .is_some_and(|m| m.0 == "joined" && m.1 != old_inc)
+                })
+        };
+        let rejoined = lines
+            .until(Duration::from_secs(60), back)
+            .ok_or_else(|| format!("{victim} did not rejoin within 60 s"))?;
+        Ok(RunFigures {
+            converge_s,
+            down_all_s: (all_down - tk).as_secs_f64(),
+            down_median_s: median(&mut each),
+            rejoin_s: (rejoined - tr).as_secs_f64(),
+            member_bps_median: median(&mut member_bps.clone()),
+            member_bps_max: member_bps.iter().cloned().fold(0.0, f64::max),
+            all_bps_median: median(&mut all_bps),
+            threads,
+            rss_mib: rss as f64 / 1024.0,
+        })
+    })();
+    for p in &mut procs {
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    res
+}
+
+/// Run the scenario for each node count, `runs` times each.
+pub fn run(
+    counts: &[usize],
+    runs: usize,
+    rest: Duration,
+    quiet: bool,
+) -> Result<Vec<BenchResult>, String> {
+    let progress = Progress::new((counts.len() * runs) as u64, "membership", quiet);
+    let mut all: Vec<(usize, Vec<RunFigures>)> = Vec::new();
+    for &n in counts {
+        if n < 3 {
+            return Err("membership needs at least 3 nodes".into());
+        }
+        let mut figs = Vec::new();
+        for r in 0..runs {
+            progress.running(format!("membership: {n} nodes, run {}", r + 1));
+            let f = one_run(n, rest)?;
+            progress.done(format!(
+                "  {n} nodes: converged {:.2} s, down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
+                f.converge_s, f.down_all_s, f.rejoin_s, f.member_bps_median
+            ));
+            figs.push(f);
+        }
+        all.push((n, figs));
+    }
+    let d = MembershipConfig::default();
+    println!(
+        "\nmembership: N nodes, each its own `batchwire node` process on loopback, joining through one seed (defaults: probe every {:?}, probe RTT {:?}, suspicion timeout {:?}, gossip every {:?}); medians of {runs} run(s) (min-max)",
+        d.probe_period, d.probe_rtt, d.suspicion_timeout, d.gossip_period
+    );
+    let mut t = Table::new([
+        "nodes",
+        "converge s",
+        "killed node down at all s",
+        "(median survivor)",
+        "rejoin s",
+        "membership B/s per node at rest (median, max)",
+        "all bytes sent B/s per node at rest",
+        "threads / MiB per node",
+    ]);
+    let mut results = Vec::new();
+    for (n, figs) in &all {
+        let col = |f: fn(&RunFigures) -> f64| figs.iter().map(f).collect::<Vec<f64>>();
+        let cell = |v: &[f64], prec: usize| {
+            let r = BenchResult::new("membership", "", None, 0, v.to_vec(), "");
+            format!("{:.p$} ({:.p$}-{:.p$})", r.median, r.min, r.max, p = prec)
+        };
+        let (conv, down, downm, rej, mb, mbmax, allb) = (
+            col(|f| f.converge_s),
+            col(|f| f.down_all_s),
+            col(|f| f.down_median_s),
+            col(|f| f.rejoin_s),
+            col(|f| f.member_bps_median),
+            col(|f| f.member_bps_max),
+            col(|f| f.all_bps_median),
+        );
+        let last = figs.last().cloned().unwrap_or_default();
+        t.row(vec![
+            n.to_string(),
+            cell(&conv, 2),
+            cell(&down, 2),
+            cell(&downm, 2),
+            cell(&rej, 2),
+            format!(
+                "{} (max {:.0})",
+                cell(&mb, 0),
+                mbmax.iter().cloned().fold(0.0, f64::max)
+            ),
+            cell(&allb, 0),
+            format!("{} / {:.1}", last.threads, last.rss_mib),
+        ]);
+        for (what, v, unit) in [
+            ("converge", conv, "s"),
+            ("down-seen-by-all", down, "s"),
+            ("rejoin", rej, "s"),
+            ("member-bytes-per-sec-at-rest", mb, "B/s"),
+            ("all-bytes-per-sec-at-rest", allb, "B/s"),
+        ] {
+            results.push(BenchResult::new(
+                "membership",
+                &format!("{what}/{n}-nodes"),
+                None,
+                *n,
+                v,
+                unit,
+            ));
+        }
+    }
+    print!("{}", t.render());
+    println!(
+        "targets: 32 nodes converge in under 3 s; a killed node is seen down by all within the suspicion timeout plus one probe period ({:?}); at rest under 1 KB/s of membership per node",
+        d.suspicion_timeout + d.probe_period
+    );
+    Ok(results)
+}
