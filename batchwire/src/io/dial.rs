@@ -106,10 +106,10 @@ impl Dialers {
         let now = Instant::now();
         {
             let mut r = inner.reaching.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((last, running)) = r.get(name) {
-                if *running || now.duration_since(*last) < REACH_EVERY {
-                    return;
-                }
+            if let Some((last, running)) = r.get(name)
+                && (*running || now.duration_since(*last) < REACH_EVERY)
+            {
+                return;
             }
             r.insert(name.detached(), (now, true));
         }

@@ -209,7 +209,7 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
         match ctx.peers.get_or_insert(&to.name) {
             Ok(peer) => {
                 peer.push_member(body);
-                if !peer.current().is_some_and(|c| !c.is_closed()) {
+                if peer.current().is_none_or(|c| c.is_closed()) {
                     ctx.dialers.reach(&to.name, to.addr);
                 }
             }
