@@ -985,3 +985,26 @@ fn metrics_are_served_for_prometheus_and_counters_move() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+#[test]
+fn bench_membership_runs_a_small_cluster_of_processes() {
+    let (v, stdout) = bench(
+        "bench-membership",
+        1,
+        &["membership", "--nodes", "4", "--phase-ms", "1000"],
+    );
+    let rows = check_report(&v, "membership");
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|r| r["bundler"].as_str().unwrap())
+        .collect();
+    for what in [
+        "converge/4-nodes",
+        "down-seen-by-all/4-nodes",
+        "rejoin/4-nodes",
+        "member-bytes-per-sec-at-rest/4-nodes",
+    ] {
+        assert!(names.contains(&what), "{what} missing: {names:?}");
+    }
+    assert!(stdout.contains("killed node down at all"), "{stdout}");
+}

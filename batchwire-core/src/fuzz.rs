@@ -120,3 +120,98 @@ pub fn handshake(data: &[u8]) {
         }
     }
 }
+
+/// Feed a member "a" of a two-member cluster (it knows "b") what `data` describes, as an
+/// authenticated peer could send it: MEMBER frame bodies from "b" and from a stranger "c",
+/// clock steps with their timers, and the transport's unreachable hint. The view stays
+/// within its bound, each input queues a bounded number of packets, and nothing panics.
+pub fn membership(data: &[u8]) {
+    use super::membership::{MemberId, Membership, MembershipConfig};
+    use std::time::{Duration, Instant};
+    let id = |n: &'static str, port: u16| MemberId {
+        name: Name::from_static(n),
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        started: 1,
+        bump: 0,
+    };
+    let cfg = MembershipConfig {
+        max_members: 8,
+        ..MembershipConfig::default()
+    };
+    let mut now = Instant::now();
+    let (Ok(mut a), Ok(mut b)) = (
+        Membership::new(id("a", 1), cfg.clone(), 1, now),
+        Membership::new(id("b", 2), cfg, 2, now),
+    ) else {
+        return;
+    };
+    // b announces itself to a; a answers.
+    b.handle_join(now, id("a", 1));
+    while let Some((_, p)) = b.poll_transmit() {
+        let _ = a.handle_frame(now, &Name::from_static("b"), &p);
+    }
+    while a.poll_transmit().is_some() {}
+    let (from_b, from_c) = (Name::from_static("b"), Name::from_static("c"));
+    let mut rest = data;
+    while let Some((&op, tail)) = rest.split_first() {
+        rest = tail;
+        match op % 4 {
+            0 | 1 => {
+                let n = rest.first().map_or(0, |&n| n as usize * 8);
+                let body = &rest[1.min(rest.len())..(1 + n).min(rest.len())];
+                rest = &rest[(1 + n).min(rest.len())..];
+                let from = if op % 4 == 0 { &from_b } else { &from_c };
+                let _ = a.handle_frame(now, from, body);
+            }
+            2 => {
+                let step = rest.first().map_or(0, |&s| s as u64 * 20);
+                rest = &rest[1.min(rest.len())..];
+                now += Duration::from_millis(step);
+                a.handle_timeout(now);
+            }
+            _ => a.handle_unreachable(now, b"b"),
+        }
+        let mut sent = 0;
+        while a.poll_transmit().is_some() {
+            sent += 1;
+        }
+        assert!(sent <= 64, "{sent} packets for one input");
+        while a.poll_event().is_some() {}
+        assert!(a.members().len() <= 8, "the view outgrew its bound");
+    }
+}
+
+/// Inputs for [`membership`] made of real packets: b's announce, a ping, a leave notice,
+/// clock steps.
+pub fn membership_seeds() -> Vec<Vec<u8>> {
+    use super::membership::{MemberId, Membership, MembershipConfig};
+    use std::time::Instant;
+    let id = |n: &'static str, port: u16| MemberId {
+        name: Name::from_static(n),
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        started: 1,
+        bump: 0,
+    };
+    let now = Instant::now();
+    let Ok(mut b) = Membership::new(id("b", 2), MembershipConfig::default(), 2, now) else {
+        return Vec::new();
+    };
+    b.handle_join(now, id("a", 1));
+    let mut packets: Vec<Vec<u8>> = Vec::new();
+    while let Some((_, p)) = b.poll_transmit() {
+        packets.push(p.to_vec());
+    }
+    let mut seeds = Vec::new();
+    for p in &packets {
+        // op 0 (from b), length in units of 8 (padded with zeros), the body.
+        let n = p.len().div_ceil(8);
+        let mut s = vec![0u8, n as u8];
+        s.extend_from_slice(p);
+        s.resize(2 + n * 8, 0);
+        s.extend_from_slice(&[2, 60, 2, 200, 3, 2, 255]);
+        seeds.push(s);
+    }
+    seeds.push(vec![0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 2, 100]);
+    seeds.push(vec![3, 2, 200, 2, 200, 2, 200]);
+    seeds
+}

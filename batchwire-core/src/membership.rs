@@ -309,7 +309,14 @@ pub struct Membership {
     /// this node does the same for these: still suspect at the deadline, same incarnation
     /// (it did not refute), and it is declared down.
     hinted: Vec<(Instant, MemberId, foca::Incarnation)>,
+    /// Announces left to make to members learnt while joining. A seed's answer lists at
+    /// most a packet's worth of members (about 40); announcing to a few of them brings
+    /// the rest, each answering with a random selection.
+    bootstrap: u8,
 }
+
+/// Extra announces a joining node makes (see `Membership::bootstrap`).
+const BOOTSTRAP_ANNOUNCES: u8 = 3;
 
 impl Membership {
     /// A node `me` alone in its cluster until it joins one; `seed` seeds the random choice
@@ -339,6 +346,7 @@ impl Membership {
             counters: MemberCounters::default(),
             left_cluster: false,
             hinted: Vec::new(),
+            bootstrap: 0,
         };
         m.after(now);
         Ok(m)
@@ -387,6 +395,7 @@ impl Membership {
         }
         let r = self.foca.announce(seed, &mut self.out);
         self.result(r);
+        self.bootstrap = BOOTSTRAP_ANNOUNCES;
         self.after(now);
     }
 
@@ -603,6 +612,7 @@ impl Membership {
         }
         self.out.renamed = false;
         let mut seen: HashSet<Name, NameHash> = HashSet::default();
+        let mut announce = Vec::new();
         let me = self.foca.identity().name.clone();
         for m in self.foca.iter_membership_state() {
             let id = m.id();
@@ -645,6 +655,10 @@ impl Membership {
                 },
             };
             if let Some(e) = event {
+                if self.bootstrap > 0 && matches!(e, MemberEvent::Joined(_)) {
+                    self.bootstrap -= 1;
+                    announce.push(id.clone());
+                }
                 self.events.push_back(e);
             }
             let room = self.view.len() < self.cfg.max_members;
@@ -659,6 +673,11 @@ impl Membership {
         // Forgotten by SWIM (down for `forget_down_after`): forgotten here too.
         if seen.len() < self.view.len() {
             self.view.retain(|n, _| seen.contains(n));
+        }
+        // Their answers come back as input, whose `after` finds nothing more to announce.
+        for id in announce {
+            let r = self.foca.announce(id, &mut self.out);
+            self.result(r);
         }
     }
 }

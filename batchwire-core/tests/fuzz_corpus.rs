@@ -73,3 +73,18 @@ fn handshake_survives_the_corpus() {
     exercise("handshake", fuzz::handshake);
     exercise("frame", fuzz::handshake);
 }
+
+#[test]
+fn membership_survives_the_corpus() {
+    // Real packets made now, and whatever the fuzzer kept in fuzz/seeds/membership.
+    let mut all = fuzz::membership_seeds();
+    all.extend(seeds("membership"));
+    for (k, s) in all.iter().enumerate() {
+        for cut in 0..=s.len() {
+            fuzz::membership(&s[..cut]);
+        }
+        for m in mutations(s, 1000, 0x5bd1_e995 ^ k as u64) {
+            fuzz::membership(&m);
+        }
+    }
+}
