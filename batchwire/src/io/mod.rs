@@ -5,8 +5,8 @@
 //!   routing of sends, starting and stopping. The API (`Node`, `Mailbox`) sits on it.
 //! - thread bodies, each taking only what it uses: [`accept`], [`dial`] and [`setup`]
 //!   (connections: TLS, handshake, RESUME, then [`read`]), [`write`] (a peer's writer),
-//!   [`bundle`] (transfer-queue), [`tick`] (the sessions' timers), [`members`] (the
-//!   membership: SWIM's packets, joins, the view).
+//!   [`bundle`] (transfer-queue), [`tick`] (the sessions' timers), [`membership`] (the
+//!   membership thread: SWIM's packets, joins, the view; its handle is [`members`]).
 //! - handles: [`peers`] and [`peer`] (a peer's session, lane and connection), [`lane`],
 //!   [`mailbox`], [`conn`], [`link`] (plain or TLS), [`events`], [`shutdown`], [`timer`],
 //!   [`threads`].
@@ -25,6 +25,7 @@ pub(crate) mod lane;
 pub(crate) mod link;
 pub(crate) mod mailbox;
 pub(crate) mod members;
+pub(crate) mod membership;
 pub(crate) mod peer;
 pub(crate) mod peers;
 pub(crate) mod read;

@@ -1,0 +1,194 @@
+//! The membership thread: it owns the SWIM state machine (`core::membership`) and nothing
+//! else touches it. It takes its inputs from the handle's channel (see `members.rs`),
+//! fires its timers, and acts on what the machine says: packets to the peers' member
+//! queues, members to the dialers, departures to the sessions, events, the view.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use batchwire_core::codec::Name;
+use batchwire_core::membership::{MemberEvent, MemberId, MemberState, Membership};
+use tracing::{debug, info, warn};
+
+use crate::event::{Event, Member};
+use crate::io::dial::Dialers;
+use crate::io::events::Events;
+use crate::io::members::{Input, MemberStats, Members};
+use crate::io::peers::Peers;
+use crate::io::shutdown::Shutdown;
+
+/// Inputs taken in one turn, at most.
+const TURN: usize = 4096;
+/// Longest sleep of the thread (it is woken by every input).
+const IDLE: Duration = Duration::from_secs(1);
+
+/// What the thread acts on.
+pub(crate) struct MembersCtx {
+    pub members: Members,
+    pub peers: Peers,
+    pub dialers: Dialers,
+    pub events: Events,
+    pub shutdown: Shutdown,
+    pub node: Name,
+    /// Frames taken, counted for the at-rest figure (`NodeStats`).
+    pub counters: Arc<MemberStats>,
+}
+
+/// The thread body: until the node stops, take inputs and timers, act on the outputs.
+pub(crate) fn run_members(mut m: Membership, rx: Receiver<Input>, ctx: MembersCtx) {
+    let mut left = false;
+    loop {
+        let now = Instant::now();
+        let wait = m
+            .poll_timeout()
+            .map_or(IDLE, |t| t.saturating_duration_since(now))
+            .min(IDLE);
+        let first = match rx.recv_timeout(wait) {
+            Ok(i) => Some(i),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        if ctx.shutdown.is_stopped() {
+            return;
+        }
+        // Everything that is waiting, in one turn (bounded by the channel).
+        let mut acks = Vec::new();
+        for input in first.into_iter().chain(rx.try_iter().take(TURN)) {
+            let now = Instant::now();
+            match input {
+                Input::Frame { from, body } if !left => {
+                    if let Err(e) = m.handle_frame(now, &from, &body) {
+                        ctx.counters.violations.fetch_add(1, Relaxed);
+                        warn!(node = %ctx.node, peer = %from, error = %e, "membership protocol violation; connection closed");
+                        if let Some(c) = ctx.peers.get(from.as_bytes()).and_then(|p| p.current()) {
+                            c.close();
+                        }
+                    }
+                }
+                Input::Frame { .. } => {}
+                Input::Join(seed) if !left => {
+                    debug!(node = %ctx.node, seed = %seed.name, addr = %seed.addr, "announcing to a seed");
+                    m.handle_join(now, seed);
+                }
+                Input::Join(_) => {}
+                Input::Unreachable(name) => m.handle_unreachable(now, name.as_bytes()),
+                Input::Wake => {}
+                Input::Leave(ack) => {
+                    m.handle_leave(now);
+                    left = true;
+                    acks.push(ack);
+                }
+            }
+        }
+        let now = Instant::now();
+        if !left && m.poll_timeout().is_some_and(|t| t <= now) {
+            m.handle_timeout(now);
+        }
+        act(&mut m, &ctx);
+        for a in acks {
+            let _ = a.try_send(());
+        }
+    }
+}
+
+/// Send what the machine queued, report what changed, publish the view.
+fn act(m: &mut Membership, ctx: &MembersCtx) {
+    while let Some((to, body)) = m.poll_transmit() {
+        match ctx.peers.get_or_insert(&to.name) {
+            Ok(peer) => {
+                peer.push_member(body);
+                if peer.current().is_none_or(|c| c.is_closed()) {
+                    ctx.dialers.reach(&to.name, to.addr);
+                }
+            }
+            Err(e) => {
+                debug!(node = %ctx.node, member = %to.name, error = ?e, "no room for the member's peer; packet dropped")
+            }
+        }
+    }
+    let mut changed = false;
+    while let Some(e) = m.poll_event() {
+        changed = true;
+        act_on(e, ctx);
+    }
+    let c = m.counters();
+    let s = &ctx.counters;
+    s.bytes_in.store(c.bytes_in, Relaxed);
+    s.bytes_out.store(c.bytes_out, Relaxed);
+    s.packets_in.store(c.packets_in, Relaxed);
+    s.packets_out.store(c.packets_out, Relaxed);
+    s.rate_limited.store(c.rate_limited, Relaxed);
+    if changed {
+        let view: Vec<Member> = m.members().iter().map(|(id, st)| member(id, *st)).collect();
+        // Forgotten members (down for `forget_down_after`) no longer need a dialer.
+        ctx.dialers
+            .retain(|n| view.iter().any(|v| v.name == n.as_str()));
+        *ctx.members.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::from(view);
+    }
+}
+
+fn member(id: &MemberId, state: MemberState) -> Member {
+    Member {
+        name: id.name.to_string(),
+        addr: id.addr,
+        incarnation: id.started,
+        state,
+    }
+}
+
+fn act_on(e: MemberEvent, ctx: &MembersCtx) {
+    let node = &ctx.node;
+    match e {
+        MemberEvent::Joined(id) => {
+            info!(%node, member = %id.name, addr = %id.addr, "member joined");
+            if ctx.peers.get_or_insert(&id.name).is_ok() {
+                ctx.dialers.ensure(&id.name, id.addr);
+            }
+            ctx.events.emit(Event::MemberJoined {
+                member: member(&id, MemberState::Alive),
+            });
+        }
+        MemberEvent::Suspected(id) => {
+            warn!(%node, member = %id.name, "member suspected down");
+            ctx.events.emit(Event::MemberSuspected {
+                member: member(&id, MemberState::Suspect),
+            });
+        }
+        MemberEvent::Refuted(id) => {
+            info!(%node, member = %id.name, "suspected member is alive");
+            ctx.events.emit(Event::MemberAlive {
+                member: member(&id, MemberState::Alive),
+            });
+        }
+        MemberEvent::Down(id) => {
+            warn!(%node, member = %id.name, "member declared down");
+            depart(ctx, &id, false);
+            ctx.events.emit(Event::MemberDown {
+                member: member(&id, MemberState::Down),
+            });
+        }
+        MemberEvent::Left(id) => {
+            info!(%node, member = %id.name, "member left");
+            depart(ctx, &id, true);
+            ctx.events.emit(Event::MemberLeft {
+                member: member(&id, MemberState::Left),
+            });
+        }
+        _ => {}
+    }
+}
+
+/// A member is gone: its session is declared down (pending messages fail, its connection
+/// closes). A member that left is not dialled again; one that went down is (with the
+/// dialer's back-off), so a partition heals and a restart is found.
+fn depart(ctx: &MembersCtx, id: &MemberId, left: bool) {
+    if let Some(p) = ctx.peers.get(id.name.as_bytes()) {
+        // Only the incarnation that went: a restarted node already connected stays.
+        p.declare_down(id.started);
+    }
+    if left {
+        ctx.dialers.stop(&id.name);
+    }
+}
