@@ -126,14 +126,9 @@ pub fn handshake(data: &[u8]) {
 /// clock steps with their timers, and the transport's unreachable hint. The view stays
 /// within its bound, each input queues a bounded number of packets, and nothing panics.
 pub fn membership(data: &[u8]) {
-    use super::membership::{MemberId, Membership, MembershipConfig};
+    use super::membership::{Membership, MembershipConfig};
     use std::time::{Duration, Instant};
-    let id = |n: &'static str, port: u16| MemberId {
-        name: Name::from_static(n),
-        addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
-        started: 1,
-        bump: 0,
-    };
+    let id = fuzz_member;
     let cfg = MembershipConfig {
         max_members: 8,
         ..MembershipConfig::default()
@@ -184,14 +179,9 @@ pub fn membership(data: &[u8]) {
 /// Inputs for [`membership`] made of real packets: b's announce, a ping, a leave notice,
 /// clock steps.
 pub fn membership_seeds() -> Vec<Vec<u8>> {
-    use super::membership::{MemberId, Membership, MembershipConfig};
+    use super::membership::{Membership, MembershipConfig};
     use std::time::Instant;
-    let id = |n: &'static str, port: u16| MemberId {
-        name: Name::from_static(n),
-        addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
-        started: 1,
-        bump: 0,
-    };
+    let id = fuzz_member;
     let now = Instant::now();
     let Ok(mut b) = Membership::new(id("b", 2), MembershipConfig::default(), 2, now) else {
         return Vec::new();
@@ -214,4 +204,14 @@ pub fn membership_seeds() -> Vec<Vec<u8>> {
     seeds.push(vec![0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 2, 100]);
     seeds.push(vec![3, 2, 200, 2, 200, 2, 200]);
     seeds
+}
+
+/// Member `name` of the membership targets, listening on 127.0.0.1:`port`.
+fn fuzz_member(name: &'static str, port: u16) -> super::membership::MemberId {
+    super::membership::MemberId {
+        name: Name::from_static(name),
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        started: 1,
+        bump: 0,
+    }
 }

@@ -155,14 +155,7 @@ fn spawn(
 /// (threads, resident KiB) of process `pid`.
 fn usage(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |k: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(k))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
+    let field = |k| super::scale::status_field(&status, k).unwrap_or(0);
     (field("Threads:"), field("VmRSS:"))
 }
 

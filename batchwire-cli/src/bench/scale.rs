@@ -52,17 +52,20 @@ fn addr(base: u16, i: usize) -> Result<SocketAddr, String> {
     Ok(SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
+/// The number after `key` (e.g. "Threads:", "VmRSS:") in a /proc/PID/status text.
+pub fn status_field(status: &str, key: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// (threads, resident KiB, CPU ms) of this process, from /proc.
 fn own_usage() -> Result<(u64, u64, f64), String> {
     let status = std::fs::read_to_string("/proc/self/status").ctx("reading /proc/self/status")?;
-    let field = |k: &str| -> Result<u64, String> {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(k))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| format!("no {k} in /proc/self/status"))
-    };
+    let field =
+        |k: &str| status_field(&status, k).ok_or_else(|| format!("no {k} in /proc/self/status"));
     let stat = std::fs::read_to_string("/proc/self/stat").ctx("reading /proc/self/stat")?;
     // Fields after the command name (which may hold spaces): utime is the 14th field
     // overall, stime the 15th, in clock ticks (100 per second on Linux).

@@ -90,10 +90,21 @@ impl Members {
     /// Announce our leave; returns once the leave packets are queued to the writers (or
     /// after `timeout`).
     pub fn leave(&self, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
         let (tx, rx) = sync_channel(1);
-        if self.tx.send(Input::Leave(tx)).is_ok() {
-            let _ = rx.recv_timeout(timeout);
+        let mut leave = Input::Leave(tx);
+        // The inbox may be full for a moment: retry until the deadline, never block on it.
+        loop {
+            match self.tx.try_send(leave) {
+                Ok(()) => break,
+                Err(TrySendError::Full(back)) if std::time::Instant::now() < deadline => {
+                    leave = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(_) => return,
+            }
         }
+        let _ = rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()));
     }
 
     /// Wake the thread (it then sees the node stopped).
