@@ -59,11 +59,15 @@ fn node_processes_join_crash_restart_and_leave() {
     let ev = seed.events();
     let b = spawn(&dir, "b", addrs[1], addrs[0]);
     let mut c = spawn(&dir, "c", addrs[2], addrs[0]);
-    member_event(&ev, "b", "joined");
-    let first = member_event(&ev, "c", "joined");
-    let Event::MemberJoined { member: c1 } = first else {
-        unreachable!()
+    // Both joined, in either order (the view, not the events, which may come either way).
+    let both = |v: &[batchwire::Member]| {
+        ["b", "c"].iter().all(|n| {
+            v.iter()
+                .any(|m| m.name == *n && m.state == MemberState::Alive)
+        })
     };
+    assert!(seed.wait_for_members(T, both), "{:?}", seed.members());
+    let c1 = seed.members().into_iter().find(|m| m.name == "c").unwrap();
     // SIGKILL: no goodbye, no leave. Seen down within the suspicion timeout (3 s) plus a
     // probe period (1 s), with slack for a loaded machine.
     let t0 = std::time::Instant::now();
