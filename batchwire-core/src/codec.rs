@@ -147,6 +147,15 @@ impl Name {
         Name(Bytes::copy_from_slice(&self.0))
     }
 
+    /// The name without its first `n` bytes, sharing the buffer ("" if `n` is not at a
+    /// character boundary or past the end).
+    pub fn slice_from(&self, n: usize) -> Name {
+        if n > self.0.len() || !self.as_str().is_char_boundary(n) {
+            return Name(Bytes::new());
+        }
+        Name(self.0.slice(n..))
+    }
+
     pub fn as_str(&self) -> &str {
         // Checked in every constructor; from_utf8 on a short name costs a few nanoseconds
         // and keeps this crate free of `unsafe`.

@@ -3,6 +3,7 @@
 
 pub mod bulk;
 pub mod bundler;
+pub mod call;
 pub mod codec;
 pub mod credit;
 pub mod frame;

@@ -14,7 +14,11 @@ pub struct Address {
 impl Address {
     /// The mailbox `mailbox` on node `node`. Names are 1..=255 bytes of UTF-8 (the mailbox
     /// name may be empty only as a sender: "" is the anonymous sender used by `Node::send`).
+    /// Mailbox names beginning with NUL are reserved (they carry requests and replies).
     pub fn new(node: &str, mailbox: &str) -> Result<Address, Error> {
+        if batchwire_core::call::is_reserved(mailbox.as_bytes()) {
+            return Err(Error::InvalidName(mailbox.into(), RESERVED_NAME));
+        }
         Ok(Address {
             node: node_name(node)?,
             mailbox: Name::new(mailbox)
@@ -38,6 +42,10 @@ impl std::fmt::Display for Address {
         write!(f, "{}@{}", self.mailbox, self.node)
     }
 }
+
+/// Why a name beginning with NUL is refused.
+pub(crate) const RESERVED_NAME: &str =
+    "reserved: names beginning with NUL carry requests and replies";
 
 /// A node name (or a mailbox name that must not be empty): 1..=255 bytes.
 pub(crate) fn node_name(s: &str) -> Result<Name, Error> {

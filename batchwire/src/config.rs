@@ -103,6 +103,7 @@ pub struct NodeConfig {
     pub(crate) max_handshakes_per_address: usize,
     pub(crate) max_peers: usize,
     pub(crate) events_capacity: usize,
+    pub(crate) max_pending_requests: usize,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) write_check: Duration,
     pub(crate) session: SessionConfig,
@@ -160,6 +161,7 @@ impl NodeConfig {
             max_handshakes_per_address: 16,
             max_peers: 1024,
             events_capacity: 4096,
+            max_pending_requests: 65_536,
             shutdown_timeout: Duration::from_secs(5),
             write_check: Duration::from_millis(100),
             session: SessionConfig::default(),
@@ -385,6 +387,13 @@ impl NodeConfig {
         self
     }
 
+    /// Requests in flight at most (`Node::request` and friends); one more fails with
+    /// [`Error::TooManyRequests`]. A slot costs about 100 bytes. Default 65,536.
+    pub fn max_pending_requests(mut self, n: usize) -> Self {
+        self.max_pending_requests = n;
+        self
+    }
+
     /// How long `shutdown` waits for queued messages to be written and acknowledged.
     /// Default 5 s.
     pub fn shutdown_timeout(mut self, d: Duration) -> Self {
@@ -495,6 +504,7 @@ impl NodeConfig {
             ),
             ("max_peers", self.max_peers),
             ("events_capacity", self.events_capacity),
+            ("max_pending_requests", self.max_pending_requests),
             ("unacked_bytes", self.session.unacked_bytes),
             ("ack_every", self.session.ack_every as usize),
             ("bundler max_size", self.bundler.max_size),

@@ -64,6 +64,25 @@ pub enum Error {
     /// `Envelope::value` could not deserialize.
     #[error("cannot decode value: {0}")]
     Decode(String),
+    /// A request got no reply within its timeout (a reply that comes later is counted as
+    /// late and dropped: `NodeStats::requests`).
+    #[error("request timed out")]
+    Timeout,
+    /// The table of requests in flight is full (`NodeConfig::max_pending_requests`).
+    #[error("too many requests in flight (at most {max})")]
+    TooManyRequests {
+        /// The bound.
+        max: usize,
+    },
+    /// A request's destination mailbox does not exist on its node (the node said so).
+    #[error("no mailbox {to}")]
+    Undeliverable {
+        /// The address asked, `mailbox@node`.
+        to: String,
+    },
+    /// `Envelope::reply` on a message that is not a request.
+    #[error("not a request: only envelopes sent with `request` can be replied to")]
+    NotARequest,
     /// An operating-system error (e.g. no thread could be started).
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),

@@ -20,7 +20,10 @@ mod mailbox;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod node;
+mod request;
+mod send;
 mod stats;
+mod stream;
 
 pub use crate::address::Address;
 pub use crate::class::Class;
@@ -32,9 +35,22 @@ pub use crate::event::{
     MemberState,
 };
 pub use crate::io::mailbox::Envelope;
-pub use crate::mailbox::{Mailbox, RecvFuture};
+pub use crate::mailbox::{Mailbox, RecvBatchFuture, RecvFuture};
 pub use crate::node::Node;
-pub use crate::stats::{HandshakeStats, MembershipStats, NodeStats, PeerStats};
+pub use crate::request::RequestFuture;
+pub use crate::send::SendFuture;
+pub use crate::stream::EventStream;
+pub use crate::stats::{HandshakeStats, MembershipStats, NodeStats, PeerStats, RequestStats};
 pub use batchwire_core::bundler::BundlerKind;
 pub use batchwire_core::membership::MembershipConfig;
 pub use bytes::Bytes;
+/// The `Stream` trait that [`Mailbox`] and [`EventStream`] implement (the one
+/// `futures::Stream` re-exports).
+pub use futures_core::Stream;
+
+/// A value serialized with postcard (`send_value`, `request_value`, `reply_value`).
+pub(crate) fn encode_value<T: serde::Serialize>(value: &T) -> Result<Bytes, Error> {
+    postcard::to_allocvec(value)
+        .map(Bytes::from)
+        .map_err(|e| Error::Encode(e.to_string()))
+}

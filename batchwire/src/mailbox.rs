@@ -3,29 +3,63 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_core::Stream;
 
 use crate::address::Address;
 use crate::class::Class;
 use crate::error::{Error, RecvError};
-use crate::io::mailbox::{Envelope, MailboxQueue};
+use crate::io::mailbox::{Envelope, MailboxQueue, Outbound, attach_replier};
 use crate::io::runtime::Runtime;
+use crate::send::SendFuture;
 
-/// A registered mailbox. Receive with `recv*`; send from it with `send*` (the receiver sees
-/// this mailbox as the sender). Dropping it unregisters the name; later messages to it are
+/// A registered mailbox. Receive with `recv*` (blocking), `recv_async`,
+/// `recv_batch_async` or as a [`Stream`] of envelopes; send from it with `send*` (the
+/// receiver sees this mailbox as the sender). Requests among the envelopes are answered
+/// with [`Envelope::reply`]. Dropping it unregisters the name; later messages to it are
 /// reported to their senders as undeliverable.
 pub struct Mailbox {
     queue: Arc<MailboxQueue>,
     rt: Arc<Runtime>,
+    /// The way back for requests received here.
+    replier: Weak<dyn Outbound>,
 }
 
 impl Mailbox {
     pub(crate) fn new(queue: Arc<MailboxQueue>, rt: Arc<Runtime>) -> Mailbox {
-        Mailbox { queue, rt }
+        let out: Arc<dyn Outbound> = rt.clone();
+        let replier = Arc::downgrade(&out);
+        Mailbox { queue, rt, replier }
+    }
+
+    /// Take up to `max` messages into `out` (`deadline` as `MailboxQueue::take`), giving
+    /// the requests among them their way back.
+    fn take(
+        &self,
+        out: &mut Vec<Envelope>,
+        max: usize,
+        deadline: Option<Option<Instant>>,
+    ) -> Result<usize, RecvError> {
+        let start = out.len();
+        let n = self.queue.take(out, max, deadline)?;
+        attach_replier(&mut out[start..], &self.replier);
+        Ok(n)
+    }
+
+    fn poll_batch(
+        &self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Envelope>,
+        max: usize,
+    ) -> Poll<Result<usize, RecvError>> {
+        let start = out.len();
+        let r = self.queue.poll_batch(cx, out, max);
+        attach_replier(&mut out[start..], &self.replier);
+        r
     }
 
     /// This mailbox's name.
@@ -45,22 +79,21 @@ impl Mailbox {
     /// empty.
     pub fn recv(&self) -> Result<Envelope, RecvError> {
         let mut v = Vec::with_capacity(1);
-        self.queue.take(&mut v, 1, Some(None))?;
+        self.take(&mut v, 1, Some(None))?;
         v.pop().ok_or(RecvError::Closed)
     }
 
     /// Wait at most `timeout` for the next message.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Envelope, RecvError> {
         let mut v = Vec::with_capacity(1);
-        self.queue
-            .take(&mut v, 1, Some(Some(Instant::now() + timeout)))?;
+        self.take(&mut v, 1, Some(Some(Instant::now() + timeout)))?;
         v.pop().ok_or(RecvError::Closed)
     }
 
     /// The next message if one is queued, else `Err(Empty)`.
     pub fn try_recv(&self) -> Result<Envelope, RecvError> {
         let mut v = Vec::with_capacity(1);
-        self.queue.take(&mut v, 1, None)?;
+        self.take(&mut v, 1, None)?;
         v.pop().ok_or(RecvError::Empty)
     }
 
@@ -68,7 +101,7 @@ impl Mailbox {
     /// call (one lock, one wake-up).
     pub fn recv_batch(&self, max: usize) -> Result<Vec<Envelope>, RecvError> {
         let mut v = Vec::new();
-        self.queue.take(&mut v, max.max(1), Some(None))?;
+        self.take(&mut v, max.max(1), Some(None))?;
         Ok(v)
     }
 
@@ -80,14 +113,22 @@ impl Mailbox {
         max: usize,
         timeout: Duration,
     ) -> Result<usize, RecvError> {
-        self.queue
-            .take(out, max.max(1), Some(Some(Instant::now() + timeout)))
+        self.take(out, max.max(1), Some(Some(Instant::now() + timeout)))
     }
 
     /// Receive from async code: a future that never blocks the thread polling it, so it is
-    /// safe on a tokio (or any) runtime thread.
+    /// safe on a tokio (or any) runtime thread. `Err(Closed)` once the node shut down and
+    /// the queue is empty. Cancellation-safe: a message is taken only by the poll that
+    /// returns it.
     pub fn recv_async(&self) -> RecvFuture<'_> {
         RecvFuture { mb: self }
+    }
+
+    /// [`Mailbox::recv_batch`] from async code: waits (without blocking the thread) for at
+    /// least one message, then returns everything queued, up to `max`. Cancellation-safe
+    /// like [`Mailbox::recv_async`].
+    pub fn recv_batch_async(&self, max: usize) -> RecvBatchFuture<'_> {
+        RecvBatchFuture { mb: self, max }
     }
 
     /// Messages waiting in this mailbox.
@@ -105,6 +146,19 @@ impl Mailbox {
     pub fn send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
         self.rt
             .send(&self.queue.name, to, payload.into(), Class::Ordinary, true)
+    }
+
+    /// Like [`Mailbox::send`], from async code: waits for room without blocking the thread
+    /// (see [`SendFuture`] for what dropping it means).
+    pub fn send_async(&self, to: &Address, payload: impl Into<Bytes>) -> SendFuture {
+        let out: Arc<dyn Outbound> = self.rt.clone();
+        SendFuture::new(
+            out,
+            self.queue.name.clone(),
+            to.clone(),
+            payload.into(),
+            Class::Ordinary,
+        )
     }
 
     /// Like [`Mailbox::send`] but returns `Error::Full` instead of blocking.
@@ -143,8 +197,7 @@ impl Mailbox {
 
     /// Send a value serialized with postcard; decode it with [`Envelope::value`].
     pub fn send_value<T: serde::Serialize>(&self, to: &Address, value: &T) -> Result<(), Error> {
-        let bytes = postcard::to_allocvec(value).map_err(|e| Error::Encode(e.to_string()))?;
-        self.send(to, bytes)
+        self.send(to, crate::encode_value(value)?)
     }
 }
 
@@ -168,6 +221,59 @@ pub struct RecvFuture<'a> {
 impl Future for RecvFuture<'_> {
     type Output = Result<Envelope, RecvError>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.mb.queue.poll_one(cx)
+        let mut v = Vec::with_capacity(1);
+        match self.mb.poll_batch(cx, &mut v, 1) {
+            Poll::Ready(Ok(_)) => match v.pop() {
+                Some(e) => Poll::Ready(Ok(e)),
+                // Nothing whole was queued after all: look again.
+                None => {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            },
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// The future returned by [`Mailbox::recv_batch_async`].
+pub struct RecvBatchFuture<'a> {
+    mb: &'a Mailbox,
+    max: usize,
+}
+
+impl Future for RecvBatchFuture<'_> {
+    type Output = Result<Vec<Envelope>, RecvError>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut v = Vec::new();
+        match self.mb.poll_batch(cx, &mut v, self.max) {
+            Poll::Ready(Ok(_)) if v.is_empty() => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            r => r.map_ok(|_| v),
+        }
+    }
+}
+
+/// A mailbox is a stream of its envelopes (requests among them), ending when the node has
+/// shut down and everything queued was taken. With `futures::StreamExt`:
+/// `while let Some(e) = mailbox.next().await { ... }`.
+impl Stream for Mailbox {
+    type Item = Envelope;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Envelope>> {
+        let mut v = Vec::with_capacity(1);
+        match self.poll_batch(cx, &mut v, 1) {
+            Poll::Ready(Ok(_)) => match v.pop() {
+                Some(e) => Poll::Ready(Some(e)),
+                None => {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            },
+            Poll::Ready(Err(_)) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }

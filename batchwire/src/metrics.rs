@@ -126,5 +126,19 @@ impl NodeStats {
         counter!("batchwire_accept_errors_total", &l).absolute(self.handshakes.accept_errors);
         counter!("batchwire_undeliverable_total", &l).absolute(self.undeliverable);
         counter!("batchwire_events_dropped_total", &l).absolute(self.events_dropped);
+        let r = &self.requests;
+        gauge!("batchwire_requests_pending", &l).set(r.pending as f64);
+        for (outcome, v) in [
+            ("answered", r.answered),
+            ("timed_out", r.timed_out),
+            ("cancelled", r.cancelled),
+            ("failed", r.failed),
+            ("refused", r.refused),
+        ] {
+            let l = [("node", node.clone()), ("outcome", outcome.to_string())];
+            counter!("batchwire_requests_total", &l).absolute(v);
+        }
+        counter!("batchwire_late_replies_total", &l).absolute(r.late_replies);
+        counter!("batchwire_stray_replies_total", &l).absolute(r.stray_replies);
     }
 }

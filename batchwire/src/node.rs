@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use batchwire_core::codec::Name;
 use bytes::Bytes;
@@ -12,9 +12,13 @@ use crate::class::Class;
 use crate::config::NodeConfig;
 use crate::error::Error;
 use crate::event::{Event, Member};
+use crate::io::mailbox::{Envelope, Outbound};
 use crate::io::runtime::Runtime;
 use crate::mailbox::Mailbox;
+use crate::request::RequestFuture;
+use crate::send::SendFuture;
 use crate::stats::NodeStats;
+use crate::stream::EventStream;
 
 /// A running batchwire node. Dropping it shuts it down (see [`Node::shutdown`]).
 pub struct Node {
@@ -55,6 +59,81 @@ impl Node {
     pub fn send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
         self.rt
             .send(&self.anonymous, to, payload.into(), Class::Ordinary, true)
+    }
+
+    /// [`Node::send`] from async code: waits for room without blocking the thread, so it
+    /// is safe on any runtime's worker. Cancellation-safe: the message is accepted exactly
+    /// when the future completes with `Ok(())`; a future dropped before that never queued
+    /// it (see [`SendFuture`]).
+    pub fn send_async(&self, to: &Address, payload: impl Into<Bytes>) -> SendFuture {
+        self.send_async_with(to, payload, Class::Ordinary)
+    }
+
+    /// Like [`Node::send_async`], in lane `class`.
+    pub fn send_async_with(
+        &self,
+        to: &Address,
+        payload: impl Into<Bytes>,
+        class: Class,
+    ) -> SendFuture {
+        let out: Arc<dyn Outbound> = self.rt.clone();
+        SendFuture::new(out, self.anonymous.clone(), to.clone(), payload.into(), class)
+    }
+
+    /// Send a request to mailbox `to` and wait (blocking this thread) up to `timeout` for
+    /// its reply, which the receiver sends with [`Envelope::reply`]. The reply comes back
+    /// as an envelope from `to`.
+    ///
+    /// Fails with [`Error::Timeout`] (a reply that comes later is counted as late in
+    /// `NodeStats::requests` and dropped), [`Error::PeerDown`] as soon as the node is
+    /// declared down, [`Error::Undeliverable`] if it has no such mailbox, or
+    /// [`Error::TooManyRequests`] past `max_pending_requests`. Like `send`, it waits for
+    /// room to queue the request first (that wait is not bounded by `timeout`).
+    pub fn request(
+        &self,
+        to: &Address,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+    ) -> Result<Envelope, Error> {
+        self.rt.request(to, payload.into(), timeout)
+    }
+
+    /// [`Node::request`] from async code (no thread is blocked; the timeout runs on the
+    /// node's own timer, whatever the runtime). Dropping the future cancels the request
+    /// (see [`RequestFuture`]).
+    pub fn request_async(
+        &self,
+        to: &Address,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+    ) -> RequestFuture {
+        let Some(deadline) = Instant::now().checked_add(timeout) else {
+            return RequestFuture::failed(self.rt.clone(), Error::Config("timeout too long".into()));
+        };
+        RequestFuture::new(self.rt.clone(), to.clone(), payload.into(), deadline)
+    }
+
+    /// A typed request: `request` with values serialized with postcard; the receiver
+    /// decodes with [`Envelope::value`] and answers with [`Envelope::reply_value`].
+    pub fn request_value<Q: serde::Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        to: &Address,
+        request: &Q,
+        timeout: Duration,
+    ) -> Result<R, Error> {
+        self.request(to, crate::encode_value(request)?, timeout)?
+            .value()
+    }
+
+    /// [`Node::request_value`] from async code.
+    pub async fn request_value_async<Q: serde::Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        to: &Address,
+        request: &Q,
+        timeout: Duration,
+    ) -> Result<R, Error> {
+        let payload = crate::encode_value(request)?;
+        self.request_async(to, payload, timeout).await?.value()
     }
 
     /// Like [`Node::send`], but returns [`Error::Full`] (with the payload) instead of
@@ -102,8 +181,7 @@ impl Node {
 
     /// Send a value serialized with postcard; decode it with `Envelope::value`.
     pub fn send_value<T: serde::Serialize>(&self, to: &Address, value: &T) -> Result<(), Error> {
-        let bytes = postcard::to_allocvec(value).map_err(|e| Error::Encode(e.to_string()))?;
-        self.send(to, bytes)
+        self.send(to, crate::encode_value(value)?)
     }
 
     /// Subscribe to events (peer up/down, connections, handshake failures, undeliverable
@@ -113,6 +191,14 @@ impl Node {
     /// drops its receiver is forgotten.
     pub fn events(&self) -> mpsc::Receiver<Event> {
         self.rt.events.subscribe()
+    }
+
+    /// Subscribe to events from async code: a `Stream` of every event from now on, bounded
+    /// like [`Node::events`] (a stream that falls behind gets `Event::EventsDropped` with
+    /// the count; the node never waits for it). It ends after the node shut down. Any
+    /// number of streams and receivers may be open at once.
+    pub fn event_stream(&self) -> EventStream {
+        EventStream::new(self.rt.events.subscribe_async())
     }
 
     /// Threads this node runs now (acceptor, ticker, dialers, writers, one per connection

@@ -184,6 +184,32 @@ pub struct NodeStats {
     pub events_dropped: u64,
     /// The membership layer's traffic.
     pub membership: MembershipStats,
+    /// Requests made from this node (`Node::request` and friends).
+    pub requests: RequestStats,
+}
+
+/// Requests made from this node, and the replies that came back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct RequestStats {
+    /// Requests in flight now (slots in the pending table).
+    pub pending: u64,
+    /// Requests begun.
+    pub sent: u64,
+    /// Replies handed to their caller.
+    pub answered: u64,
+    /// Requests that timed out.
+    pub timed_out: u64,
+    /// Requests whose caller dropped the future before the reply.
+    pub cancelled: u64,
+    /// Requests failed: the node went down, no such mailbox, not sent, or shutdown.
+    pub failed: u64,
+    /// Requests refused because the table was full (`max_pending_requests`).
+    pub refused: u64,
+    /// Replies that came after their request timed out or was cancelled: dropped.
+    pub late_replies: u64,
+    /// Replies from a node other than the one asked, or with no valid call id: dropped.
+    pub stray_replies: u64,
 }
 
 /// What the membership layer (SWIM) sent and took. Bytes are MEMBER frame bodies (add 5
@@ -309,6 +335,22 @@ impl std::fmt::Display for NodeStats {
             m.inputs_dropped,
             sent,
         )?;
+        let r = &self.requests;
+        if r.sent > 0 {
+            writeln!(
+                f,
+                "  requests: {} sent, {} answered, {} pending, {} timed out, {} cancelled, {} failed, {} refused; replies late {}, stray {}",
+                r.sent,
+                r.answered,
+                r.pending,
+                r.timed_out,
+                r.cancelled,
+                r.failed,
+                r.refused,
+                r.late_replies,
+                r.stray_replies,
+            )?;
+        }
         for p in &self.peers {
             writeln!(
                 f,

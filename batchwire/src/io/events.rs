@@ -1,10 +1,15 @@
 //! The event bus: every subscriber has a bounded queue. The node never waits for one: an
 //! event that finds a queue full is dropped and counted, and that subscriber gets one
 //! `Event::EventsDropped` with the count as soon as it has room again.
+//!
+//! A subscriber is a std channel (`Node::events`) or an async queue (`Node::event_stream`,
+//! a `Stream`); both are bounded the same way.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
 use crate::event::Event;
 
@@ -19,8 +24,91 @@ struct Inner {
 }
 
 struct Sink {
-    tx: SyncSender<Event>,
+    tx: Tx,
     missed: u64,
+}
+
+/// Where a subscriber's events go.
+enum Tx {
+    Std(SyncSender<Event>),
+    Async(Arc<AsyncQueue>),
+}
+
+impl Tx {
+    fn try_send(&self, e: Event) -> Result<(), TrySendError<Event>> {
+        match self {
+            Tx::Std(tx) => tx.try_send(e),
+            Tx::Async(q) => q.try_push(e),
+        }
+    }
+}
+
+/// An async subscriber's queue.
+pub(crate) struct AsyncQueue {
+    inner: Mutex<AsyncInner>,
+    capacity: usize,
+}
+
+struct AsyncInner {
+    q: VecDeque<Event>,
+    waker: Option<Waker>,
+    /// The node shut down (after its last event).
+    closed: bool,
+    /// The stream was dropped: the bus forgets this subscriber.
+    gone: bool,
+}
+
+impl AsyncQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, AsyncInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn try_push(&self, e: Event) -> Result<(), TrySendError<Event>> {
+        let mut g = self.lock();
+        if g.gone {
+            return Err(TrySendError::Disconnected(e));
+        }
+        if g.q.len() >= self.capacity {
+            return Err(TrySendError::Full(e));
+        }
+        g.q.push_back(e);
+        if let Some(w) = g.waker.take() {
+            drop(g);
+            w.wake();
+        }
+        Ok(())
+    }
+
+    fn close(&self) {
+        let mut g = self.lock();
+        g.closed = true;
+        if let Some(w) = g.waker.take() {
+            drop(g);
+            w.wake();
+        }
+    }
+
+    /// The next event; `None` once the node shut down and all were taken.
+    pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        let mut g = self.lock();
+        if let Some(e) = g.q.pop_front() {
+            return Poll::Ready(Some(e));
+        }
+        if g.closed {
+            return Poll::Ready(None);
+        }
+        if !g.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            g.waker = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// The stream is dropped.
+    pub fn forget(&self) {
+        let mut g = self.lock();
+        g.gone = true;
+        g.q.clear();
+    }
 }
 
 impl Events {
@@ -35,9 +123,39 @@ impl Events {
     /// A new subscriber, with a queue of `capacity` events.
     pub fn subscribe(&self) -> Receiver<Event> {
         let (tx, rx) = mpsc::sync_channel(self.0.capacity);
+        self.add(Tx::Std(tx));
+        rx
+    }
+
+    /// A new async subscriber, with a queue of `capacity` events.
+    pub fn subscribe_async(&self) -> Arc<AsyncQueue> {
+        let q = Arc::new(AsyncQueue {
+            inner: Mutex::new(AsyncInner {
+                q: VecDeque::new(),
+                waker: None,
+                closed: false,
+                gone: false,
+            }),
+            capacity: self.0.capacity,
+        });
+        self.add(Tx::Async(q.clone()));
+        q
+    }
+
+    fn add(&self, tx: Tx) {
         let mut g = self.0.subscribers.lock().unwrap_or_else(|p| p.into_inner());
         g.push(Sink { tx, missed: 0 });
-        rx
+    }
+
+    /// The node shut down: async subscribers end after what they have queued (std ones
+    /// end when the node's last handle is dropped).
+    pub fn close(&self) {
+        let g = self.0.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+        for s in g.iter() {
+            if let Tx::Async(q) = &s.tx {
+                q.close();
+            }
+        }
     }
 
     /// Events dropped because a subscriber's queue was full.

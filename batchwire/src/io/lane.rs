@@ -22,6 +22,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use batchwire_core::bulk::{BulkQueue, ORDINARY_WEIGHT, Piece};
@@ -32,6 +33,8 @@ use batchwire_core::frame::{self, Frame, Message, message_len};
 use batchwire_core::idle::{IdleStep, IdleStrategy};
 use batchwire_core::outbox::{Batch, Dest, Outbox};
 use bytes::{Bytes, BytesMut};
+
+use crate::io::wakers::Wakers;
 
 /// Why `push` did not queue a message.
 #[derive(Debug, PartialEq, Eq)]
@@ -82,6 +85,8 @@ struct Inner {
     down: bool,
     writer_waiting: bool,
     senders_waiting: usize,
+    /// Tasks waiting for room or credit (async sends), woken with `not_full`.
+    room: Wakers,
     /// Bumped whenever the consumer must look up (`poke`, `close`, a bulk message); mirrored
     /// in `Lane::epoch` for lock-free reads.
     epoch: u64,
@@ -139,6 +144,7 @@ impl Lane {
                 down: false,
                 writer_waiting: false,
                 senders_waiting: 0,
+                room: Wakers::default(),
                 epoch: 0,
             }),
             not_empty: Condvar::new(),
@@ -218,6 +224,20 @@ impl Lane {
                 .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
         Ok(g)
+    }
+
+    /// Room or credit may have appeared: wake the senders waiting for it, threads and tasks.
+    fn room_freed(&self, g: &mut Inner) {
+        if g.senders_waiting > 0 {
+            self.not_full.notify_all();
+        }
+        g.room.wake_all();
+    }
+
+    /// Wake `w` at the next change that may make room or credit (an async send that found
+    /// none registers, then tries once more).
+    pub fn register_room(&self, w: &Waker) {
+        self.lock().room.register(w);
     }
 
     /// Queue a message. It is admitted while its queue (ordinary or bulk) holds fewer than
@@ -326,9 +346,7 @@ impl Lane {
         let mut g = self.lock();
         g.credit.grant(to.as_bytes(), bytes);
         g.pushed -= 1;
-        if g.senders_waiting > 0 {
-            self.not_full.notify_all();
-        }
+        self.room_freed(&mut g);
     }
 
     /// Transfer-queue: the bundler numbered (or failed) `n` ordinary messages for the peer.
@@ -347,9 +365,7 @@ impl Lane {
         for (name, bytes) in grants {
             g.credit.grant(name.as_bytes(), *bytes);
         }
-        if g.senders_waiting > 0 {
-            self.not_full.notify_all();
-        }
+        self.room_freed(&mut g);
     }
 
     /// The peer's SYNC: add what this lane still has queued to `totals` (each mailbox's
@@ -378,9 +394,7 @@ impl Lane {
         outbox.charges(dest, &mut add);
         bulk.charges(&mut add);
         g.credit.sync(window, max_payload, totals);
-        if g.senders_waiting > 0 {
-            self.not_full.notify_all();
-        }
+        self.room_freed(&mut g);
         true
     }
 
@@ -409,6 +423,7 @@ impl Lane {
         let mut g = self.lock();
         g.down = down;
         self.not_full.notify_all();
+        g.room.wake_all();
     }
 
     /// Make the consumer look up: `next_batch` returns `Wake`, `wait_epoch` returns.
@@ -440,6 +455,7 @@ impl Lane {
         self.bump(&mut g);
         self.not_empty.notify_all();
         self.not_full.notify_all();
+        g.room.wake_all();
     }
 
     /// Take everything queued, to report it failed (it cannot be sent). Returns the
@@ -453,6 +469,7 @@ impl Lane {
         g.taken = g.pushed;
         let (bulk, in_pieces) = g.bulk.take_failed();
         self.not_full.notify_all();
+        g.room.wake_all();
         drop(g);
         let frames = batch.message_frames();
         let mut msgs = decode_frames(frames.iter().map(|f| f.0));
@@ -521,8 +538,8 @@ impl Lane {
     pub fn advance_piece(&self, serial: u64, id: u64) -> bool {
         let mut g = self.lock();
         let last = g.bulk.advance(serial, id);
-        if last && g.senders_waiting > 0 {
-            self.not_full.notify_all();
+        if last {
+            self.room_freed(&mut g);
         }
         last
     }
@@ -573,9 +590,7 @@ impl Lane {
                     g.outbox.take(max_messages, max_bytes, batch, keep_time);
                     g.taken += batch.messages();
                     self.begin_move();
-                    if g.senders_waiting > 0 {
-                        self.not_full.notify_all();
-                    }
+                    self.room_freed(&mut g);
                     return Next::Batch(reason);
                 }
                 Decision::Wait { until } => {

@@ -11,34 +11,160 @@
 use std::collections::VecDeque;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
 
 use crate::address::Address;
+use crate::class::Class;
 use crate::error::{Error, RecvError};
 use crate::io::NameHash;
+use crate::io::wakers::Wakers;
+use batchwire_core::call;
 use crate::io::flow::Held;
 use batchwire_core::codec::Name;
 use batchwire_core::frame;
 use batchwire_core::idle::{IdleStep, IdleStrategy};
 use tracing::warn;
 
-/// A received message.
+/// How a handle sends (the runtime): blocking or not, and where a task waits for room.
+/// Envelopes that are requests keep a weak one to send their reply.
+pub(crate) trait Outbound: Send + Sync {
+    /// Send as `Node::send` does (`block`) or `try_send` does.
+    fn send(
+        &self,
+        from: &Name,
+        to: &Address,
+        payload: Bytes,
+        class: Class,
+        block: bool,
+    ) -> Result<(), Error>;
+    /// Wake `w` when room may have appeared for a send to `to`.
+    fn register(&self, to: &Address, w: &Waker);
+}
+
+/// What makes a received envelope a request: its call id and the way back.
+#[derive(Clone)]
+pub(crate) struct CallRef {
+    pub id: u64,
+    pub replier: Option<Weak<dyn Outbound>>,
+}
+
+impl CallRef {
+    /// The reply's sender field and destination, for the caller `node`.
+    pub fn reply_route(&self, node: &Name) -> (Name, Address) {
+        (
+            call::reply_sender(self.id),
+            Address {
+                node: node.clone(),
+                mailbox: Name::from_static(call::REPLY_INBOX),
+            },
+        )
+    }
+}
+
+impl PartialEq for CallRef {
+    fn eq(&self, o: &Self) -> bool {
+        self.id == o.id
+    }
+}
+
+impl Eq for CallRef {}
+
+impl std::fmt::Debug for CallRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "call {:016x}", self.id)
+    }
+}
+
+/// A received message, or a request (answer it with [`Envelope::reply`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {
     /// The sending node and mailbox (the mailbox is "" for sends made through `Node`).
     pub from: Address,
     /// The payload, a slice of the receive buffer (no copy was made).
     pub payload: Bytes,
+    /// Set if this is a request: its id and the way back.
+    pub(crate) call: Option<Box<CallRef>>,
 }
 
 impl Envelope {
+    /// A received message from `from`. A sender field that carries a call tag (see
+    /// `batchwire_core::call`) makes it a request: the tag is taken off the sender's name.
+    pub(crate) fn new(mut from: Address, payload: Bytes) -> Envelope {
+        let mut call = None;
+        if call::is_reserved(from.mailbox.as_bytes())
+            && let Some((id, caller)) = call::parse(from.mailbox.as_bytes())
+        {
+            let caller = from.mailbox.as_bytes().len() - caller.len();
+            from.mailbox = from.mailbox.slice_from(caller);
+            call = Some(Box::new(CallRef { id, replier: None }));
+        }
+        Envelope {
+            from,
+            payload,
+            call,
+        }
+    }
+
     /// Decode a payload sent with `send_value` (postcard).
     pub fn value<T: serde::de::DeserializeOwned>(&self) -> Result<T, Error> {
         postcard::from_bytes(&self.payload).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// Whether this is a request (sent with `Node::request`), to answer with
+    /// [`Envelope::reply`].
+    pub fn is_request(&self) -> bool {
+        self.call.is_some()
+    }
+
+    /// Answer this request with `payload`. Blocks like `Node::send` while the queue toward
+    /// the caller is full. The reply reaches the caller only if it is still waiting (not
+    /// timed out, not cancelled); otherwise the caller's node counts it as late and drops
+    /// it. Fails with [`Error::NotARequest`] on a plain message.
+    pub fn reply(&self, payload: impl Into<Bytes>) -> Result<(), Error> {
+        let (out, from, to) = self.reply_route()?;
+        out.send(&from, &to, payload.into(), crate::Class::Ordinary, true)
+    }
+
+    /// Answer this request with a value serialized with postcard (see
+    /// `Node::request_value`).
+    pub fn reply_value<T: serde::Serialize>(&self, value: &T) -> Result<(), Error> {
+        self.reply(crate::encode_value(value)?)
+    }
+
+    /// Like [`Envelope::reply`], from async code: waits for room without blocking the
+    /// thread (see `Node::send_async` for what dropping the future means).
+    pub fn reply_async(&self, payload: impl Into<Bytes>) -> crate::SendFuture {
+        match self.reply_route() {
+            Ok((out, from, to)) => {
+                crate::SendFuture::new(out, from, to, payload.into(), crate::Class::Ordinary)
+            }
+            Err(e) => crate::SendFuture::failed(e),
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn reply_route(&self) -> Result<(Arc<dyn Outbound>, Name, Address), Error> {
+        let c = self.call.as_ref().ok_or(Error::NotARequest)?;
+        let out = c
+            .replier
+            .as_ref()
+            .and_then(|w| w.upgrade())
+            .ok_or(Error::ShutDown { payload: None })?;
+        let (from, to) = c.reply_route(&self.from.node);
+        Ok((out, from, to))
+    }
+}
+
+/// Give the requests among `v` the way back through `out`.
+pub(crate) fn attach_replier(v: &mut [Envelope], out: &Weak<dyn Outbound>) {
+    for e in v {
+        if let Some(c) = &mut e.call {
+            c.replier = Some(out.clone());
+        }
     }
 }
 
@@ -81,6 +207,8 @@ struct Inner {
     bytes: usize,
     closed: bool,
     wakers: Vec<Waker>,
+    /// Tasks waiting for room (local async sends).
+    room: Wakers,
     pushers_waiting: usize,
     receivers_waiting: usize,
 }
@@ -106,6 +234,7 @@ impl MailboxQueue {
                 bytes: 0,
                 closed: false,
                 wakers: Vec::new(),
+                room: Wakers::default(),
                 pushers_waiting: 0,
                 receivers_waiting: 0,
             }),
@@ -199,6 +328,7 @@ impl MailboxQueue {
         g.closed = true;
         self.not_empty.notify_all();
         self.not_full.notify_all();
+        g.room.wake_all();
         for w in g.wakers.drain(..) {
             w.wake();
         }
@@ -232,13 +362,13 @@ impl MailboxQueue {
                             *left = 0;
                             break;
                         };
-                        out.push(Envelope {
-                            from: Address {
+                        out.push(Envelope::new(
+                            Address {
                                 node: from.clone(),
                                 mailbox,
                             },
                             payload,
-                        });
+                        ));
                         taken += used;
                         k += 1;
                         *left -= 1;
@@ -276,9 +406,7 @@ impl MailboxQueue {
         loop {
             if !g.q.is_empty() {
                 let n = Self::drain(&mut g, out, max);
-                if g.pushers_waiting > 0 {
-                    self.not_full.notify_all();
-                }
+                self.room_freed(&mut g);
                 return Ok(n);
             }
             if g.closed {
@@ -315,16 +443,19 @@ impl MailboxQueue {
         }
     }
 
-    pub fn poll_one(&self, cx: &mut Context<'_>) -> Poll<Result<Envelope, RecvError>> {
+    /// Take up to `max` messages into `out` if any is queued (returns how many); otherwise
+    /// leave `cx`'s waker for the next push.
+    pub fn poll_batch(
+        &self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Envelope>,
+        max: usize,
+    ) -> Poll<Result<usize, RecvError>> {
         let mut g = self.lock();
-        let mut out = Vec::with_capacity(1);
-        if Self::drain(&mut g, &mut out, 1) == 1 {
-            if g.pushers_waiting > 0 {
-                self.not_full.notify_all();
-            }
-            if let Some(e) = out.pop() {
-                return Poll::Ready(Ok(e));
-            }
+        if !g.q.is_empty() {
+            let n = Self::drain(&mut g, out, max.max(1));
+            self.room_freed(&mut g);
+            return Poll::Ready(Ok(n));
         }
         if g.closed {
             return Poll::Ready(Err(RecvError::Closed));
@@ -333,6 +464,24 @@ impl MailboxQueue {
             g.wakers.push(cx.waker().clone());
         }
         Poll::Pending
+    }
+
+    /// Wake `w` when a local push may find room.
+    pub fn register_room(&self, w: &Waker) {
+        let mut g = self.lock();
+        if g.bytes < self.capacity || g.closed {
+            w.wake_by_ref();
+        } else {
+            g.room.register(w);
+        }
+    }
+
+    /// Room was freed: wake the local pushers waiting for it, threads and tasks.
+    fn room_freed(&self, g: &mut Inner) {
+        if g.pushers_waiting > 0 {
+            self.not_full.notify_all();
+        }
+        g.room.wake_all();
     }
 
     /// Messages waiting.
@@ -452,10 +601,7 @@ mod tests {
     use std::time::Duration;
 
     fn env(i: u8) -> Envelope {
-        Envelope {
-            from: Address::new("n", "m").unwrap(),
-            payload: Bytes::from(vec![i; 8]),
-        }
+        Envelope::new(Address::new("n", "m").unwrap(), Bytes::from(vec![i; 8]))
     }
 
     fn q(cap: usize) -> MailboxQueue {

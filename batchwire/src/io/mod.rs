@@ -8,6 +8,7 @@
 //!   [`bundle`] (transfer-queue), [`tick`] (the sessions' timers), [`membership`] (the
 //!   membership thread: SWIM's packets, joins, the view; its handle is [`members`]).
 //! - handles: [`peers`] and [`peer`] (a peer's session, lane and connection), [`lane`],
+//!   [`calls`] (requests in flight; its timer thread), [`wakers`] (tasks waiting for room),
 //!   [`mailbox`], [`conn`], [`link`] (plain or TLS), [`events`], [`shutdown`], [`timer`],
 //!   [`threads`].
 //!
@@ -17,6 +18,7 @@
 
 pub(crate) mod accept;
 pub(crate) mod bundle;
+pub(crate) mod calls;
 pub(crate) mod conn;
 pub(crate) mod dial;
 pub(crate) mod events;
@@ -35,6 +37,7 @@ pub(crate) mod shutdown;
 pub(crate) mod threads;
 pub(crate) mod tick;
 pub(crate) mod timer;
+pub(crate) mod wakers;
 pub(crate) mod write;
 
 use batchwire_core::idle::IdleStrategy;

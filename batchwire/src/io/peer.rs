@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use batchwire_core::codec::Name;
@@ -23,20 +24,24 @@ use tracing::{info, warn};
 
 use crate::address::Address;
 use crate::event::{Event, FailedMessage};
+use crate::io::calls::Calls;
 use crate::io::conn::Conn;
 use crate::io::events::Events;
 use crate::io::flow::Flow;
 use crate::io::lane::Lane;
 use crate::io::timer::Timer;
+use crate::io::wakers::Wakers;
 use crate::stats::PeerCounters;
 
 /// What every peer's dispatch needs: the node's name (for logs), the event bus, the
-/// ticker's alarm, and the watch on connections coming and going.
+/// ticker's alarm, the watch on connections coming and going, and the requests in flight
+/// (failed when their peer goes down; completed by replies).
 pub(crate) struct PeerCtx {
     pub node: Name,
     pub events: Events,
     pub timer: Timer,
     pub conns: ConnWatch,
+    pub calls: Arc<Calls>,
 }
 
 /// Connections coming and going, for whoever waits for them (`wait_for_peers`, the
@@ -102,7 +107,8 @@ pub(crate) struct Peer {
     /// The session has room for another piece (the writer reads it every round).
     bulk_room: AtomicBool,
     room: Condvar,
-    room_lock: Mutex<()>,
+    /// Guards `room`, and holds the tasks waiting for room (async sends).
+    room_lock: Mutex<Wakers>,
     notices: Mutex<Notices>,
     /// Whether `notices` holds any (read by the writer every round without the lock).
     has_notices: AtomicBool,
@@ -163,7 +169,7 @@ impl Peer {
             window_full: AtomicBool::new(false),
             bulk_room: AtomicBool::new(true),
             room: Condvar::new(),
-            room_lock: Mutex::new(()),
+            room_lock: Mutex::new(Wakers::default()),
             notices: Mutex::new(Notices::default()),
             has_notices: AtomicBool::new(false),
             member_out: Mutex::new(VecDeque::new()),
@@ -251,6 +257,8 @@ impl Peer {
                 self.lane.set_down(true);
                 self.fail_queued(FailReason::Down(reason));
                 self.wake_senders();
+                // Requests to it fail now, not at their timeout.
+                self.ctx.calls.fail_node(&self.name);
             }
             SessionEvent::Failed { messages, reason } => self.report_failed(messages, reason),
             SessionEvent::Close { conn } => {
@@ -351,8 +359,22 @@ impl Peer {
     }
 
     fn wake_senders(&self) {
-        let _g = self.room_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.room_lock.lock().unwrap_or_else(|p| p.into_inner());
         self.room.notify_all();
+        g.wake_all();
+    }
+
+    /// The node's requests in flight (replies from this peer complete them).
+    pub fn calls(&self) -> &Calls {
+        &self.ctx.calls
+    }
+
+    /// Transfer-queue: wake `w` when the window may have room (or the peer went down).
+    pub fn register_room(&self, w: &Waker) {
+        self.room_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .register(w);
     }
 
     /// The current connection.
@@ -514,6 +536,7 @@ pub(crate) mod testing {
             events: Events::new(64),
             timer: Timer::new(),
             conns: ConnWatch::default(),
+            calls: Arc::new(Calls::new(16, 0)),
         });
         let lane = crate::io::lane::test_lane();
         let flow = Arc::new(Flow::new(1 << 20, 1 << 20, lane.clone()));

@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
+use batchwire_core::call;
 use batchwire_core::codec::{Name, NameMap};
 use batchwire_core::frame::{self, Fragment, Frame, MessageList, Sync};
 use batchwire_core::handshake::HandshakeError;
@@ -25,6 +26,7 @@ use bytes::{Bytes, BytesMut};
 use tracing::warn;
 
 use crate::address::Address;
+use crate::error::Error;
 use crate::event::Event;
 use crate::io::conn::{Conn, LinkError};
 use crate::io::events::Events;
@@ -127,6 +129,11 @@ impl Reader<'_> {
                     .undeliverable_reported
                     .fetch_add(u.count as u64, Relaxed);
                 warn!(peer = %peer.name, mailbox = %u.to, from = %u.from, count = u.count, "peer reports messages undeliverable: no such mailbox, or too large (\"\" sums more names than it reports one by one)");
+                // A request that found no mailbox fails now, not at its timeout.
+                if let Some((id, _)) = call::parse(u.from.as_bytes()) {
+                    let to = format!("{}@{}", u.to, peer.name);
+                    peer.calls().fail(id, Error::Undeliverable { to });
+                }
                 self.events.emit(Event::Undeliverable {
                     to: Address {
                         node: peer.name.clone(),
@@ -223,6 +230,17 @@ impl Reader<'_> {
         let (mut upto, mut bytes) = (d.first + d.skip as u64, 0usize);
         let mut result = Ok(());
         for (to, range, count) in list.runs() {
+            if call::is_reply_inbox(to) {
+                let data = list.body().slice(range);
+                let len = data.len();
+                if let Err(e) = self.replies(data) {
+                    result = Err(e);
+                    break;
+                }
+                upto += count as u64;
+                bytes += len;
+                continue;
+            }
             if cache.as_ref().is_none_or(|mb| mb.name.as_bytes() != to) {
                 *cache = self.mailboxes.get(to);
             }
@@ -253,6 +271,20 @@ impl Reader<'_> {
         result
     }
 
+    /// A run of replies to this node's requests: each completes its call (if still
+    /// waiting) at once, and its credit goes straight back.
+    fn replies(&self, mut data: Bytes) -> Result<(), LinkError> {
+        let peer = self.peer;
+        let inbox = Name::from_static(call::REPLY_INBOX);
+        let len = data.len() as u64;
+        peer.flow.charge(&inbox, len)?;
+        while let Some((from, payload, _)) = frame::next_message(&mut data) {
+            peer.calls().reply_from_wire(&peer.name, from.as_bytes(), payload);
+        }
+        peer.flow.release(inbox.as_bytes(), len);
+        Ok(())
+    }
+
     /// A piece of a large message: reassemble it (charging it to its mailbox as it comes)
     /// and deliver the message whole once its last piece is in.
     fn piece(&self, f: Fragment) -> Result<(), LinkError> {
@@ -279,7 +311,9 @@ impl Reader<'_> {
         let mut r = peer.lock_reassembly();
         let too_large = f.total > self.max_payload;
         let keep = r.keeps(f, || {
-            !too_large && self.mailboxes.get(f.to.as_bytes()).is_some()
+            !too_large
+                && (call::is_reply_inbox(f.to.as_bytes())
+                    || self.mailboxes.get(f.to.as_bytes()).is_some())
         });
         let charge = f.charge();
         if keep {
@@ -318,13 +352,18 @@ impl Reader<'_> {
         }
         peer.stats.messages_received.fetch_add(1, Relaxed);
         let held = Held::new(peer.flow.clone(), to.clone(), charged);
-        let e = Envelope {
-            from: Address {
+        if call::is_reply_inbox(to.as_bytes()) {
+            drop(held);
+            peer.calls().reply_from_wire(&peer.name, from.as_bytes(), payload);
+            return Ok(());
+        }
+        let e = Envelope::new(
+            Address {
                 node: peer.name.clone(),
                 mailbox: from.clone(),
             },
             payload,
-        };
+        );
         let pushed = match self.mailboxes.get(to.as_bytes()) {
             Some(mb) => mb.push_remote(e, held).is_ok(),
             // Dropped while the pieces came: its credit goes back with `held`.

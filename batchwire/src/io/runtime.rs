@@ -16,8 +16,10 @@
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
+use batchwire_core::call;
 use batchwire_core::codec::Name;
 use batchwire_core::idle::IdleStrategy;
 use batchwire_core::membership::{MemberId, Membership};
@@ -26,17 +28,18 @@ use batchwire_core::session::PeerState;
 use bytes::Bytes;
 use tracing::{debug, info, warn};
 
-use crate::address::{Address, node_name};
+use crate::address::{Address, RESERVED_NAME, node_name};
 use crate::class::Class;
 use crate::config::NodeConfig;
 use crate::error::Error;
 use crate::event::Event;
 use crate::io::bundle::run_bundler;
+use crate::io::calls::{Calls, Waiter, run_timer};
 use crate::io::dial::{Dialers, run_joiner};
 use crate::io::events::Events;
 use crate::io::lane::{Lane, Outgoing, PushError};
 use crate::io::link::TlsConfigs;
-use crate::io::mailbox::{Envelope, MailboxQueue, Mailboxes, Refused};
+use crate::io::mailbox::{Envelope, MailboxQueue, Mailboxes, Outbound, Refused};
 use crate::io::members::{MemberStats, Members};
 use crate::io::membership::{MembersCtx, run_members};
 use crate::io::peer::{ConnWatch, Peer, PeerCtx};
@@ -47,7 +50,7 @@ use crate::io::threads::Threads;
 use crate::io::tick::run_ticker;
 use crate::io::timer::Timer;
 use crate::io::{accept::run_acceptor, idle_strategy, lane_cfg};
-use crate::stats::{MembershipStats, NodeStats, PeerStats};
+use crate::stats::{MembershipStats, NodeStats, PeerStats, RequestStats};
 
 /// A running node's parts.
 pub(crate) struct Runtime {
@@ -73,6 +76,8 @@ pub(crate) struct Runtime {
     member_stats: Arc<MemberStats>,
     /// Where members dial this node.
     pub advertise: SocketAddr,
+    /// Whether the requests' timer thread was started (with the first async request).
+    call_timer: AtomicBool,
 }
 
 /// The address members should dial: the configured one, else the listening one (a
@@ -141,11 +146,18 @@ impl Runtime {
         );
         let events = Events::new(config.events_capacity);
         let idle = idle_strategy(&config);
+        // Call ids start anywhere, so a restarted node's ids are not its predecessor's.
+        let mut first_id = [0u8; 8];
+        getrandom::fill(&mut first_id).map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
         let ctx = Arc::new(PeerCtx {
             node: name.clone(),
             events: events.clone(),
             timer: timer.clone(),
             conns: ConnWatch::default(),
+            calls: Arc::new(Calls::new(
+                config.max_pending_requests,
+                u64::from_le_bytes(first_id),
+            )),
         });
         let shared = config.bundler.kind.shared_queue();
         let shared_lane = shared.then(|| {
@@ -222,6 +234,7 @@ impl Runtime {
             member_stats: member_stats.clone(),
             advertise,
             config,
+            call_timer: AtomicBool::new(false),
         });
         info!(node = %name, addr = %local_addr, bundler = %rt.config.bundler.kind, "node started");
         let (p, t, s) = (peers.clone(), timer, shutdown);
@@ -501,7 +514,17 @@ impl Runtime {
         payload: Bytes,
         block: bool,
     ) -> Result<(), Error> {
+        if call::is_reply_inbox(to.as_bytes()) {
+            self.ctx
+                .calls
+                .reply_from_wire(&self.name, from.as_bytes(), payload);
+            return Ok(());
+        }
         let missing = |count| {
+            if let Some((id, _)) = call::parse(from.as_bytes()) {
+                let to = format!("{to}@{}", self.name);
+                self.ctx.calls.fail(id, Error::Undeliverable { to });
+            }
             self.mailboxes.note_missing(to, &self.name, count);
             self.events.emit(Event::Undeliverable {
                 to: Address {
@@ -516,13 +539,13 @@ impl Runtime {
             missing(1);
             return Ok(());
         };
-        let e = Envelope {
-            from: Address {
+        let e = Envelope::new(
+            Address {
                 node: self.name.clone(),
                 mailbox: from.clone(),
             },
             payload,
-        };
+        );
         match mb.push_one(e, block) {
             Ok(()) => {
                 self.local_messages.fetch_add(1, Ordering::Relaxed);
@@ -543,9 +566,56 @@ impl Runtime {
         }
     }
 
+    /// The requests in flight.
+    pub fn calls(&self) -> &Calls {
+        &self.ctx.calls
+    }
+
+    /// Start the requests' timer thread if it is not running (async requests need it to
+    /// time out; blocking ones time out by themselves).
+    pub fn ensure_call_timer(&self) -> Result<(), Error> {
+        if self.call_timer.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let calls = self.ctx.calls.clone();
+        self.threads
+            .spawn(format!("bw-calls-{}", self.name), move || run_timer(&calls))
+            .map_err(|e| {
+                self.call_timer.store(false, Ordering::Release);
+                Error::Io(e)
+            })
+    }
+
+    /// A slot for a request to `to`, and the sender field that carries its id.
+    pub fn begin_request(
+        &self,
+        to: &Address,
+        deadline: Instant,
+        waiter: Waiter,
+    ) -> Result<(u64, Name), Error> {
+        let id = self.ctx.calls.begin(to, deadline, waiter)?;
+        // The anonymous caller "": always short enough.
+        let from = call::request_sender(id, "").unwrap_or_else(|| Name::from_static(""));
+        Ok((id, from))
+    }
+
+    /// Send a request and wait (this thread) for its reply until `timeout`.
+    pub fn request(&self, to: &Address, payload: Bytes, timeout: Duration) -> Result<Envelope, Error> {
+        let deadline = Instant::now() + timeout;
+        let (id, from) = self.begin_request(to, deadline, Waiter::Thread(std::thread::current()))?;
+        if let Err(e) = self.send(&from, to, payload, Class::Ordinary, true) {
+            self.ctx.calls.forget(id);
+            return Err(e);
+        }
+        self.ctx.calls.wait(id, deadline)
+    }
+
     /// The queue of mailbox `name`, new or declared; fails if a handle owns it already.
     pub fn claim_mailbox(&self, name: &str) -> Result<Arc<MailboxQueue>, Error> {
         let n = node_name(name)?;
+        if call::is_reserved(n.as_bytes()) {
+            return Err(Error::InvalidName(name.into(), RESERVED_NAME));
+        }
         let q = self.mailboxes.get_or_insert(&n, || {
             MailboxQueue::new(n.clone(), self.config.mailbox_bytes, self.idle)
         });
@@ -635,6 +705,22 @@ impl Runtime {
             handshakes: self.setup.security.snapshot(),
             events_dropped: self.events.dropped(),
             membership: self.membership_stats(),
+            requests: self.request_stats(),
+        }
+    }
+
+    fn request_stats(&self) -> RequestStats {
+        let c = &self.ctx.calls.counters;
+        RequestStats {
+            pending: self.ctx.calls.pending() as u64,
+            sent: c.sent.load(Ordering::Relaxed),
+            answered: c.answered.load(Ordering::Relaxed),
+            timed_out: c.timed_out.load(Ordering::Relaxed),
+            cancelled: c.cancelled.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+            late_replies: c.late_replies.load(Ordering::Relaxed),
+            stray_replies: c.stray_replies.load(Ordering::Relaxed),
         }
     }
 
@@ -704,6 +790,8 @@ impl Runtime {
         //    own).
         self.shutdown.stop();
         self.timer.wake();
+        // Requests still waiting fail now (their replies can no longer come).
+        self.ctx.calls.stop();
         if let Some(m) = &self.members {
             m.wake();
         }
@@ -734,6 +822,43 @@ impl Runtime {
         self.threads.join_all();
         // Writers of peers that connected during the drain.
         self.writers.join_all();
+        self.events.close();
         info!(node = %self.name, "shut down");
+    }
+}
+
+impl Outbound for Runtime {
+    fn send(
+        &self,
+        from: &Name,
+        to: &Address,
+        payload: Bytes,
+        class: Class,
+        block: bool,
+    ) -> Result<(), Error> {
+        Runtime::send(self, from, to, payload, class, block)
+    }
+
+    fn register(&self, to: &Address, w: &Waker) {
+        if to.node == self.name {
+            match self.mailboxes.get(to.mailbox.as_bytes()) {
+                Some(mb) => mb.register_room(w),
+                // Gone: the next try says so.
+                None => w.wake_by_ref(),
+            }
+            return;
+        }
+        // Wherever the send may have found no room: the peer's lane (room or credit), its
+        // window (transfer-queue) and the shared lane.
+        self.peers.with(to.node.as_bytes(), |p| match p {
+            Some(p) => {
+                p.lane.register_room(w);
+                p.register_room(w);
+            }
+            None => w.wake_by_ref(),
+        });
+        if let Some(l) = &self.shared_lane {
+            l.register_room(w);
+        }
     }
 }

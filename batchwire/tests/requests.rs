@@ -1,0 +1,241 @@
+//! Request/reply between real nodes on loopback: blocking and typed requests, timeouts and
+//! late replies, a peer that goes down, a mailbox that does not exist, the bounded pending
+//! table, and 100,000 request futures dropped mid-flight.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::task::{Context, Poll, Waker};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use batchwire::{Address, Error, Mailbox};
+use common::{mesh, start};
+use futures_util::FutureExt;
+
+/// Serve `mb` until `stop`: answer each request with its payload reversed, after `delay`
+/// if the payload starts with "slow".
+fn serve(mb: Mailbox, stop: Arc<AtomicBool>) -> thread::JoinHandle<u64> {
+    thread::spawn(move || {
+        let mut served = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let Ok(e) = mb.recv_timeout(Duration::from_millis(20)) else {
+                continue;
+            };
+            if e.payload.starts_with(b"slow") {
+                thread::sleep(Duration::from_millis(300));
+            }
+            let mut p = e.payload.to_vec();
+            p.reverse();
+            if e.reply(p).is_ok() {
+                served += 1;
+            }
+        }
+        served
+    })
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+struct Add {
+    a: u32,
+    b: u32,
+}
+
+#[test]
+fn requests_get_their_own_replies_blocking_typed_and_to_this_node() {
+    let nodes = start(mesh(&["a", "b"]));
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = serve(b.mailbox("echo").unwrap(), stop.clone());
+    let to = Address::new("b", "echo").unwrap();
+    let t = Duration::from_secs(10);
+    for i in 0..100u32 {
+        let q = format!("hello {i}");
+        let r = a.request(&to, q.clone(), t).unwrap();
+        assert_eq!(r.payload, q.chars().rev().collect::<String>().as_bytes());
+        assert_eq!(r.from.to_string(), "echo@b");
+        assert!(!r.is_request(), "a reply is not a request");
+    }
+    // Several callers at once, each gets its own answer.
+    let a = Arc::new(nodes);
+    let callers: Vec<_> = (0..4)
+        .map(|c| {
+            let (n, to) = (a.clone(), to.clone());
+            thread::spawn(move || {
+                for i in 0..200 {
+                    let q = format!("{c}:{i}");
+                    let r = n[0].request(&to, q.clone(), t).unwrap();
+                    let want: String = q.chars().rev().collect();
+                    assert_eq!(r.payload, want.as_bytes());
+                }
+            })
+        })
+        .collect();
+    for c in callers {
+        c.join().unwrap();
+    }
+    let (a, b) = (&a[0], &a[1]);
+
+    // Typed, served on a's own node: the request never leaves it.
+    let adder = a.mailbox("adder").unwrap();
+    let server = thread::spawn(move || {
+        let e = adder.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(e.is_request());
+        assert_eq!(e.from.to_string(), "@a");
+        let q: Add = e.value().unwrap();
+        e.reply_value(&(q.a + q.b)).unwrap();
+    });
+    let sum: u32 = a
+        .request_value(&Address::new("a", "adder").unwrap(), &Add { a: 2, b: 40 }, t)
+        .unwrap();
+    assert_eq!(sum, 42);
+    server.join().unwrap();
+
+    // A plain message cannot be replied to; reserved names cannot be used.
+    let plain = b.mailbox("plain").unwrap();
+    a.send(&Address::new("b", "plain").unwrap(), "x").unwrap();
+    let e = plain.recv_timeout(t).unwrap();
+    assert!(matches!(e.reply("no"), Err(Error::NotARequest)));
+    assert!(matches!(Address::new("b", "\0"), Err(Error::InvalidName(..))));
+    assert!(matches!(b.mailbox("\0x"), Err(Error::InvalidName(..))));
+
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(echo.join().unwrap(), 100 + 4 * 200);
+    let s = a.stats().requests;
+    assert_eq!((s.sent, s.answered, s.pending), (901, 901, 0), "{s:?}");
+    assert_eq!((s.late_replies, s.stray_replies), (0, 0));
+}
+
+#[test]
+fn a_late_reply_is_counted_and_dropped_never_handed_to_the_next_caller() {
+    let nodes = start(mesh(&["a", "b"]));
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = serve(b.mailbox("echo").unwrap(), stop.clone());
+    let to = Address::new("b", "echo").unwrap();
+    let t0 = Instant::now();
+    let r = a.request(&to, "slow one", Duration::from_millis(100));
+    assert!(matches!(r, Err(Error::Timeout)), "{r:?}");
+    assert!(t0.elapsed() < Duration::from_millis(290), "timed out at its deadline");
+    // The service is still busy with the first; this one waits its turn and must get its
+    // own answer, not the late one.
+    let r = a.request(&to, "second", Duration::from_secs(10)).unwrap();
+    assert_eq!(r.payload, &b"dnoces"[..]);
+    let s = a.stats().requests;
+    assert_eq!(
+        (s.timed_out, s.late_replies, s.answered, s.pending),
+        (1, 1, 1, 0),
+        "{s:?}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    echo.join().unwrap();
+}
+
+#[test]
+fn a_request_fails_at_once_when_its_node_goes_down_or_has_no_such_mailbox() {
+    let mut nodes = start(mesh(&["a", "b"]));
+    let b = nodes.pop().unwrap();
+    let a = nodes.pop().unwrap();
+    let t = Duration::from_secs(60);
+    // No such mailbox: b says so, and the request fails without waiting for its timeout.
+    let t0 = Instant::now();
+    let r = a.request(&Address::new("b", "nobody").unwrap(), "?", t);
+    assert!(
+        matches!(&r, Err(Error::Undeliverable { to }) if to == "nobody@b"),
+        "{r:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    let r = a.request(&Address::new("a", "nobody").unwrap(), "?", t);
+    assert!(matches!(&r, Err(Error::Undeliverable { .. })), "{r:?}");
+
+    // A service that never answers, and a caller with a long timeout: b leaves.
+    let _silent = b.mailbox("silent").unwrap();
+    let a = Arc::new(a);
+    let (n, ready) = (a.clone(), Arc::new(Barrier::new(2)));
+    let r2 = ready.clone();
+    let caller = thread::spawn(move || {
+        r2.wait();
+        let r = n.request(&Address::new("b", "silent").unwrap(), "hello?", t);
+        (r, Instant::now())
+    });
+    ready.wait();
+    // Let the request reach b before it leaves.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.stats().requests.pending == 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    thread::sleep(Duration::from_millis(50));
+    drop(b);
+    let gone = Instant::now();
+    let (r, at) = caller.join().unwrap();
+    assert!(matches!(&r, Err(Error::PeerDown(p)) if p == "b"), "{r:?}");
+    assert!(
+        at.saturating_duration_since(gone) < Duration::from_secs(5),
+        "failed {:?} after b left",
+        at.saturating_duration_since(gone)
+    );
+    let r = a.request(&Address::new("b", "silent").unwrap(), "again?", t);
+    assert!(matches!(&r, Err(Error::PeerDown(_))), "{r:?}");
+    assert_eq!(a.stats().requests.pending, 0);
+}
+
+/// Poll a future once with a waker that does nothing.
+fn poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Poll<F::Output> {
+    let mut cx = Context::from_waker(Waker::noop());
+    f.poll_unpin(&mut cx)
+}
+
+#[test]
+fn the_pending_table_is_bounded_and_100k_dropped_request_futures_leave_nothing() {
+    let mut cfgs = mesh(&["a", "b"]);
+    cfgs[0] = cfgs[0].clone().max_pending_requests(100_000);
+    let nodes = start(cfgs);
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let svc = b.mailbox("svc").unwrap();
+    let to = Address::new("b", "svc").unwrap();
+    let t = Duration::from_secs(60);
+
+    let mut futs: Vec<_> = (0..100_000u32)
+        .map(|i| a.request_async(&to, i.to_le_bytes().to_vec(), t))
+        .collect();
+    let mut sent = 0u64;
+    for f in &mut futs {
+        assert!(poll_once(f).is_pending());
+        sent += 1;
+    }
+    assert_eq!(a.stats().requests.pending, 100_000);
+    // One more is refused: the table is full.
+    let mut extra = a.request_async(&to, "one more", t);
+    assert!(matches!(
+        poll_once(&mut extra),
+        Poll::Ready(Err(Error::TooManyRequests { max: 100_000 }))
+    ));
+    drop(futs);
+    let s = a.stats().requests;
+    assert_eq!((s.pending, s.cancelled, s.refused), (0, sent, 1), "{s:?}");
+
+    // The service answers whatever reached it: every reply is late, and dropped.
+    let mut answered = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut buf = Vec::new();
+    while Instant::now() < deadline {
+        buf.clear();
+        match svc.recv_batch_into(&mut buf, 4096, Duration::from_millis(500)) {
+            Ok(_) => {
+                for e in &buf {
+                    e.reply("late").unwrap();
+                    answered += 1;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    assert!(answered > 0, "some requests were queued before they were dropped");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a.stats().requests.late_replies < answered && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    let s = a.stats().requests;
+    assert_eq!((s.late_replies, s.pending, s.answered), (answered, 0, 0), "{s:?}");
+}
