@@ -411,7 +411,13 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
     let mut batch = Vec::new();
     let answer = |batch: &mut Vec<batchwire::Envelope>| {
         for e in batch.drain(..) {
-            if let Err(err) = echo.send(&e.from, e.payload) {
+            // A request gets a reply; a plain message goes back to its sender.
+            let r = if e.is_request() {
+                e.reply(e.payload.clone())
+            } else {
+                echo.send(&e.from, e.payload)
+            };
+            if let Err(err) = r {
                 tracing::warn!(to = %e.from, error = %err, "echo failed");
             }
         }

@@ -1,18 +1,20 @@
 //! The `rpc` scenario, after JGroups' UnicastTestRpc (the unicast table of JGRP-1540): N
 //! node processes (default 4), T threads on each (default 16), each thread making
-//! synchronous calls: send a request to mailbox "rpc" of a random other node, wait for the
-//! reply on the thread's own mailbox, repeat, for a fixed count of calls per node (default
-//! 20,000). Every node runs a server thread on "rpc" that sends each request back to its
-//! sender (`e.from`), as `batchwire node`'s "echo" mailbox does, so `--peers` measures the
-//! same exchange against nodes running elsewhere.
+//! synchronous calls with `Node::request` to mailbox "rpc" of a random other node, for a
+//! fixed count of calls per node (default 20,000). Every node runs a server thread on "rpc"
+//! that answers each request with its payload (`Envelope::reply`), as `batchwire node`'s
+//! "echo" mailbox does, so `--peers` measures the same exchange against nodes running
+//! elsewhere.
 //!
-//! A reply must carry the id of the call its thread waits for (one call is outstanding per
-//! thread, so this checks order, duplicates and loss). Reported: calls per second per
-//! calling node, and latency percentiles from an HDR histogram of every call.
+//! A reply must carry the id of its call (the request API pairs them; this checks it did).
+//! Reported: calls per second per calling node, and latency percentiles from an HDR
+//! histogram of every call.
 //!
-//! In the same run, for comparison, one outstanding call: 2 nodes, 1 thread on n0 calling
-//! n1 (per bundler), and its floor, a plain TCP ping-pong of the same size between two
-//! processes (std `TcpStream`, `TCP_NODELAY`, one request in flight).
+//! In the same run, for comparison: one outstanding call (2 nodes, 1 thread on n0 calling
+//! n1, per bundler) and its floor, a plain TCP ping-pong of the same size between two
+//! processes (std `TcpStream`, `TCP_NODELAY`, one request in flight); and the async
+//! variant: 2 nodes, one tokio runtime (current-thread) on n0 with [`CONCURRENCY`] requests
+//! in flight through `Node::request_async`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -26,7 +28,7 @@ use super::{
     hist_to_pairs, median_percentiles, mesh_config, new_histogram, parse_results, percentiles_us,
     print_result, run_workers, share, si, u64_at, us, worker_args,
 };
-use batchwire::{Address, BundlerKind, Mailbox, RecvError};
+use batchwire::{Address, BundlerKind, Envelope, Mailbox, Node, RecvError};
 
 /// The payload header: the call id (u64, little-endian).
 pub const HEADER: usize = 8;
@@ -39,6 +41,9 @@ pub const TCP_FLOOR: &str = "tcp-ping-pong";
 
 /// How long a call may wait for its reply before the rest of its calls count as lost.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Requests in flight at once in the async rows.
+pub const CONCURRENCY: usize = 10_000;
 
 const READY: u8 = 1;
 
@@ -70,6 +75,9 @@ pub struct WorkerArgs {
     pub bundler: BundlerKind,
     #[arg(long, default_value_t = 1)]
     pub idle_cpu_level: u8,
+    /// With N > 0: instead of threads, one tokio runtime with N requests in flight.
+    #[arg(long, default_value_t = 0)]
+    pub concurrency: usize,
 }
 
 /// What a node (or the TCP client) reports. A node that only serves reports no calls.
@@ -84,11 +92,42 @@ pub struct CallReport {
     pub hist: Vec<(u64, u64)>,
 }
 
-/// Make `calls` synchronous calls from `mb` to random `targets`, recording each call's
-/// latency in `hist`. A reply that does not carry the awaited id counts as a fault; a call
-/// unanswered within [`CALL_TIMEOUT`] ends the loop and the remaining calls count as lost.
+/// The payload of call `id`: the id, then zeros up to `size`.
+fn call_payload(chunk: &mut BytesMut, id: u64, size: usize) -> bytes::Bytes {
+    if chunk.capacity() < size {
+        *chunk = BytesMut::with_capacity((256 << 10).max(size));
+    }
+    chunk.put_u64_le(id);
+    chunk.put_bytes(0, size - HEADER);
+    chunk.split().freeze()
+}
+
+/// Count a call's outcome: a reply that does not carry the call's id is a fault.
+fn check_reply(r: Result<Envelope, batchwire::Error>, id: u64, f: &mut Faults) -> bool {
+    match r {
+        Ok(e) => match u64_at(&e.payload, 0) {
+            Some(x) if x == id => true,
+            Some(x) if x < id => {
+                f.duplicated += 1;
+                false
+            }
+            _ => {
+                f.reordered += 1;
+                false
+            }
+        },
+        Err(_) => {
+            f.lost += 1;
+            false
+        }
+    }
+}
+
+/// Make `calls` synchronous calls (`Node::request`) to random `targets`, recording each
+/// call's latency in `hist`. A reply that does not carry its call's id counts as a fault; a
+/// call unanswered within [`CALL_TIMEOUT`] as lost.
 pub fn call_loop(
-    mb: &Mailbox,
+    node: &Node,
     targets: &[Address],
     calls: u64,
     size: usize,
@@ -99,39 +138,77 @@ pub fn call_loop(
     let mut chunk = BytesMut::new();
     let mut f = Faults::default();
     let size = size.max(HEADER);
+    let mut ok = 0;
     for id in 0..calls {
-        if chunk.capacity() < size {
-            chunk = BytesMut::with_capacity((256 << 10).max(size));
-        }
-        chunk.put_u64_le(id);
-        chunk.put_bytes(0, size - HEADER);
+        let p = call_payload(&mut chunk, id, size);
         let to = &targets[rng.below(targets.len())];
         let t = Instant::now();
-        mb.send(to, chunk.split().freeze())
-            .map_err(|e| format!("call to {to}: {e}"))?;
-        let deadline = t + CALL_TIMEOUT;
-        loop {
-            match mb.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(e) => match u64_at(&e.payload, 0) {
-                    Some(x) if x == id => {
-                        hist.saturating_record(t.elapsed().as_nanos() as u64);
-                        break;
-                    }
-                    Some(x) if x < id => f.duplicated += 1,
-                    _ => f.reordered += 1,
-                },
-                Err(RecvError::Empty) => {}
-                Err(_) => {
-                    f.lost += calls - id;
-                    return Ok((id, f));
-                }
-            }
+        let r = node.request(to, p, CALL_TIMEOUT);
+        if let Err(e @ (batchwire::Error::ShutDown { .. } | batchwire::Error::UnknownNode(_))) = &r {
+            return Err(format!("call to {to}: {e}"));
+        }
+        if check_reply(r, id, &mut f) {
+            hist.saturating_record(t.elapsed().as_nanos() as u64);
+            ok += 1;
         }
     }
-    Ok((calls, f))
+    Ok((ok, f))
 }
 
-/// Serve calls on `mb` (send every request back to its sender) until `stop` is set and
+/// Make `calls` requests from one tokio runtime (current-thread: the node's threads do the
+/// IO), `concurrency` of them in flight at once, to random `targets`.
+fn async_calls(
+    node: &Node,
+    targets: &[Address],
+    calls: u64,
+    size: usize,
+    concurrency: usize,
+    seed: u64,
+) -> Result<CallReport, String> {
+    use futures_util::StreamExt;
+    use futures_util::stream::FuturesUnordered;
+    use std::cell::RefCell;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .ctx("tokio runtime")?;
+    let hist = RefCell::new(new_histogram()?);
+    let faults = RefCell::new(Faults::default());
+    let size = size.max(HEADER);
+    let t0 = Instant::now();
+    let ok = rt.block_on(async {
+        let tasks: FuturesUnordered<_> = (0..concurrency)
+            .map(|task| {
+                let (hist, faults) = (&hist, &faults);
+                async move {
+                    let mut rng = Rng::new(seed * 100_000 + task as u64);
+                    let mut chunk = BytesMut::new();
+                    let mut ok = 0u64;
+                    for id in 0..share(calls, concurrency, task) {
+                        let p = call_payload(&mut chunk, id, size);
+                        let to = &targets[rng.below(targets.len())];
+                        let t = Instant::now();
+                        let r = node.request_async(to, p, CALL_TIMEOUT).await;
+                        if check_reply(r, id, &mut faults.borrow_mut()) {
+                            hist.borrow_mut()
+                                .saturating_record(t.elapsed().as_nanos() as u64);
+                            ok += 1;
+                        }
+                    }
+                    ok
+                }
+            })
+            .collect();
+        tasks.fold(0u64, |a, b| async move { a + b }).await
+    });
+    Ok(CallReport {
+        calls: ok,
+        faults: faults.into_inner(),
+        secs: t0.elapsed().as_secs_f64(),
+        hist: hist_to_pairs(&hist.into_inner()),
+    })
+}
+
+/// Serve calls on `mb` (answer every request with its payload) until `stop` is set and
 /// nothing is left.
 fn serve(mb: &Mailbox, stop: &AtomicBool) -> Result<(), String> {
     let mut batch = Vec::with_capacity(1024);
@@ -139,7 +216,7 @@ fn serve(mb: &Mailbox, stop: &AtomicBool) -> Result<(), String> {
         match mb.recv_batch_into(&mut batch, 1024, Duration::from_millis(20)) {
             Ok(_) => {
                 for e in batch.drain(..) {
-                    mb.send(&e.from, e.payload)
+                    e.reply(e.payload.clone())
                         .map_err(|err| format!("reply to {}: {err}", e.from))?;
                 }
             }
@@ -152,10 +229,11 @@ fn serve(mb: &Mailbox, stop: &AtomicBool) -> Result<(), String> {
     }
 }
 
-/// Run one calling thread per mailbox in `mbs` (`c0`, `c1`, ...), sharing `calls` between
-/// them, and fold what they saw into one report (the time is that of the slowest thread).
+/// Run `threads` calling threads, sharing `calls` between them, and fold what they saw into
+/// one report (the time is that of the slowest thread).
 fn run_callers(
-    mbs: &[Mailbox],
+    node: &Node,
+    threads: usize,
     targets: &[Address],
     calls: u64,
     size: usize,
@@ -163,14 +241,13 @@ fn run_callers(
 ) -> Result<CallReport, String> {
     let t0 = Instant::now();
     let outs = std::thread::scope(|s| {
-        let hs: Vec<_> = mbs
-            .iter()
-            .enumerate()
-            .map(|(t, mb)| {
-                let n = share(calls, mbs.len(), t);
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let n = share(calls, threads, t);
                 s.spawn(move || -> Result<(u64, Faults, Histogram<u64>), String> {
                     let mut h = new_histogram()?;
-                    let (ok, f) = call_loop(mb, targets, n, size, seed * 1000 + t as u64, &mut h)?;
+                    let (ok, f) =
+                        call_loop(node, targets, n, size, seed * 1000 + t as u64, &mut h)?;
                     Ok((ok, f, h))
                 })
             })
@@ -197,11 +274,6 @@ fn run_callers(
     Ok(rep)
 }
 
-/// The mailbox names of `threads` calling threads.
-fn caller_mailboxes(threads: usize) -> Vec<String> {
-    (0..threads).map(|t| format!("c{t}")).collect()
-}
-
 /// Run a worker role; prints its report line on stdout.
 pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     match a.role.as_str() {
@@ -213,9 +285,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
 fn node_worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     let (i, n) = (a.index, a.nodes);
     let calling = i < a.clients.unwrap_or(n);
-    let mut boxes = vec![MAILBOX.to_string(), CTL.to_string()];
-    let callers = caller_mailboxes(if calling { a.threads } else { 0 });
-    boxes.extend(callers.iter().cloned());
+    let boxes = vec![MAILBOX.to_string(), CTL.to_string()];
     let cfg = mesh_config(
         i,
         n,
@@ -232,18 +302,16 @@ fn node_worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         .collect::<Result<Vec<_>, _>>()?;
     let mut ctl = Ctl::new(&node, i, n)?;
     let server = node.mailbox(MAILBOX).ctx("mailbox rpc")?;
-    let mbs = callers
-        .iter()
-        .map(|c| node.mailbox(c).ctx("caller mailbox"))
-        .collect::<Result<Vec<_>, _>>()?;
     let stop = AtomicBool::new(false);
     let report = std::thread::scope(|s| -> Result<CallReport, String> {
         let srv = s.spawn(|| serve(&server, &stop));
         let res = ctl.barrier(READY, Duration::from_secs(60)).and_then(|()| {
-            if mbs.is_empty() {
+            if !calling {
                 Ok(CallReport::default())
+            } else if a.concurrency > 0 {
+                async_calls(&node, &targets, a.calls, a.size, a.concurrency, i as u64 + 1)
             } else {
-                run_callers(&mbs, &targets, a.calls, a.size, i as u64 + 1)
+                run_callers(&node, a.threads, &targets, a.calls, a.size, i as u64 + 1)
             }
         });
         // Serve until every node made all its calls.
@@ -259,7 +327,7 @@ fn node_worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         served?;
         res
     })?;
-    drop((mbs, server));
+    drop(server);
     node.shutdown();
     print_result(&report)
 }
@@ -274,6 +342,8 @@ pub struct Options {
     pub calls: u64,
     /// Calls in the one-outstanding-call rows (and the TCP floor): a tenth of `calls`.
     pub single_calls: u64,
+    /// Calls in the async rows: ten per request in flight.
+    pub async_calls: u64,
 }
 
 impl Options {
@@ -293,6 +363,7 @@ impl Options {
             calls,
             // A tenth: one outstanding call through `linger` takes ~2 ms.
             single_calls: (calls / 10).max(1),
+            async_calls: 10 * CONCURRENCY as u64,
         })
     }
 }
@@ -337,6 +408,7 @@ fn cluster_run(
     threads: usize,
     calls: u64,
     base_port: u16,
+    concurrency: usize,
 ) -> Result<RowRun, String> {
     let args: Vec<Vec<String>> = (0..nodes)
         .map(|i| {
@@ -353,6 +425,7 @@ fn cluster_run(
                     ("size", size.to_string()),
                     ("bundler", bundler.name().to_string()),
                     ("idle-cpu-level", idle.to_string()),
+                    ("concurrency", concurrency.to_string()),
                 ],
             )
         })
@@ -393,15 +466,9 @@ fn remote_run(
     calls: u64,
 ) -> Result<RowRun, String> {
     let remote = c.remote.as_ref().ok_or("no --peers")?;
-    let boxes = caller_mailboxes(threads);
-    let node = remote.start_client(bundler, idle, &boxes)?;
+    let node = remote.start_client(bundler, idle, &[])?;
     let targets = remote.echo_addresses()?;
-    let mbs = boxes
-        .iter()
-        .map(|b| node.mailbox(b).ctx("caller mailbox"))
-        .collect::<Result<Vec<_>, _>>()?;
-    let rep = run_callers(&mbs, &targets, calls, size, 1)?;
-    drop(mbs);
+    let rep = run_callers(&node, threads, &targets, calls, size, 1)?;
     super::settle();
     node.shutdown();
     fold(&[rep], calls)
@@ -459,12 +526,13 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
     let o = Options::resolve(c, ov)?;
     let combos = c.combos();
     let remote = c.remote.is_some();
-    let per_round = 2 * combos.len() + usize::from(!remote);
+    let per_round = 2 * combos.len() + usize::from(!remote) * (1 + combos.len());
     let progress = Progress::new((o.sizes.len() * c.runs * per_round) as u64, "rpc", c.quiet);
     let mut results = Vec::new();
     for &size in &o.sizes {
         let mut multi: Vec<Row> = combos.iter().map(|_| Row::default()).collect();
         let mut single: Vec<Row> = combos.iter().map(|_| Row::default()).collect();
+        let mut asynch: Vec<Row> = combos.iter().map(|_| Row::default()).collect();
         let mut tcp = Row::default();
         for run in 0..c.runs {
             let of = format!("run {}/{}", run + 1, c.runs);
@@ -484,6 +552,7 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
                         o.threads,
                         o.calls,
                         c.base_port,
+                        0,
                     )?
                 };
                 progress.done(format!("  {what}: {}", multi[i].add(&r)));
@@ -495,9 +564,28 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
                 let r = if remote {
                     remote_run(c, b, idle, size, 1, o.single_calls)?
                 } else {
-                    cluster_run(b, idle, size, 2, 1, 1, o.single_calls, c.base_port)?
+                    cluster_run(b, idle, size, 2, 1, 1, o.single_calls, c.base_port, 0)?
                 };
                 progress.done(format!("  {what}: {}", single[i].add(&r)));
+            }
+            if !remote {
+                for (i, &(b, idle)) in combos.iter().enumerate() {
+                    let name = super::row_label(b.name(), Some(idle), c.show_idle());
+                    let what = format!("rpc {size} B {name:<20} async x{CONCURRENCY} {of}");
+                    progress.running(what.clone());
+                    let r = cluster_run(
+                        b,
+                        idle,
+                        size,
+                        2,
+                        1,
+                        1,
+                        o.async_calls,
+                        c.base_port,
+                        CONCURRENCY,
+                    )?;
+                    progress.done(format!("  {what}: {}", asynch[i].add(&r)));
+                }
             }
             if !remote {
                 let what = format!("rpc {size} B {TCP_FLOOR:<20} 1 call {of}");
@@ -534,9 +622,32 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
         if !remote {
             results.push(tcp.result(TCP_FLOOR, None, size, o.single_calls, 2, 1, "calls/s"));
         }
+        let amid = results.len();
+        if !remote {
+            for (i, &(b, idle)) in combos.iter().enumerate() {
+                let mut r = asynch[i].result(
+                    b.name(),
+                    Some(idle),
+                    size,
+                    o.async_calls,
+                    2,
+                    CONCURRENCY,
+                    "calls/s",
+                );
+                r.scenario = "rpc-async".into();
+                results.push(r);
+            }
+        }
         print!(
             "{}",
-            tables(&results[first..mid], &results[mid..], &o, c, size)
+            tables(
+                &results[first..mid],
+                &results[mid..amid],
+                &results[amid..],
+                &o,
+                c,
+                size
+            )
         );
     }
     Ok(results)
@@ -577,6 +688,7 @@ fn table(rows: &[BenchResult], runs: usize, show_idle: bool) -> String {
 fn tables(
     multi: &[BenchResult],
     single: &[BenchResult],
+    asynch: &[BenchResult],
     o: &Options,
     c: &Common,
     size: usize,
@@ -601,12 +713,20 @@ fn tables(
                  the same size between two processes"
             .to_string(),
     };
-    format!(
+    let mut out = format!(
         "\nrpc: {who}; calls/s per calling node, median of {} alternating runs; latency: \
          median over the runs of each run's percentile\n{}\
          \nrpc, one outstanding call: {one}; calls/s and latency as above\n{}",
         c.runs,
         table(multi, c.runs, c.show_idle()),
         table(single, c.runs, c.show_idle()),
-    )
+    );
+    if !asynch.is_empty() {
+        out += &format!(
+            "\nrpc, async: 2 nodes, one tokio runtime (current-thread) on n0 with {CONCURRENCY} \
+             requests in flight (Node::request_async) to n1; calls/s and latency as above\n{}",
+            table(asynch, c.runs, c.show_idle()),
+        );
+    }
+    out
 }
