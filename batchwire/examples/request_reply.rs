@@ -37,7 +37,10 @@ fn serve(node: &Node, max: Option<usize>) -> Result<(), Error> {
 
 /// The client: a few requests, one of them to a mailbox that does not exist.
 fn call(node: &Node) -> Result<(), Error> {
-    assert!(node.wait_for_peers(&["svc"], Duration::from_secs(10)), "svc is not up");
+    assert!(
+        node.wait_for_peers(&["svc"], Duration::from_secs(10)),
+        "svc is not up"
+    );
     let upper = Address::new("svc", "upper")?;
     for word in ["hello", "batchwire", "requests"] {
         let reply = node.request(&upper, word, Duration::from_secs(5))?;

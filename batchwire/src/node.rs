@@ -77,7 +77,13 @@ impl Node {
         class: Class,
     ) -> SendFuture {
         let out: Arc<dyn Outbound> = self.rt.clone();
-        SendFuture::new(out, self.anonymous.clone(), to.clone(), payload.into(), class)
+        SendFuture::new(
+            out,
+            self.anonymous.clone(),
+            to.clone(),
+            payload.into(),
+            class,
+        )
     }
 
     /// Send a request to mailbox `to` and wait (blocking this thread) up to `timeout` for
@@ -108,7 +114,10 @@ impl Node {
         timeout: Duration,
     ) -> RequestFuture {
         let Some(deadline) = Instant::now().checked_add(timeout) else {
-            return RequestFuture::failed(self.rt.clone(), Error::Config("timeout too long".into()));
+            return RequestFuture::failed(
+                self.rt.clone(),
+                Error::Config("timeout too long".into()),
+            );
         };
         RequestFuture::new(self.rt.clone(), to.clone(), payload.into(), deadline)
     }

@@ -45,7 +45,9 @@ enum State {
         payload: Bytes,
     },
     /// Queued; waiting for the reply.
-    Waiting { id: u64 },
+    Waiting {
+        id: u64,
+    },
     Failed(Error),
     Done,
 }

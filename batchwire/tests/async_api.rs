@@ -126,7 +126,10 @@ async fn an_async_send_waits_for_room_and_a_dropped_one_never_sent_its_message()
     let got = tokio::task::spawn_blocking(move || reader.join().unwrap())
         .await
         .unwrap();
-    assert_eq!(got, accepted, "exactly what was accepted, in order; not {dropped}");
+    assert_eq!(
+        got, accepted,
+        "exactly what was accepted, in order; not {dropped}"
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -150,7 +153,10 @@ async fn every_event_stream_gets_every_event_and_a_slow_one_is_told_what_it_miss
     assert!(matches!(std_rx.try_recv(), Ok(Event::Undeliverable { .. })));
     a.send(&nowhere, "y").unwrap();
     for s in [&mut s1, &mut s2] {
-        assert!(matches!(s.next().await, Some(Event::EventsDropped { count: 8 })));
+        assert!(matches!(
+            s.next().await,
+            Some(Event::EventsDropped { count: 8 })
+        ));
         assert!(matches!(s.next().await, Some(Event::Undeliverable { .. })));
     }
     drop(s2);

@@ -87,7 +87,11 @@ fn requests_get_their_own_replies_blocking_typed_and_to_this_node() {
         e.reply_value(&(q.a + q.b)).unwrap();
     });
     let sum: u32 = a
-        .request_value(&Address::new("a", "adder").unwrap(), &Add { a: 2, b: 40 }, t)
+        .request_value(
+            &Address::new("a", "adder").unwrap(),
+            &Add { a: 2, b: 40 },
+            t,
+        )
         .unwrap();
     assert_eq!(sum, 42);
     server.join().unwrap();
@@ -97,7 +101,10 @@ fn requests_get_their_own_replies_blocking_typed_and_to_this_node() {
     a.send(&Address::new("b", "plain").unwrap(), "x").unwrap();
     let e = plain.recv_timeout(t).unwrap();
     assert!(matches!(e.reply("no"), Err(Error::NotARequest)));
-    assert!(matches!(Address::new("b", "\0"), Err(Error::InvalidName(..))));
+    assert!(matches!(
+        Address::new("b", "\0"),
+        Err(Error::InvalidName(..))
+    ));
     assert!(matches!(b.mailbox("\0x"), Err(Error::InvalidName(..))));
 
     stop.store(true, Ordering::Relaxed);
@@ -117,7 +124,10 @@ fn a_late_reply_is_counted_and_dropped_never_handed_to_the_next_caller() {
     let t0 = Instant::now();
     let r = a.request(&to, "slow one", Duration::from_millis(100));
     assert!(matches!(r, Err(Error::Timeout)), "{r:?}");
-    assert!(t0.elapsed() < Duration::from_millis(290), "timed out at its deadline");
+    assert!(
+        t0.elapsed() < Duration::from_millis(290),
+        "timed out at its deadline"
+    );
     // The service is still busy with the first; this one waits its turn and must get its
     // own answer, not the late one.
     let r = a.request(&to, "second", Duration::from_secs(10)).unwrap();
@@ -231,11 +241,18 @@ fn the_pending_table_is_bounded_and_100k_dropped_request_futures_leave_nothing()
             Err(_) => break,
         }
     }
-    assert!(answered > 0, "some requests were queued before they were dropped");
+    assert!(
+        answered > 0,
+        "some requests were queued before they were dropped"
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     while a.stats().requests.late_replies < answered && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(20));
     }
     let s = a.stats().requests;
-    assert_eq!((s.late_replies, s.pending, s.answered), (answered, 0, 0), "{s:?}");
+    assert_eq!(
+        (s.late_replies, s.pending, s.answered),
+        (answered, 0, 0),
+        "{s:?}"
+    );
 }

@@ -144,7 +144,8 @@ pub fn call_loop(
         let to = &targets[rng.below(targets.len())];
         let t = Instant::now();
         let r = node.request(to, p, CALL_TIMEOUT);
-        if let Err(e @ (batchwire::Error::ShutDown { .. } | batchwire::Error::UnknownNode(_))) = &r {
+        if let Err(e @ (batchwire::Error::ShutDown { .. } | batchwire::Error::UnknownNode(_))) = &r
+        {
             return Err(format!("call to {to}: {e}"));
         }
         if check_reply(r, id, &mut f) {
@@ -309,7 +310,14 @@ fn node_worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             if !calling {
                 Ok(CallReport::default())
             } else if a.concurrency > 0 {
-                async_calls(&node, &targets, a.calls, a.size, a.concurrency, i as u64 + 1)
+                async_calls(
+                    &node,
+                    &targets,
+                    a.calls,
+                    a.size,
+                    a.concurrency,
+                    i as u64 + 1,
+                )
             } else {
                 run_callers(&node, a.threads, &targets, a.calls, a.size, i as u64 + 1)
             }

@@ -219,9 +219,7 @@ impl Calls {
                 Err(Error::PeerDown(node.to_string())),
             ));
         }
-        self.counters
-            .failed
-            .fetch_add(woken.len() as u64, Relaxed);
+        self.counters.failed.fetch_add(woken.len() as u64, Relaxed);
         drop(t);
         woken.into_iter().for_each(wake);
     }
@@ -308,7 +306,9 @@ impl Calls {
             t.deadlines.pop_first();
             if let Some(s) = t.slots.get_mut(&id) {
                 s.deadline = None;
-                if let State::Waiting(w) = std::mem::replace(&mut s.state, State::Done(Err(Error::Timeout))) {
+                if let State::Waiting(w) =
+                    std::mem::replace(&mut s.state, State::Done(Err(Error::Timeout)))
+                {
                     self.counters.timed_out.fetch_add(1, Relaxed);
                     woken.push(w);
                 }
@@ -433,7 +433,10 @@ mod tests {
         assert!(matches!(c.poll(a, &mut cx), Poll::Ready(Err(Error::PeerDown(p))) if p == "b"));
         assert!(c.poll(x, &mut cx).is_pending());
         c.stop();
-        assert!(matches!(c.poll(x, &mut cx), Poll::Ready(Err(Error::ShutDown { .. }))));
+        assert!(matches!(
+            c.poll(x, &mut cx),
+            Poll::Ready(Err(Error::ShutDown { .. }))
+        ));
         assert!(matches!(
             c.begin(&to("b"), far, Waiter::Task(None)),
             Err(Error::ShutDown { .. })
@@ -447,7 +450,11 @@ mod tests {
         let soon = Instant::now() + Duration::from_millis(20);
         let flag = Arc::new(Flag(false.into()));
         let a = c
-            .begin(&to("b"), soon, Waiter::Task(Some(Waker::from(flag.clone()))))
+            .begin(
+                &to("b"),
+                soon,
+                Waiter::Task(Some(Waker::from(flag.clone()))),
+            )
             .unwrap();
         let c2 = c.clone();
         let timer = std::thread::spawn(move || run_timer(&c2));
@@ -462,7 +469,10 @@ mod tests {
         assert!(flag.0.load(Relaxed), "the timer woke the task");
         let waker = Waker::noop();
         let mut cx = Context::from_waker(waker);
-        assert!(matches!(c.poll(a, &mut cx), Poll::Ready(Err(Error::Timeout))));
+        assert!(matches!(
+            c.poll(a, &mut cx),
+            Poll::Ready(Err(Error::Timeout))
+        ));
         assert_eq!(c.counters.timed_out.load(Relaxed), 2);
         assert_eq!(c.pending(), 0);
         c.stop();

@@ -279,7 +279,8 @@ impl Reader<'_> {
         let len = data.len() as u64;
         peer.flow.charge(&inbox, len)?;
         while let Some((from, payload, _)) = frame::next_message(&mut data) {
-            peer.calls().reply_from_wire(&peer.name, from.as_bytes(), payload);
+            peer.calls()
+                .reply_from_wire(&peer.name, from.as_bytes(), payload);
         }
         peer.flow.release(inbox.as_bytes(), len);
         Ok(())
@@ -354,7 +355,8 @@ impl Reader<'_> {
         let held = Held::new(peer.flow.clone(), to.clone(), charged);
         if call::is_reply_inbox(to.as_bytes()) {
             drop(held);
-            peer.calls().reply_from_wire(&peer.name, from.as_bytes(), payload);
+            peer.calls()
+                .reply_from_wire(&peer.name, from.as_bytes(), payload);
             return Ok(());
         }
         let e = Envelope::new(

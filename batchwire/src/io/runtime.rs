@@ -148,7 +148,8 @@ impl Runtime {
         let idle = idle_strategy(&config);
         // Call ids start anywhere, so a restarted node's ids are not its predecessor's.
         let mut first_id = [0u8; 8];
-        getrandom::fill(&mut first_id).map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+        getrandom::fill(&mut first_id)
+            .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
         let ctx = Arc::new(PeerCtx {
             node: name.clone(),
             events: events.clone(),
@@ -600,9 +601,15 @@ impl Runtime {
     }
 
     /// Send a request and wait (this thread) for its reply until `timeout`.
-    pub fn request(&self, to: &Address, payload: Bytes, timeout: Duration) -> Result<Envelope, Error> {
+    pub fn request(
+        &self,
+        to: &Address,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<Envelope, Error> {
         let deadline = Instant::now() + timeout;
-        let (id, from) = self.begin_request(to, deadline, Waiter::Thread(std::thread::current()))?;
+        let (id, from) =
+            self.begin_request(to, deadline, Waiter::Thread(std::thread::current()))?;
         if let Err(e) = self.send(&from, to, payload, Class::Ordinary, true) {
             self.ctx.calls.forget(id);
             return Err(e);
