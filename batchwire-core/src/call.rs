@@ -102,15 +102,11 @@ mod tests {
             b"".as_slice(),
             b"svc",
             b"\0",
-            b"\0123",
-            b"\00123456789abcdeX",
-            b"\00123456789ABCDEF",
+            b"\x00123",
+            b"\x000123456789abcdeX",
+            b"\x000123456789ABCDEF",
             b"x0123456789abcdef",
         ] {
-            if n.len() == CALL_TAG_LEN && n.iter().skip(1).all(u8::is_ascii_hexdigit) {
-                // Upper-case digits are not ours.
-                assert!(n[1..].iter().any(u8::is_ascii_uppercase));
-            }
             assert_eq!(parse(n), None, "{n:?}");
         }
         assert!(request_sender(1, &"m".repeat(MAX_CALLER_LEN)).is_some());
