@@ -268,7 +268,8 @@ fn check_report(v: &serde_json::Value, scenario: &str) -> Vec<serde_json::Value>
         ] {
             assert!(r.get(key).is_some(), "missing {key} in {r}");
         }
-        assert_eq!(r["scenario"], scenario, "{r}");
+        // rpc's async rows are "rpc-async".
+        assert!(r["scenario"].as_str().unwrap().starts_with(scenario), "{r}");
         assert_eq!(
             (&r["lost"], &r["duplicated"], &r["reordered"]),
             (&0.into(), &0.into(), &0.into()),
@@ -368,9 +369,19 @@ fn bench_rpc_reports_latency_beside_the_tcp_floor_and_plots_it() {
         ],
     );
     assert!(stdout.contains("tcp ping-pong (floor)"), "{stdout}");
+    assert!(stdout.contains("rpc, async"), "{stdout}");
     let rows = check_report(&v, "rpc");
     let n = batchwire::BundlerKind::ALL.len();
-    assert_eq!(rows.len(), 2 * n + 1);
+    assert_eq!(rows.len(), 3 * n + 1);
+    // The async rows: 1000 calls (5 x 200), all in flight at once.
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r["scenario"] == "rpc-async"
+                && r["threads"] == 1000
+                && r["messages"] == 1000)
+            .count(),
+        n
+    );
     for r in &rows {
         for k in ["p50_us", "p90_us", "p99_us", "p999_us"] {
             assert!(r[k].as_f64().unwrap() > 0.0, "{k} in {r}");

@@ -357,7 +357,9 @@ fn bar(out: &mut String, x: f64, y: f64, w: f64, h: f64, s: usize, series: &str,
 /// A result's series name in a chart.
 fn series_name(r: &BenchResult, show_idle: bool) -> String {
     let mut s = r.label(show_idle);
-    if r.scenario == "rpc" {
+    if r.scenario == "rpc-async" {
+        s += &format!(", async x{}", r.threads);
+    } else if r.scenario == "rpc" {
         if r.bundler == super::rpc::TCP_FLOOR {
             s = "tcp ping-pong (floor)".into();
         } else if r.threads == 1 {

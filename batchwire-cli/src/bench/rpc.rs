@@ -350,11 +350,17 @@ pub struct Options {
     pub calls: u64,
     /// Calls in the one-outstanding-call rows (and the TCP floor): a tenth of `calls`.
     pub single_calls: u64,
-    /// Calls in the async rows: ten per request in flight.
+    /// Calls in the async rows (five times `calls`), with [`Options::concurrency`] in
+    /// flight.
     pub async_calls: u64,
 }
 
 impl Options {
+    /// Requests in flight in the async rows: [`CONCURRENCY`], or fewer for short runs.
+    pub fn concurrency(&self) -> usize {
+        CONCURRENCY.min(self.async_calls as usize).max(1)
+    }
+
     pub fn resolve(c: &Common, o: &Overrides) -> Result<Options, String> {
         let calls = o.messages.unwrap_or(if c.quick { 10_000 } else { 20_000 });
         if calls == 0 {
@@ -371,7 +377,8 @@ impl Options {
             calls,
             // A tenth: one outstanding call through `linger` takes ~2 ms.
             single_calls: (calls / 10).max(1),
-            async_calls: 10 * CONCURRENCY as u64,
+            // Five times the N x T rows' count (100,000 by default), ten per task.
+            async_calls: calls.saturating_mul(5),
         })
     }
 }
@@ -579,7 +586,7 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
             if !remote {
                 for (i, &(b, idle)) in combos.iter().enumerate() {
                     let name = super::row_label(b.name(), Some(idle), c.show_idle());
-                    let what = format!("rpc {size} B {name:<20} async x{CONCURRENCY} {of}");
+                    let what = format!("rpc {size} B {name:<20} async x{} {of}", o.concurrency());
                     progress.running(what.clone());
                     let r = cluster_run(
                         b,
@@ -590,7 +597,7 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
                         1,
                         o.async_calls,
                         c.base_port,
-                        CONCURRENCY,
+                        o.concurrency(),
                     )?;
                     progress.done(format!("  {what}: {}", asynch[i].add(&r)));
                 }
@@ -639,7 +646,7 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
                     size,
                     o.async_calls,
                     2,
-                    CONCURRENCY,
+                    o.concurrency(),
                     "calls/s",
                 );
                 r.scenario = "rpc-async".into();
@@ -731,8 +738,9 @@ fn tables(
     );
     if !asynch.is_empty() {
         out += &format!(
-            "\nrpc, async: 2 nodes, one tokio runtime (current-thread) on n0 with {CONCURRENCY} \
+            "\nrpc, async: 2 nodes, one tokio runtime (current-thread) on n0 with {} \
              requests in flight (Node::request_async) to n1; calls/s and latency as above\n{}",
+            o.concurrency(),
             table(asynch, c.runs, c.show_idle()),
         );
     }
