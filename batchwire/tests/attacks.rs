@@ -533,3 +533,89 @@ fn a_peer_that_ignores_credit_is_cut_off_at_the_limit() {
     let _again = raw_peer(b_addr, "a", "b");
     assert!(b.wait_for_peers(&["a"], T));
 }
+
+/// A member that guesses another request's call id (ids are sequential) and forges its
+/// reply: the reply is counted as stray and dropped; the caller gets the real answer from
+/// the node it asked.
+#[test]
+fn a_forged_reply_from_another_member_never_reaches_the_caller() {
+    use batchwire_core::call;
+    use batchwire_core::messages::Message;
+    let [a_addr, b_addr] = free_addrs(2)[..] else {
+        unreachable!()
+    };
+    // "0x" sorts before "a": it dials a, as the tie-break says.
+    let a = Arc::new(
+        Node::start(
+            NodeConfig::new("a", a_addr, SECRET)
+                .peer("b", b_addr)
+                .peer("0x", "127.0.0.1:9".parse().unwrap()),
+        )
+        .unwrap(),
+    );
+    let b = Node::start(NodeConfig::new("b", b_addr, SECRET).peer("a", a_addr)).unwrap();
+    let svc = b.mailbox("svc").unwrap();
+    let mut raw = raw_peer(a_addr, "0x", "a");
+    assert!(a.wait_for_peers(&["b", "0x"], T));
+
+    // The attacker is asked something itself, and learns the id counter from it.
+    let asker = {
+        let a = a.clone();
+        std::thread::spawn(move || {
+            a.request(
+                &Address::new("0x", "q").unwrap(),
+                "?",
+                Duration::from_secs(3),
+            )
+        })
+    };
+    let mut buf = BytesMut::new();
+    let deadline = Instant::now() + T;
+    let seen = 'read: loop {
+        assert!(Instant::now() < deadline, "no request reached the attacker");
+        while let Some(f) = frame::decode(&mut buf, 1 << 20).unwrap() {
+            if let Frame::Messages(list) = f
+                && let Some(m) = list.iter().next()
+            {
+                break 'read call::parse(m.from.as_bytes()).expect("a call tag").0;
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        let n = raw.read(&mut chunk).unwrap();
+        assert!(n > 0, "a closed the attacker's connection");
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    // The next request goes to b, which answers after a while; the attacker answers first
+    // with the next id.
+    let caller = {
+        let a = a.clone();
+        std::thread::spawn(move || {
+            a.request(
+                &Address::new("b", "svc").unwrap(),
+                "real?",
+                Duration::from_secs(10),
+            )
+        })
+    };
+    let req = svc.recv_timeout(T).unwrap();
+    let forged = Message {
+        to: Name::new(call::REPLY_INBOX).unwrap(),
+        from: call::reply_sender(seen.wrapping_add(1)),
+        payload: bytes::Bytes::from_static(b"forged"),
+    };
+    let mut out = Vec::new();
+    Frame::Messages(MessageList::from_messages([&forged])).encode(&mut out);
+    raw.write_all(&out).unwrap();
+    let t0 = Instant::now();
+    while a.stats().requests.stray_replies == 0 && t0.elapsed() < T {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(a.stats().requests.stray_replies, 1, "the forgery was seen");
+    req.reply("real").unwrap();
+    let r = caller.join().unwrap().unwrap();
+    assert_eq!(&r.payload[..], b"real");
+    assert_eq!(r.from.to_string(), "svc@b");
+    drop(raw);
+    let _ = asker.join().unwrap();
+    assert_eq!(a.stats().requests.answered, 1);
+}
