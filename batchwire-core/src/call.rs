@@ -39,8 +39,14 @@ pub fn is_reply_inbox(name: &[u8]) -> bool {
     name == REPLY_INBOX.as_bytes()
 }
 
-fn tag(id: u64) -> String {
-    format!("\0{id:016x}")
+/// NUL, the id in 16 lowercase hex digits, then `rest`: one allocation.
+fn tagged(id: u64, rest: &str) -> Option<Name> {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut b = Vec::with_capacity(CALL_TAG_LEN + rest.len());
+    b.push(RESERVED);
+    b.extend((0..16).rev().map(|i| HEX[(id >> (4 * i)) as usize & 0xf]));
+    b.extend_from_slice(rest.as_bytes());
+    Name::from_bytes(b.into())
 }
 
 /// The sender field of request `id` from the caller's mailbox `caller` (`None` if `caller`
@@ -49,13 +55,13 @@ pub fn request_sender(id: u64, caller: &str) -> Option<Name> {
     if caller.len() > MAX_CALLER_LEN {
         return None;
     }
-    Name::new(&(tag(id) + caller))
+    tagged(id, caller)
 }
 
 /// The sender field of the reply to request `id`.
 pub fn reply_sender(id: u64) -> Name {
-    // 17 bytes: always a valid name.
-    Name::new(&tag(id)).unwrap_or_else(|| Name::from_static(""))
+    // 17 bytes of ASCII: always a valid name.
+    tagged(id, "").unwrap_or_else(|| Name::from_static(""))
 }
 
 /// Read a call tag: `Some((id, rest))` if `name` is NUL, 16 lowercase hex digits, then
@@ -92,6 +98,10 @@ mod tests {
         );
         let p = reply_sender(u64::MAX);
         assert_eq!(parse(p.as_bytes()), Some((u64::MAX, b"".as_slice())));
+        assert_eq!(
+            reply_sender(0x0123_4567_89ab_cdef).as_str(),
+            "\x000123456789abcdef"
+        );
         assert!(is_reply_inbox(REPLY_INBOX.as_bytes()));
         assert!(!is_reply_inbox(p.as_bytes()));
     }

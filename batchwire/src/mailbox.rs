@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use futures_core::Stream;
 use crate::address::Address;
 use crate::class::Class;
 use crate::error::{Error, RecvError};
-use crate::io::mailbox::{Envelope, MailboxQueue, Outbound, attach_replier};
+use crate::io::mailbox::{Envelope, MailboxQueue, Outbound};
 use crate::io::runtime::Runtime;
 use crate::send::SendFuture;
 
@@ -25,41 +25,13 @@ use crate::send::SendFuture;
 pub struct Mailbox {
     queue: Arc<MailboxQueue>,
     rt: Arc<Runtime>,
-    /// The way back for requests received here.
-    replier: Weak<dyn Outbound>,
 }
 
 impl Mailbox {
     pub(crate) fn new(queue: Arc<MailboxQueue>, rt: Arc<Runtime>) -> Mailbox {
         let out: Arc<dyn Outbound> = rt.clone();
-        let replier = Arc::downgrade(&out);
-        Mailbox { queue, rt, replier }
-    }
-
-    /// Take up to `max` messages into `out` (`deadline` as `MailboxQueue::take`), giving
-    /// the requests among them their way back.
-    fn take(
-        &self,
-        out: &mut Vec<Envelope>,
-        max: usize,
-        deadline: Option<Option<Instant>>,
-    ) -> Result<usize, RecvError> {
-        let start = out.len();
-        let n = self.queue.take(out, max, deadline)?;
-        attach_replier(&mut out[start..], &self.replier);
-        Ok(n)
-    }
-
-    fn poll_batch(
-        &self,
-        cx: &mut Context<'_>,
-        out: &mut Vec<Envelope>,
-        max: usize,
-    ) -> Poll<Result<usize, RecvError>> {
-        let start = out.len();
-        let r = self.queue.poll_batch(cx, out, max);
-        attach_replier(&mut out[start..], &self.replier);
-        r
+        queue.set_replier(Arc::downgrade(&out));
+        Mailbox { queue, rt }
     }
 
     /// This mailbox's name.
@@ -78,30 +50,31 @@ impl Mailbox {
     /// Wait for the next message. `Err(Closed)` once the node shut down and the queue is
     /// empty.
     pub fn recv(&self) -> Result<Envelope, RecvError> {
-        let mut v = Vec::with_capacity(1);
-        self.take(&mut v, 1, Some(None))?;
-        v.pop().ok_or(RecvError::Closed)
+        let mut one = None;
+        self.queue.take(&mut one, 1, Some(None))?;
+        one.ok_or(RecvError::Closed)
     }
 
     /// Wait at most `timeout` for the next message.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Envelope, RecvError> {
-        let mut v = Vec::with_capacity(1);
-        self.take(&mut v, 1, Some(Some(Instant::now() + timeout)))?;
-        v.pop().ok_or(RecvError::Closed)
+        let mut one = None;
+        self.queue
+            .take(&mut one, 1, Some(Some(Instant::now() + timeout)))?;
+        one.ok_or(RecvError::Closed)
     }
 
     /// The next message if one is queued, else `Err(Empty)`.
     pub fn try_recv(&self) -> Result<Envelope, RecvError> {
-        let mut v = Vec::with_capacity(1);
-        self.take(&mut v, 1, None)?;
-        v.pop().ok_or(RecvError::Empty)
+        let mut one = None;
+        self.queue.take(&mut one, 1, None)?;
+        one.ok_or(RecvError::Empty)
     }
 
     /// Wait for at least one message, then return everything queued, up to `max`, in one
     /// call (one lock, one wake-up).
     pub fn recv_batch(&self, max: usize) -> Result<Vec<Envelope>, RecvError> {
         let mut v = Vec::new();
-        self.take(&mut v, max.max(1), Some(None))?;
+        self.queue.take(&mut v, max.max(1), Some(None))?;
         Ok(v)
     }
 
@@ -113,7 +86,8 @@ impl Mailbox {
         max: usize,
         timeout: Duration,
     ) -> Result<usize, RecvError> {
-        self.take(out, max.max(1), Some(Some(Instant::now() + timeout)))
+        self.queue
+            .take(out, max.max(1), Some(Some(Instant::now() + timeout)))
     }
 
     /// Receive from async code: a future that never blocks the thread polling it, so it is
@@ -221,9 +195,9 @@ pub struct RecvFuture<'a> {
 impl Future for RecvFuture<'_> {
     type Output = Result<Envelope, RecvError>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut v = Vec::with_capacity(1);
-        match self.mb.poll_batch(cx, &mut v, 1) {
-            Poll::Ready(Ok(_)) => match v.pop() {
+        let mut one = None;
+        match self.mb.queue.poll_batch(cx, &mut one, 1) {
+            Poll::Ready(Ok(_)) => match one {
                 Some(e) => Poll::Ready(Ok(e)),
                 // Nothing whole was queued after all: look again.
                 None => {
@@ -247,7 +221,7 @@ impl Future for RecvBatchFuture<'_> {
     type Output = Result<Vec<Envelope>, RecvError>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut v = Vec::new();
-        match self.mb.poll_batch(cx, &mut v, self.max) {
+        match self.mb.queue.poll_batch(cx, &mut v, self.max) {
             Poll::Ready(Ok(_)) if v.is_empty() => {
                 cx.waker().wake_by_ref();
                 Poll::Pending
@@ -263,9 +237,9 @@ impl Future for RecvBatchFuture<'_> {
 impl Stream for Mailbox {
     type Item = Envelope;
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Envelope>> {
-        let mut v = Vec::with_capacity(1);
-        match self.poll_batch(cx, &mut v, 1) {
-            Poll::Ready(Ok(_)) => match v.pop() {
+        let mut one = None;
+        match self.queue.poll_batch(cx, &mut one, 1) {
+            Poll::Ready(Ok(_)) => match one {
                 Some(e) => Poll::Ready(Some(e)),
                 None => {
                     cx.waker().wake_by_ref();

@@ -153,16 +153,16 @@ impl Calls {
         }
     }
 
-    /// A reply to call `id` arrived from node `from`.
-    pub fn reply(&self, id: u64, from: &Name, payload: Bytes) {
-        let mut t = self.lock();
+    /// A reply to call `id` arrived from node `from`. Returns who to wake (the caller
+    /// wakes them after dropping the lock).
+    fn reply_locked(&self, t: &mut Table, id: u64, from: &Name, payload: Bytes) -> Option<Waiter> {
         let Some(s) = t.slots.get(&id) else {
             self.counters.late_replies.fetch_add(1, Relaxed);
-            return;
+            return None;
         };
         if s.node != *from {
             self.counters.stray_replies.fetch_add(1, Relaxed);
-            return;
+            return None;
         }
         let e = Envelope::new(
             Address {
@@ -171,30 +171,44 @@ impl Calls {
             },
             payload,
         );
-        match Self::settle(&mut t, id, Ok(e)) {
-            Some(w) => {
-                drop(t);
-                wake(w);
-            }
-            None => {
-                self.counters.late_replies.fetch_add(1, Relaxed);
-            }
+        let w = Self::settle(t, id, Ok(e));
+        if w.is_none() {
+            self.counters.late_replies.fetch_add(1, Relaxed);
         }
+        w
     }
 
-    /// A reply arrived as a message whose sender field is `sender` (unchecked input).
-    pub fn reply_from_wire(&self, node: &Name, sender: &[u8], payload: Bytes) {
-        match call::parse(sender) {
-            Some((id, _)) => self.reply(id, node, payload),
-            None => {
-                self.counters.stray_replies.fetch_add(1, Relaxed);
-            }
-        }
+    /// A reply to call `id` arrived from node `from`.
+    #[cfg(test)]
+    pub fn reply(&self, id: u64, from: &Name, payload: Bytes) {
+        let w = self.reply_locked(&mut self.lock(), id, from, payload);
+        w.into_iter().for_each(wake);
     }
 
-    /// Fail call `id` (if still waiting) with `e`.
-    pub fn fail(&self, id: u64, e: Error) {
+    /// Replies from node `node`, as (sender field, payload) pairs straight off the wire
+    /// (unchecked): one lock for the lot, callers woken after it.
+    pub fn replies_from_wire(&self, node: &Name, replies: impl Iterator<Item = (Name, Bytes)>) {
+        let mut woken = Vec::new();
         let mut t = self.lock();
+        for (sender, payload) in replies {
+            match call::parse(sender.as_bytes()) {
+                Some((id, _)) => woken.extend(self.reply_locked(&mut t, id, node, payload)),
+                None => {
+                    self.counters.stray_replies.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        drop(t);
+        woken.into_iter().for_each(wake);
+    }
+
+    /// Node `node` says call `id` failed (`e`): it fails if it is still waiting and went
+    /// to that node (another node cannot fail it).
+    pub fn fail_from(&self, id: u64, node: &Name, e: Error) {
+        let mut t = self.lock();
+        if t.slots.get(&id).is_none_or(|s| s.node != *node) {
+            return;
+        }
         if let Some(w) = Self::settle(&mut t, id, Err(e)) {
             self.counters.failed.fetch_add(1, Relaxed);
             drop(t);
@@ -409,10 +423,15 @@ mod tests {
         // Cancelled: its reply is late, and nothing is left.
         c.cancel(b);
         c.reply(b, &n("b"), Bytes::from_static(b"late"));
-        c.reply_from_wire(&n("b"), b"\0zz", Bytes::new());
+        c.replies_from_wire(&n("b"), std::iter::once((n("\0zz"), Bytes::new())));
+        // Only the node asked can fail a call.
+        let d = c.begin(&to("b"), far, Waiter::Task(None)).unwrap();
+        c.fail_from(d, &n("evil"), Error::Timeout);
+        assert!(c.poll(d, &mut cx).is_pending());
+        c.cancel(d);
         assert_eq!(c.counters.late_replies.load(Relaxed), 1);
         assert_eq!(c.counters.stray_replies.load(Relaxed), 2);
-        assert_eq!(c.counters.cancelled.load(Relaxed), 1);
+        assert_eq!(c.counters.cancelled.load(Relaxed), 2);
         assert_eq!(c.pending(), 0);
         assert!(c.lock().deadlines.is_empty());
     }

@@ -95,11 +95,11 @@ impl Envelope {
     /// `batchwire_core::call`) makes it a request: the tag is taken off the sender's name.
     pub(crate) fn new(mut from: Address, payload: Bytes) -> Envelope {
         let mut call = None;
+        // One byte compared per message; only a reserved name is parsed.
         if call::is_reserved(from.mailbox.as_bytes())
-            && let Some((id, caller)) = call::parse(from.mailbox.as_bytes())
+            && let Some((id, _)) = call::parse(from.mailbox.as_bytes())
         {
-            let caller = from.mailbox.as_bytes().len() - caller.len();
-            from.mailbox = from.mailbox.slice_from(caller);
+            from.mailbox = from.mailbox.slice_from(call::CALL_TAG_LEN);
             call = Some(Box::new(CallRef { id, replier: None }));
         }
         Envelope {
@@ -159,12 +159,23 @@ impl Envelope {
     }
 }
 
-/// Give the requests among `v` the way back through `out`.
-pub(crate) fn attach_replier(v: &mut [Envelope], out: &Weak<dyn Outbound>) {
-    for e in v {
-        if let Some(c) = &mut e.call {
-            c.replier = Some(out.clone());
-        }
+/// Where a take puts what it takes: a `Vec`, or one slot (`Option`, with `max` 1), so a
+/// single receive allocates nothing.
+pub(crate) trait Sink {
+    fn put(&mut self, e: Envelope);
+}
+
+impl Sink for Vec<Envelope> {
+    #[inline]
+    fn put(&mut self, e: Envelope) {
+        self.push(e);
+    }
+}
+
+impl Sink for Option<Envelope> {
+    #[inline]
+    fn put(&mut self, e: Envelope) {
+        *self = Some(e);
     }
 }
 
@@ -209,6 +220,8 @@ struct Inner {
     wakers: Vec<Waker>,
     /// Tasks waiting for room (local async sends).
     room: Wakers,
+    /// The way back for the requests taken from here (set by the handle that claims it).
+    replier: Option<Weak<dyn Outbound>>,
     pushers_waiting: usize,
     receivers_waiting: usize,
 }
@@ -235,6 +248,7 @@ impl MailboxQueue {
                 closed: false,
                 wakers: Vec::new(),
                 room: Wakers::default(),
+                replier: None,
                 pushers_waiting: 0,
                 receivers_waiting: 0,
             }),
@@ -334,9 +348,20 @@ impl MailboxQueue {
         }
     }
 
-    /// Move up to `max` messages from the queue to `out`; returns how many. Their credit
-    /// goes back to their senders.
-    fn drain(g: &mut Inner, out: &mut Vec<Envelope>, max: usize) -> usize {
+    /// Requests taken from here reply through `out`.
+    pub fn set_replier(&self, out: Weak<dyn Outbound>) {
+        self.lock().replier = Some(out);
+    }
+
+    /// Move up to `max` messages from the queue to `out`, giving the requests among them
+    /// their way back; returns how many. Their credit goes back to their senders.
+    fn drain<S: Sink>(g: &mut Inner, out: &mut S, max: usize) -> usize {
+        let with_replier = |mut e: Envelope, r: &Option<Weak<dyn Outbound>>| {
+            if let Some(c) = &mut e.call {
+                c.replier = r.clone();
+            }
+            e
+        };
         let mut n = 0;
         let mut freed = 0;
         while n < max {
@@ -345,7 +370,7 @@ impl MailboxQueue {
                 Item::One(..) => {
                     if let Some(Item::One(e, held)) = g.q.pop_front() {
                         freed += e.payload.len() + e.from.mailbox.len() + PER_MESSAGE;
-                        out.push(e);
+                        out.put(with_replier(e, &g.replier));
                         drop(held);
                         n += 1;
                     }
@@ -362,13 +387,14 @@ impl MailboxQueue {
                             *left = 0;
                             break;
                         };
-                        out.push(Envelope::new(
+                        let e = Envelope::new(
                             Address {
                                 node: from.clone(),
                                 mailbox,
                             },
                             payload,
-                        ));
+                        );
+                        out.put(with_replier(e, &g.replier));
                         taken += used;
                         k += 1;
                         *left -= 1;
@@ -395,9 +421,9 @@ impl MailboxQueue {
 
     /// Take up to `max` messages into `out`, waiting until `deadline` (None: forever) for
     /// the first one. Returns how many were taken.
-    pub fn take(
+    pub fn take<S: Sink>(
         &self,
-        out: &mut Vec<Envelope>,
+        out: &mut S,
         max: usize,
         deadline: Option<Option<Instant>>,
     ) -> Result<usize, RecvError> {
@@ -445,10 +471,10 @@ impl MailboxQueue {
 
     /// Take up to `max` messages into `out` if any is queued (returns how many); otherwise
     /// leave `cx`'s waker for the next push.
-    pub fn poll_batch(
+    pub fn poll_batch<S: Sink>(
         &self,
         cx: &mut Context<'_>,
-        out: &mut Vec<Envelope>,
+        out: &mut S,
         max: usize,
     ) -> Poll<Result<usize, RecvError>> {
         let mut g = self.lock();

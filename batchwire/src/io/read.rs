@@ -132,7 +132,8 @@ impl Reader<'_> {
                 // A request that found no mailbox fails now, not at its timeout.
                 if let Some((id, _)) = call::parse(u.from.as_bytes()) {
                     let to = format!("{}@{}", u.to, peer.name);
-                    peer.calls().fail(id, Error::Undeliverable { to });
+                    peer.calls()
+                        .fail_from(id, &peer.name, Error::Undeliverable { to });
                 }
                 self.events.emit(Event::Undeliverable {
                     to: Address {
@@ -272,16 +273,14 @@ impl Reader<'_> {
     }
 
     /// A run of replies to this node's requests: each completes its call (if still
-    /// waiting) at once, and its credit goes straight back.
+    /// waiting) at once, one table lock for the run, and its credit goes straight back.
     fn replies(&self, mut data: Bytes) -> Result<(), LinkError> {
         let peer = self.peer;
         let inbox = Name::from_static(call::REPLY_INBOX);
         let len = data.len() as u64;
         peer.flow.charge(&inbox, len)?;
-        while let Some((from, payload, _)) = frame::next_message(&mut data) {
-            peer.calls()
-                .reply_from_wire(&peer.name, from.as_bytes(), payload);
-        }
+        let run = std::iter::from_fn(|| frame::next_message(&mut data).map(|(f, p, _)| (f, p)));
+        peer.calls().replies_from_wire(&peer.name, run);
         peer.flow.release(inbox.as_bytes(), len);
         Ok(())
     }
@@ -356,7 +355,7 @@ impl Reader<'_> {
         if call::is_reply_inbox(to.as_bytes()) {
             drop(held);
             peer.calls()
-                .reply_from_wire(&peer.name, from.as_bytes(), payload);
+                .replies_from_wire(&peer.name, std::iter::once((from, payload)));
             return Ok(());
         }
         let e = Envelope::new(

@@ -518,13 +518,15 @@ impl Runtime {
         if call::is_reply_inbox(to.as_bytes()) {
             self.ctx
                 .calls
-                .reply_from_wire(&self.name, from.as_bytes(), payload);
+                .replies_from_wire(&self.name, std::iter::once((from.clone(), payload)));
             return Ok(());
         }
         let missing = |count| {
             if let Some((id, _)) = call::parse(from.as_bytes()) {
                 let to = format!("{to}@{}", self.name);
-                self.ctx.calls.fail(id, Error::Undeliverable { to });
+                self.ctx
+                    .calls
+                    .fail_from(id, &self.name, Error::Undeliverable { to });
             }
             self.mailboxes.note_missing(to, &self.name, count);
             self.events.emit(Event::Undeliverable {
@@ -575,7 +577,8 @@ impl Runtime {
     /// Start the requests' timer thread if it is not running (async requests need it to
     /// time out; blocking ones time out by themselves).
     pub fn ensure_call_timer(&self) -> Result<(), Error> {
-        if self.call_timer.swap(true, Ordering::AcqRel) {
+        // A plain load on every request after the first: no write to a shared line.
+        if self.call_timer.load(Ordering::Acquire) || self.call_timer.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
         let calls = self.ctx.calls.clone();
