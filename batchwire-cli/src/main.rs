@@ -2,6 +2,7 @@
 
 mod bench;
 mod certs;
+mod link;
 mod nodefile;
 
 use std::net::SocketAddr;
@@ -200,9 +201,31 @@ struct BenchArgs {
     /// hol: the nodes' bulk budget (`NodeConfig::bulk_inflight_bytes`; default 128 KiB).
     #[arg(long)]
     bulk_inflight_bytes: Option<usize>,
+    /// Where the nodes run: `loopback` (this host), or `netns`, a network namespace per
+    /// node joined by the emulated link (needs root; throughput, fan-in, mperf, rpc and
+    /// roundtrip).
+    #[arg(long, value_enum, default_value = "loopback")]
+    hosts: HostsKind,
+    /// With --hosts netns: the link between every two hosts, both directions, e.g.
+    /// rtt=170ms,rate=20mbit[,loss=0.1%][,queue=BYTES] (default: no delay, no limit).
+    #[arg(long)]
+    link: Option<link::LinkSpec>,
+    /// roundtrip: measured batches per size, comma-separated in size order, or one count
+    /// for every size (default 100,50,15 as in the post; half when quick).
+    #[arg(long, value_delimiter = ',')]
+    batches: Option<Vec<u64>>,
+    /// roundtrip: warm-up batches (default 50; half when quick).
+    #[arg(long)]
+    warmup_batches: Option<u64>,
     /// No progress bar or per-run lines.
     #[arg(long)]
     quiet: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum HostsKind {
+    Loopback,
+    Netns,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -511,6 +534,14 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
             "{flag} applies to the throughput scenario: batchwire bench throughput {flag} ..."
         ));
     }
+    if a.scenario != Some(Scenario::Roundtrip)
+        && (a.batches.is_some() || a.warmup_batches.is_some())
+    {
+        return Err(
+            "--batches and --warmup-batches apply to the roundtrip scenario: batchwire bench roundtrip --batches 10,5,2 ..."
+                .into(),
+        );
+    }
     if a.unacked_bytes == Some(0) {
         return Err("--unacked-bytes must be above 0".into());
     }
@@ -572,10 +603,14 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
         messages: a.messages,
         nodes: a.nodes,
         threads: a.threads,
+        batches: a.batches.clone(),
+        warmup_batches: a.warmup_batches,
     };
+    let hosts = start_hosts(&a, &scenarios, common.remote.is_some())?;
     let mut results = Vec::new();
     for s in scenarios {
         let t0 = Instant::now();
+        let link_before = hosts.as_ref().map(|h| h.stats()).unwrap_or_default();
         // In the quick run of every scenario, --nodes and --threads go only where they
         // apply; a named scenario refuses them if they do not.
         let mut over = over.clone();
@@ -636,11 +671,20 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                 crate::bench::scale::run(&a.peer_counts, a.idle_secs, a.base_port, a.quiet)
             }
         };
-        results.extend(res?);
+        let mut res = res?;
+        if let Some(h) = &hosts {
+            let spec = h.spec().to_string();
+            for r in &mut res {
+                r.link = Some(spec.clone());
+            }
+            print!("{}", link_reading(h, &link_before, &res));
+        }
+        results.extend(res);
         if !a.quiet {
             eprintln!("{} took {:.0} s", s.name(), t0.elapsed().as_secs_f64());
         }
     }
+    drop(hosts);
     if let Some(path) = &a.json {
         bench::write_json(path, &results)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -661,4 +705,105 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// `--hosts netns`: a namespace per node, joined by the emulated link (removed when the
+/// returned value is dropped, or on a signal).
+fn start_hosts(
+    a: &BenchArgs,
+    scenarios: &[Scenario],
+    remote: bool,
+) -> Result<Option<link::hosts::Hosts>, String> {
+    if a.hosts == HostsKind::Loopback {
+        if a.link.is_some() {
+            return Err("--link puts an emulated link between hosts: add --hosts netns".into());
+        }
+        return Ok(None);
+    }
+    if remote {
+        return Err("--hosts netns starts its own nodes; it does not apply to --peers".into());
+    }
+    if let Some(s) = scenarios
+        .iter()
+        .find(|s| matches!(s, Scenario::Hol | Scenario::Scale | Scenario::Membership))
+    {
+        return Err(format!(
+            "--hosts netns runs throughput, fan-in, mperf, rpc and roundtrip; {} runs on loopback only",
+            s.name()
+        ));
+    }
+    // rpc and mperf default to 4 nodes; the others run 2.
+    let n = a.nodes.unwrap_or(4).max(2);
+    let spec = a.link.unwrap_or(link::LinkSpec::PASS);
+    let t0 = Instant::now();
+    let hosts = link::hosts::Hosts::start(n, spec)?;
+    if !a.quiet {
+        eprintln!(
+            "{} hosts in network namespaces (10.99.0.1-{}), link {} each way, ready in {:.1} s",
+            hosts.len(),
+            n,
+            match a.link {
+                Some(l) => l.to_string(),
+                None => "without delay or limit".into(),
+            },
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(Some(hosts))
+}
+
+/// After a scenario on emulated hosts: the link's counters, and each figure against the
+/// link (payload rate against the link rate; call latency against the RTT).
+fn link_reading(
+    h: &link::hosts::Hosts,
+    before: &link::pipe::PipeStats,
+    res: &[bench::BenchResult],
+) -> String {
+    let spec = h.spec();
+    let s = h.stats().since(before);
+    let mut out = format!(
+        "\nlink {spec}: {} packets, {:.1} MB; lost at random {}, dropped by the full queue {}; \
+         at most {} bytes held in one direction (bound {})\n",
+        s.packets_in,
+        s.bytes_in as f64 / 1e6,
+        s.lost,
+        s.queue_drops,
+        s.max_held,
+        h.held_limit()
+    );
+    if h.unroutable() > 0 {
+        out += &format!(
+            "  {} packets were for no host (not IPv4, or outside 10.99.0.0/24) and were not passed on\n",
+            h.unroutable()
+        );
+    }
+    for r in res {
+        let what = r.label(true);
+        // One sender over one link: throughput and fan-in.
+        if matches!(r.scenario.as_str(), "throughput" | "fan-in")
+            && let Some(bps) = spec.bytes_per_sec()
+        {
+            out += &format!(
+                "  {} {} B: payload {:.2} MB/s = {:.0}% of the link's {:.2} MB/s\n",
+                what,
+                r.size,
+                r.median * r.size as f64 / 1e6,
+                100.0 * r.median * r.size as f64 / bps,
+                bps / 1e6
+            );
+        }
+        if let Some(p50) = r.p50_us
+            && !spec.rtt.is_zero()
+        {
+            out += &format!(
+                "  {} {} B: p50 {:.1} ms = {:.2}x the link's RTT of {:.0} ms\n",
+                what,
+                r.size,
+                p50 / 1e3,
+                p50 / 1e3 / (spec.rtt.as_secs_f64() * 1e3),
+                spec.rtt.as_secs_f64() * 1e3
+            );
+        }
+    }
+    out
 }

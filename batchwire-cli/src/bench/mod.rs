@@ -91,6 +91,10 @@ pub struct Overrides {
     pub messages: Option<u64>,
     pub nodes: Option<usize>,
     pub threads: Option<usize>,
+    /// roundtrip: measured batches per size (one value: for every size).
+    pub batches: Option<Vec<u64>>,
+    /// roundtrip: warm-up batches.
+    pub warmup_batches: Option<u64>,
 }
 
 impl Overrides {

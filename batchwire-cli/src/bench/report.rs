@@ -71,6 +71,10 @@ pub struct BenchResult {
     pub p90_us: Option<f64>,
     pub p99_us: Option<f64>,
     pub p999_us: Option<f64>,
+    /// The emulated link between the nodes (`--hosts netns --link ...`); `None` on
+    /// loopback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
 }
 
 impl BenchResult {
@@ -109,6 +113,7 @@ impl BenchResult {
             p90_us: None,
             p99_us: None,
             p999_us: None,
+            link: None,
         }
     }
 

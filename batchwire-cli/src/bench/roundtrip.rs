@@ -69,6 +69,37 @@ impl Plan {
         }
     }
 
+    /// `--batches` (one count per size, or one for all) and `--warmup-batches` instead of
+    /// the post's counts.
+    pub fn with_counts(
+        mut self,
+        batches: Option<&[u64]>,
+        warmup: Option<u64>,
+    ) -> Result<Plan, String> {
+        if let Some(b) = batches {
+            let n = self.groups.len();
+            let counts: Vec<u64> = match b.len() {
+                1 => vec![b[0]; n],
+                k if k == n => b.to_vec(),
+                k => {
+                    return Err(format!(
+                        "roundtrip: --batches has {k} counts for {n} sizes (give one, or one per size)"
+                    ));
+                }
+            };
+            if counts.contains(&0) {
+                return Err("roundtrip: --batches must be at least 1".into());
+            }
+            for (g, c) in self.groups.iter_mut().zip(counts) {
+                g.1 = c;
+            }
+        }
+        if let Some(w) = warmup {
+            self.warmup = w;
+        }
+        Ok(self)
+    }
+
     /// Every group, the warm-up first.
     fn all_groups(&self) -> Vec<(usize, u64)> {
         let warmup = (self.warmup > 0).then_some((self.warmup_size, self.warmup));
@@ -402,7 +433,8 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
     if batch == 0 {
         return Err("roundtrip: --messages (per batch) must be at least 1".into());
     }
-    let plan = Plan::new(&sizes, batch, c.quick);
+    let plan =
+        Plan::new(&sizes, batch, c.quick).with_counts(ov.batches.as_deref(), ov.warmup_batches)?;
     let combos = c.combos();
     let progress = Progress::new((c.runs * combos.len()) as u64, "roundtrip", c.quiet);
     // per combo, per group: the run figures and faults.
@@ -510,5 +542,18 @@ mod tests {
         assert_eq!(q.groups, [(100, 50), (1000, 25), (10_000, 7)]);
         let back: Plan = serde_json::from_str(&p.encode().unwrap()).unwrap();
         assert_eq!(back, p);
+    }
+
+    #[test]
+    fn batch_counts_can_be_given() {
+        let p = Plan::new(&[100, 1000, 10_000], 1000, false);
+        let q = p.clone().with_counts(Some(&[10, 5, 2]), Some(3)).unwrap();
+        assert_eq!(q.groups, [(100, 10), (1000, 5), (10_000, 2)]);
+        assert_eq!(q.warmup, 3);
+        let one = p.clone().with_counts(Some(&[4]), None).unwrap();
+        assert_eq!(one.groups, [(100, 4), (1000, 4), (10_000, 4)]);
+        assert_eq!(one.warmup, 50);
+        assert!(p.clone().with_counts(Some(&[1, 2]), None).is_err());
+        assert!(p.with_counts(Some(&[0]), None).is_err());
     }
 }

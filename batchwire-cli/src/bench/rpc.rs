@@ -362,7 +362,14 @@ impl Options {
     }
 
     pub fn resolve(c: &Common, o: &Overrides) -> Result<Options, String> {
-        let calls = o.messages.unwrap_or(if c.quick { 10_000 } else { 20_000 });
+        let mut calls = o.messages.unwrap_or(if c.quick { 10_000 } else { 20_000 });
+        // Over an emulated link each call takes at least its RTT: about 60 RTTs' worth.
+        if o.messages.is_none()
+            && let Some(l) = crate::link::hosts::active_link()
+            && !l.rtt.is_zero()
+        {
+            calls = calls.min((60.0 / l.rtt.as_secs_f64()) as u64).max(200);
+        }
         if calls == 0 {
             return Err("rpc: --messages must be at least 1".into());
         }

@@ -188,8 +188,8 @@ impl RunSpec {
             Entry::Tls(_) => Some(super::tls_certs()?),
             _ => None,
         };
-        let a0 = format!("127.0.0.1:{}", self.base_port);
-        let a1 = format!("127.0.0.1:{}", self.base_port + 1);
+        let a0 = super::node_addr(self.base_port, 0)?.to_string();
+        let a1 = super::node_addr(self.base_port, 1)?.to_string();
         // Node 1 (the receiver) first, so the sender finds it.
         let w1 =
             spawn_worker(&self.args(roles[1], &a1, &a0, tls.as_deref())).ctx("starting node 1")?;
@@ -266,7 +266,11 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
     }
     let n = |size: usize, e: Entry| {
         o.messages.unwrap_or_else(|| {
-            let d = default_messages(size, e);
+            let mut d = default_messages(size, e);
+            // Over an emulated link: about 6 s of the link's rate.
+            if let Some(bps) = crate::link::hosts::active_link().and_then(|l| l.bytes_per_sec()) {
+                d = d.min((bps * 6.0 / size as f64) as u64).max(1000);
+            }
             if o.quick { (d / 4).max(1000) } else { d }
         })
     };
@@ -381,8 +385,12 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool, 
         "one sender thread"
     };
     println!(
-        "\nthroughput: {} B messages, {how}, 2 processes on loopback; msgs/s, median of {runs} alternating runs",
-        first.size
+        "\nthroughput: {} B messages, {how}, 2 processes {}; msgs/s, median of {runs} alternating runs",
+        first.size,
+        match crate::link::hosts::active_link() {
+            Some(l) => format!("on 2 hosts over the emulated link {l}"),
+            None => "on loopback".into(),
+        }
     );
     print!("{:<25} {:>9}", "bundler", "messages");
     for i in 0..runs {

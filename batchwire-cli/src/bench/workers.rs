@@ -87,13 +87,51 @@ pub fn spawn_worker(args: &[String]) -> std::io::Result<Child> {
     if let Some(dir) = BENCH_TLS.get() {
         cmd.env(TLS_DIR_ENV, dir);
     }
-    cmd.arg("bench-worker")
+    let host = placement(args);
+    if let Some(ns) = crate::link::hosts::ns_fd(host) {
+        use std::os::unix::process::CommandExt;
+        cmd.env(crate::link::hosts::HOSTS_ENV, "netns");
+        // SAFETY: between fork and exec only setns(2) runs, which is async-signal-safe
+        // and touches no memory; `ns` stays open in this process while hosts run.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(ns, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let child = cmd
+        .arg("bench-worker")
         .args(args)
         .env(SECRET_ENV, "batchwire-bench")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .spawn()
+        .spawn()?;
+    if crate::link::hosts::in_netns() {
+        crate::link::hosts::register_child(child.id());
+    }
+    Ok(child)
+}
+
+/// Which host a worker runs on with `--hosts netns`: the one that owns its `--listen`
+/// address, else node `--index`; the TCP floor's server is node 1's and its client node
+/// 0's, like the nodes they stand in for.
+fn placement(args: &[String]) -> usize {
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+    };
+    if let Some(ip) = value("--listen").and_then(|v| v.parse::<SocketAddr>().ok()) {
+        return crate::link::hosts::host_of(ip.ip()).unwrap_or(0);
+    }
+    if let Some(i) = value("--index").and_then(|v| v.parse::<usize>().ok()) {
+        return i;
+    }
+    usize::from(value("--role").is_some_and(|r| r == "tcp-server"))
 }
 
 /// Where bench workers find their TLS material (`bench --tls`): certificates for n0..n15.
@@ -259,6 +297,9 @@ pub fn node_name(i: usize) -> String {
 pub fn node_addr(base_port: u16, i: usize) -> Result<SocketAddr, String> {
     let port = u16::try_from(base_port as usize + i)
         .map_err(|_| format!("--base-port {base_port} + {i} is past 65535"))?;
+    if crate::link::hosts::in_netns() {
+        return Ok((crate::link::hosts::host_ip(i), port).into());
+    }
     Ok(([127, 0, 0, 1], port).into())
 }
 
