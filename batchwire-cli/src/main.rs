@@ -778,7 +778,7 @@ fn link_reading(
         );
     }
     for r in res {
-        let what = r.label(true);
+        let what = format!("{} {}", r.scenario, r.label(true));
         // One sender over one link: throughput and fan-in.
         if matches!(r.scenario.as_str(), "throughput" | "fan-in")
             && let Some(bps) = spec.bytes_per_sec()

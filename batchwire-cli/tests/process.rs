@@ -58,8 +58,13 @@ fn node_b(
 
 /// Send SIGTERM to `p` and wait (bounded) for it to exit.
 fn sigterm_and_wait(p: &mut Proc, within: Duration) -> std::process::ExitStatus {
+    sigterm_and_wait_for(p, "-TERM", within)
+}
+
+/// Send `signal` (as `kill` names it, e.g. "-INT") to `p` and wait (bounded) for it to exit.
+fn sigterm_and_wait_for(p: &mut Proc, signal: &str, within: Duration) -> std::process::ExitStatus {
     let st = Command::new("kill")
-        .args(["-TERM", &p.0.id().to_string()])
+        .args([signal, &p.0.id().to_string()])
         .status()
         .unwrap();
     assert!(st.success());
@@ -70,7 +75,7 @@ fn sigterm_and_wait(p: &mut Proc, within: Duration) -> std::process::ExitStatus 
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "still running after SIGTERM"
+            "still running after {signal}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -460,7 +465,157 @@ fn bench_refuses_what_it_cannot_do_before_running() {
     assert!(e.contains("--secret-file"), "{e}");
     let e = run(&["fan-in", "--nodes", "3"]);
     assert!(e.contains("--nodes 3 applies to mperf and rpc"), "{e}");
+    let e = run(&["throughput", "--link", "rtt=10ms"]);
+    assert!(e.contains("add --hosts netns"), "{e}");
+    let e = run(&[
+        "throughput",
+        "--hosts",
+        "netns",
+        "--link",
+        "rtt=10ms,rate=5",
+    ]);
+    assert!(e.contains("needs a unit"), "{e}");
+    let e = run(&["hol", "--hosts", "netns"]);
+    assert!(e.contains("hol runs on loopback only"), "{e}");
+    let e = run(&["throughput", "--batches", "3"]);
+    assert!(e.contains("apply to the roundtrip scenario"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Whether this test process may make network namespaces (the CI runs as root).
+fn root() -> bool {
+    let uid = Command::new("id").arg("-u").output().map(|o| o.stdout);
+    let ok = uid.is_ok_and(|o| o == b"0\n") && std::path::Path::new("/dev/net/tun").exists();
+    if !ok {
+        eprintln!("skipped: --hosts netns needs root and /dev/net/tun (the CI runs as root)");
+    }
+    ok
+}
+
+/// The bench's namespaces now present (`bw<pid>-...`).
+fn bench_namespaces() -> Vec<String> {
+    std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .filter(|n| n.starts_with("bw") && n.contains('-'))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn bench_runs_over_an_emulated_wan_link_and_chaos_on_a_lossy_one_loses_nothing() {
+    if !root() {
+        return;
+    }
+    // Roundtrip, the seed's experiment, cut to a few batches over a short link.
+    let (v, out) = bench(
+        "wan-roundtrip",
+        2,
+        &[
+            "roundtrip",
+            "--hosts",
+            "netns",
+            "--link",
+            "rtt=10ms,rate=100mbit",
+            "--bundler",
+            "natural",
+            "--size",
+            "100,1000",
+            "--batches",
+            "2",
+            "--warmup-batches",
+            "1",
+        ],
+    );
+    let rows = check_report(&v, "roundtrip");
+    assert_eq!(rows.len(), 2, "{v}");
+    for r in &rows {
+        assert_eq!(r["link"], "rtt=10ms,rate=100mbit,queue=65536", "{r}");
+        // A batch is at least one round trip.
+        assert!(r["median"].as_f64().unwrap() >= 10.0, "{r}");
+    }
+    assert!(out.contains("link rtt=10ms,rate=100mbit"), "{out}");
+    // Chaos on a lossy link: connections closed every 300 ms, 1% of packets lost.
+    let (v, out) = bench(
+        "wan-chaos",
+        2,
+        &[
+            "throughput",
+            "--hosts",
+            "netns",
+            "--link",
+            "rtt=10ms,rate=100mbit,loss=1%",
+            "--bundler",
+            "natural",
+            "--size",
+            "1000",
+            "--messages",
+            "20000",
+            "--break-every",
+            "300",
+            "--verify",
+        ],
+    );
+    let rows = check_report(&v, "throughput");
+    assert_eq!(rows.len(), 1, "{v}");
+    assert!(out.contains("lost at random"), "{out}");
+    assert!(
+        !out.contains("lost at random 0,"),
+        "no packet was lost: {out}"
+    );
+    assert!(
+        bench_namespaces().is_empty(),
+        "left behind: {:?}",
+        bench_namespaces()
+    );
+}
+
+#[test]
+fn ctrl_c_during_a_wan_run_removes_the_hosts() {
+    if !root() {
+        return;
+    }
+    let mut p = Proc(
+        Command::new(EXE)
+            .args([
+                "bench",
+                "roundtrip",
+                "--hosts",
+                "netns",
+                "--link",
+                "rtt=200ms,rate=10mbit",
+                "--bundler",
+                "natural",
+                "--batches",
+                "1000",
+                "--runs",
+                "1",
+                "--quiet",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let prefix = format!("bw{}-", p.0.id());
+    let mine = || -> Vec<String> {
+        bench_namespaces()
+            .into_iter()
+            .filter(|n| n.starts_with(&prefix))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while mine().len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no hosts made");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Let the workers start on them, then interrupt as a terminal would.
+    std::thread::sleep(Duration::from_secs(2));
+    let status = sigterm_and_wait_for(&mut p, "-INT", Duration::from_secs(20));
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    assert!(mine().is_empty(), "left behind: {:?}", mine());
 }
 
 #[test]

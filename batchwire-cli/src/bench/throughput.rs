@@ -196,7 +196,16 @@ impl RunSpec {
         let w0 =
             spawn_worker(&self.args(roles[0], &a0, &a1, tls.as_deref())).ctx("starting node 0")?;
         let timeout = Duration::from_secs(300);
-        let r0 = worker_result(w0, "RESULT", timeout)?;
+        let r0 = match worker_result(w0, "RESULT", timeout) {
+            Ok(r) => r,
+            Err(e) => {
+                // Node 0 failed: node 1 would wait for it in vain; stop it too.
+                let mut w1 = w1;
+                let _ = w1.kill();
+                let _ = w1.wait();
+                return Err(e);
+            }
+        };
         let r1 = worker_result(w1, "RESULT", timeout)?;
         Ok([r0, r1])
     }

@@ -91,6 +91,9 @@ pub fn spawn_worker(args: &[String]) -> std::io::Result<Child> {
     if let Some(ns) = crate::link::hosts::ns_fd(host) {
         use std::os::unix::process::CommandExt;
         cmd.env(crate::link::hosts::HOSTS_ENV, "netns");
+        if let Some(l) = crate::link::hosts::active_link() {
+            cmd.env(crate::link::hosts::LINK_ENV, l.to_string());
+        }
         // SAFETY: between fork and exec only setns(2) runs, which is async-signal-safe
         // and touches no memory; `ns` stays open in this process while hosts run.
         unsafe {
@@ -157,8 +160,16 @@ pub fn enable_tls() -> Result<std::path::PathBuf, String> {
     tls_certs()
 }
 
-/// In a worker: TLS from the bench's folder (`--tls`, or a `NAME/tls` entry), if any.
+/// In a worker: TLS from the bench's folder (`--tls`, or a `NAME/tls` entry), if any;
+/// and over an emulated link, failure detectors set for it (see [`crate::link::tune`]).
 pub fn with_bench_tls(cfg: NodeConfig, dir: Option<&std::path::Path>) -> NodeConfig {
+    let cfg = match std::env::var(crate::link::hosts::LINK_ENV)
+        .ok()
+        .and_then(|s| s.parse::<crate::link::LinkSpec>().ok())
+    {
+        Some(link) => crate::link::tune(cfg, &link),
+        None => cfg,
+    };
     let env = std::env::var_os(TLS_DIR_ENV).map(std::path::PathBuf::from);
     match dir.map(|d| d.to_path_buf()).or(env) {
         Some(d) => {

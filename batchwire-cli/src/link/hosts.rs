@@ -32,6 +32,9 @@ use super::pipe::{Pipe, PipeStats};
 /// Set (to "netns") in the environment of workers that run in a host namespace.
 pub const HOSTS_ENV: &str = "BATCHWIRE_BENCH_HOSTS";
 
+/// The link's settings, in the environment of workers that run over it.
+pub const LINK_ENV: &str = "BATCHWIRE_BENCH_LINK";
+
 /// The most hosts (addresses 10.99.0.1 ..= 10.99.0.64).
 pub const MAX_HOSTS: usize = 64;
 

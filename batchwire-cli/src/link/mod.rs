@@ -75,6 +75,38 @@ impl fmt::Display for LinkSpec {
     }
 }
 
+/// A node's failure detectors set for `link`, as one would for such a path: the defaults
+/// are a LAN's (a SWIM probe must be answered within 300 ms, a peer silent or unreachable
+/// for 3 s is down), and across 170 ms with a full bottleneck queue (170 ms more each
+/// way) they declare live peers down. Here the loaded round trip (the RTT plus both
+/// queues drained) sets them: probes may take twice it, a probe round is three of those,
+/// suspicion lasts three rounds, and silence ten loaded round trips; never below the
+/// defaults.
+pub fn tune(cfg: batchwire::NodeConfig, link: &LinkSpec) -> batchwire::NodeConfig {
+    let loaded = link.loaded_rtt();
+    let mut m = batchwire::MembershipConfig::default();
+    let probe_rtt = m.probe_rtt.max(loaded * 2);
+    m.probe_period = m.probe_period.max(probe_rtt * 3);
+    m.probe_rtt = probe_rtt;
+    m.suspicion_timeout = m.suspicion_timeout.max(m.probe_period * 3);
+    let cfg = match cfg.membership_config() {
+        Some(_) => cfg.membership(m),
+        None => cfg,
+    };
+    cfg.peer_timeout(Duration::from_secs(3).max(loaded * 10))
+}
+
+impl LinkSpec {
+    /// The round trip with both directions' bottleneck queues full.
+    pub fn loaded_rtt(&self) -> Duration {
+        let queue = match self.rate_bps {
+            Some(r) => Duration::from_secs_f64(self.queue_bytes() as f64 * 8.0 / r as f64),
+            None => Duration::ZERO,
+        };
+        self.rtt + queue * 2
+    }
+}
+
 fn parse_duration(v: &str) -> Result<Duration, String> {
     let (num, scale) = if let Some(n) = v.strip_suffix("us") {
         (n, 1e-6)
@@ -202,6 +234,25 @@ mod tests {
         assert_eq!(small.queue_bytes(), 64 * 1024);
         let unlimited: LinkSpec = "rtt=1ms".parse().unwrap();
         assert_eq!(unlimited.queue_bytes(), 16 << 20);
+    }
+
+    #[test]
+    fn failure_detectors_follow_the_loaded_round_trip() {
+        let lan: LinkSpec = "rtt=1ms,rate=1gbit".parse().unwrap();
+        let d = batchwire::NodeConfig::new("a", ([127, 0, 0, 1], 1).into(), b"s".to_vec());
+        let fields = |c: &batchwire::NodeConfig| {
+            let m = c.membership_config().unwrap();
+            (m.probe_rtt, m.probe_period, m.suspicion_timeout)
+        };
+        // A fast link keeps the defaults.
+        assert_eq!(fields(&tune(d.clone(), &lan)), fields(&d));
+        let wan: LinkSpec = "rtt=170ms,rate=20mbit".parse().unwrap();
+        assert_eq!(wan.loaded_rtt(), Duration::from_millis(510));
+        let t = tune(d, &wan);
+        let m = t.membership_config().unwrap();
+        assert_eq!(m.probe_rtt, Duration::from_millis(1020));
+        assert_eq!(m.probe_period, Duration::from_millis(3060));
+        assert_eq!(m.suspicion_timeout, Duration::from_millis(9180));
     }
 
     #[test]
