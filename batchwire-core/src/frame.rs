@@ -56,7 +56,7 @@ use crate::header::{
 };
 pub use crate::messages::{
     ListWriter, Message, MessageIter, MessageList, MessageSpan, check_message, encode_message,
-    message_len, message_span, next_message, set_first_seq,
+    list_count, message_len, message_span, next_message, set_first_seq,
 };
 
 /// Why a buffer does not hold a valid frame. Any of these closes the connection.

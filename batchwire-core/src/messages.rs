@@ -76,6 +76,13 @@ impl ListWriter {
     }
 }
 
+/// The message count of the encoded MESSAGES frame that starts `frame` (checked by the
+/// caller), if its header is there.
+pub fn list_count(frame: &[u8]) -> Option<u32> {
+    let b = frame.get(HEADER_LEN..HEADER_LEN + 4)?;
+    Some(u32::from_le_bytes(b.try_into().ok()?))
+}
+
 /// Set the first sequence number of the encoded MESSAGES frame that starts `frame`.
 pub fn set_first_seq(frame: &mut [u8], seq: u64) {
     frame[SEQ_OFFSET..SEQ_OFFSET + 8].copy_from_slice(&seq.to_le_bytes());

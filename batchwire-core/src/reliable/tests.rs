@@ -308,3 +308,51 @@ fn a_forged_resume_base_cannot_make_the_receiver_skip_real_messages() {
     assert_eq!(r.next(), u64::MAX);
     assert_eq!(r.accept(u64::MAX, 0), Ok(0));
 }
+
+#[test]
+fn a_rewind_writes_again_only_the_frames_the_peer_lacks() {
+    let mut w = SendWindow::default();
+    // One chunk of several 1 KiB frames, written, then the connection breaks.
+    hold(&mut w, 0..200);
+    let u = w.unwritten();
+    let frames = u.frames;
+    assert!(frames >= 4, "{frames} frames");
+    w.mark_written(u.generation, 200);
+    let before = w.bytes();
+    // The peer got the first 150.
+    w.rewind(150).unwrap();
+    let again = w.unwritten();
+    assert!(
+        again.frames < frames,
+        "{} of {frames} frames written again",
+        again.frames
+    );
+    assert!(w.bytes() < before);
+    // What is written again starts at or below 150, at a frame boundary, and holds 150..200.
+    assert!(w.base() <= 150 && w.base() > 0, "base {}", w.base());
+    let mut wire = BytesMut::new();
+    for c in &again.chunks {
+        wire.extend_from_slice(c);
+    }
+    let mut rw = RecvWindow::default();
+    rw.commit(0, 150);
+    let mut got = Vec::new();
+    while let Ok(Some(f)) = frame::decode(&mut wire, 1 << 24) {
+        let Frame::Messages(l) = f else { continue };
+        let skip = rw.accept(l.first_seq, l.len() as u32).unwrap();
+        for m in l.skip(skip).iter() {
+            got.push(u64::from_le_bytes(m.payload[..8].try_into().unwrap()));
+        }
+    }
+    assert_eq!(got, (150..200).collect::<Vec<_>>());
+    // A peer with everything of the chunk but its last message: the last frame stays.
+    w.rewind(199).unwrap();
+    assert_eq!(w.unwritten().frames, 1);
+    // Failed messages handed back are exactly the ones not acknowledged.
+    let failed = w.take_failed(false);
+    assert!(
+        failed.len() as u64 >= 1 && failed.len() <= 50,
+        "{}",
+        failed.len()
+    );
+}
