@@ -212,10 +212,22 @@ fn free_base(n: u16) -> u16 {
 /// Run `batchwire bench ARGS --runs 1 --quiet --base-port P --json FILE` and return the
 /// parsed JSON report and stdout; panics (with the output) if the command fails.
 fn bench(tag: &str, ports: u16, args: &[&str]) -> (serde_json::Value, String) {
+    bench_with_env(tag, ports, args, &[])
+}
+
+/// [`bench`] with extra environment variables (e.g. `BATCHWIRE_LOG=warn`, so that a failure
+/// shows what the nodes saw).
+fn bench_with_env(
+    tag: &str,
+    ports: u16,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> (serde_json::Value, String) {
     let dir = temp_dir(tag);
     let json = dir.join("out.json");
     let started = std::time::Instant::now();
     let out = Command::new(EXE)
+        .envs(envs.iter().copied())
         .arg("bench")
         .args(args)
         .args(["--runs", "1", "--quiet", "--base-port"])
@@ -540,7 +552,7 @@ fn bench_runs_over_an_emulated_wan_link_and_chaos_on_a_lossy_one_loses_nothing()
     // Chaos on a lossy, rate-limited link: connections closed every 500 ms, 1% of packets
     // lost. (Before resends started at the frames the peer lacked, this stalled: each
     // connection carried one frame of new messages.)
-    let (v, out) = bench(
+    let (v, out) = bench_with_env(
         "wan-chaos",
         2,
         &[
@@ -559,6 +571,7 @@ fn bench_runs_over_an_emulated_wan_link_and_chaos_on_a_lossy_one_loses_nothing()
             "500",
             "--verify",
         ],
+        &[("BATCHWIRE_LOG", "warn")],
     );
     let rows = check_report(&v, "throughput");
     assert_eq!(rows.len(), 1, "{v}");
