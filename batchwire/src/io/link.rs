@@ -368,6 +368,16 @@ impl Link {
     }
 
     /// Read some bytes of the stream into `out`; 0 at its end.
+    /// The socket of a plain link (reads go straight into a buffer's spare capacity).
+    #[cfg(unix)]
+    pub fn plain_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        match self {
+            Link::Plain(s) => Some(s.as_raw_fd()),
+            Link::Tls { .. } => None,
+        }
+    }
+
     pub fn read(&self, out: &mut [u8]) -> std::io::Result<usize> {
         match self {
             Link::Plain(s) => {

@@ -410,12 +410,35 @@ impl Reader<'_> {
 }
 
 /// Read once into the spare room at the end of `buf`, making room for `want` bytes.
+///
+/// On a plain TCP link the kernel writes straight into the buffer's spare capacity: the
+/// bytes are not zeroed first. (Zeroing `want` bytes before every read cost a pass over
+/// 64 KiB per read, whatever arrived: 113 of the receiving process's 673 instructions per
+/// 100 B message under callgrind.) TLS reads through rustls into initialized memory.
 pub(crate) fn read_more(
     link: &crate::io::link::Link,
     buf: &mut BytesMut,
     want: usize,
 ) -> std::io::Result<usize> {
     let len = buf.len();
+    #[cfg(unix)]
+    if let Some(fd) = link.plain_fd() {
+        buf.reserve(want);
+        let spare = buf.spare_capacity_mut();
+        let n = spare.len().min(want);
+        // SAFETY: recv(2) writes at most `n` bytes through a raw pointer into the spare
+        // capacity (no reference to uninitialized memory is made) and returns how many it
+        // wrote; exactly those are then counted as initialized by `set_len`. The fd is the
+        // link's socket, open for as long as `link` is borrowed.
+        let r = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), n, 0) };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let r = r as usize;
+        // SAFETY: the first `r` bytes of the spare capacity were written by recv above.
+        unsafe { buf.set_len(len + r) };
+        return Ok(r);
+    }
     buf.resize(len + want, 0);
     let r = link.read(&mut buf[len..]);
     buf.truncate(len + *r.as_ref().unwrap_or(&0));
