@@ -118,6 +118,33 @@ impl SendCredit {
         self.outstanding(to) < self.window
     }
 
+    /// [`SendCredit::admits`], also returning the mailbox's slot (if it has one) for
+    /// [`SendCredit::charge_at`]: a sender then looks its mailbox up once per message.
+    #[inline]
+    pub fn admits_at(&self, to: &[u8]) -> (bool, Option<usize>) {
+        match self.lookup(to) {
+            Some(i) => (self.slots[i].1 < self.window, Some(i)),
+            None => (self.window > 0, None),
+        }
+    }
+
+    /// Charge `bytes` to `to`, at the slot [`SendCredit::admits_at`] returned. The slot
+    /// is only valid with nothing changed in between (the caller holds one lock across
+    /// both); without one, `to` gets a new slot.
+    #[inline]
+    pub fn charge_at(&mut self, slot: Option<usize>, to: &Name, bytes: u64) {
+        let i = match slot {
+            Some(i) => {
+                debug_assert_eq!(self.slots[i].0.as_bytes(), to.as_bytes());
+                self.last = i;
+                i
+            }
+            None => self.slot(to),
+        };
+        let s = &mut self.slots[i].1;
+        *s = s.saturating_add(bytes);
+    }
+
     fn find(&mut self, to: &[u8]) -> Option<usize> {
         let i = self.lookup(to)?;
         self.last = i;

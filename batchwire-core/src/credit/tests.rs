@@ -257,3 +257,26 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn one_lookup_per_send_charges_the_same_as_two() {
+    let (a, b) = (Name::from_static("a"), Name::from_static("b"));
+    let mut one = SendCredit::default();
+    let mut two = SendCredit::default();
+    let w = one.window();
+    // Alternate mailboxes, new ones included, until a's window closes.
+    for k in 0..64u64 {
+        let to = if k % 3 == 0 { &b } else { &a };
+        let (ok, at) = one.admits_at(to.as_bytes());
+        assert_eq!(ok, two.admits(to.as_bytes()));
+        if !ok {
+            continue;
+        }
+        let bytes = w / 20 + k;
+        one.charge_at(at, to, bytes);
+        assert!(two.try_charge(to, bytes));
+        assert_eq!(one.outstanding(b"a"), two.outstanding(b"a"));
+        assert_eq!(one.outstanding(b"b"), two.outstanding(b"b"));
+    }
+    assert!(!one.admits(b"a"), "a's window closed");
+}

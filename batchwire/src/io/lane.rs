@@ -254,20 +254,26 @@ impl Lane {
         }
         let bulk = self.is_bulk(&g, &m);
         let credit = self.charges_credit;
+        // The mailbox's credit slot, found once under the lock and charged under it.
+        let slot = std::cell::Cell::new(None);
         let mut g = self.wait_for(g, block, |g| {
             let room = if bulk {
                 g.bulk.bytes() < self.capacity
             } else {
                 g.outbox.bytes() < self.capacity
             };
-            if credit && !g.credit.admits(m.to.as_bytes()) {
-                return Err(true);
+            if credit {
+                let (admits, at) = g.credit.admits_at(m.to.as_bytes());
+                if !admits {
+                    return Err(true);
+                }
+                slot.set(at);
             }
             if room { Ok(()) } else { Err(false) }
         })?;
         if credit {
             let charge = message_len(m.to, m.from, m.payload.len()) as u64;
-            g.credit.try_charge(m.to, charge);
+            g.credit.charge_at(slot.get(), m.to, charge);
         }
         if bulk {
             let mark = g.pushed;
