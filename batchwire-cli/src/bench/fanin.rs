@@ -106,7 +106,7 @@ fn recv(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         .mailbox(CTL)
         .bundler(a.bundler)
         .idle_cpu_level(a.idle_cpu_level);
-    let node = Node::start(super::with_bench_tls(cfg, None)).ctx("starting node n1")?;
+    let node = Node::start(super::with_bench_settings(cfg, None)).ctx("starting node n1")?;
     let ctl = Ctl::new(&node, 1, 2)?;
     let mb = node.mailbox("sink").ctx("mailbox sink")?;
     let mut v = Verifier::new(a.threads, share(a.messages, a.threads, 0));
@@ -135,7 +135,7 @@ fn send(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         .mailbox(CTL)
         .bundler(a.bundler)
         .idle_cpu_level(a.idle_cpu_level);
-    let node = Node::start(super::with_bench_tls(cfg, None)).ctx("starting node n0")?;
+    let node = Node::start(super::with_bench_settings(cfg, None)).ctx("starting node n0")?;
     let ctl = Ctl::new(&node, 0, 2)?;
     if !node.wait_for_peers(&["n1"], Duration::from_secs(30)) {
         return Err("receiver did not come up within 30 s".into());

@@ -141,7 +141,7 @@ fn start(
     for b in boxes {
         cfg = cfg.mailbox(*b);
     }
-    let node = Node::start(super::with_bench_tls(cfg, None)).ctx("starting the node")?;
+    let node = Node::start(super::with_bench_settings(cfg, None)).ctx("starting the node")?;
     if !node.wait_for_peers(&[peer], Duration::from_secs(30)) {
         return Err(format!("{peer} did not come up within 30 s"));
     }

@@ -175,7 +175,8 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 .mailbox(CTL)
                 .bundler(a.bundler)
                 .idle_cpu_level(a.idle_cpu_level);
-            let node = Node::start(super::with_bench_tls(cfg, None)).ctx("starting node n0")?;
+            let node =
+                Node::start(super::with_bench_settings(cfg, None)).ctx("starting node n0")?;
             if !node.wait_for_peers(&["n1"], Duration::from_secs(30)) {
                 return Err("receiver did not come up within 30 s".into());
             }
@@ -203,7 +204,7 @@ fn recv(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     for k in 0..MAILBOXES {
         cfg = cfg.mailbox(rt_name(k));
     }
-    let node = Node::start(super::with_bench_tls(cfg, None)).ctx("starting node n1")?;
+    let node = Node::start(super::with_bench_settings(cfg, None)).ctx("starting node n1")?;
     let ctl = Ctl::new(&node, 1, 2)?;
     let mbs = (0..MAILBOXES)
         .map(|k| node.mailbox(&rt_name(k)).ctx("mailbox"))

@@ -76,7 +76,7 @@ impl WorkerArgs {
         if self.break_every > 0 {
             cfg = chaos_config(cfg);
         }
-        super::with_bench_tls(cfg, self.tls_dir.as_deref())
+        super::with_bench_settings(cfg, self.tls_dir.as_deref())
     }
 }
 

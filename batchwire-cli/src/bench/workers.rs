@@ -49,8 +49,8 @@ pub fn start_cluster_node(
     i: usize,
     n: usize,
 ) -> Result<(Node, Vec<String>), String> {
-    let node =
-        Node::start(with_bench_tls(cfg, None)).ctx(&format!("starting node {}", node_name(i)))?;
+    let node = Node::start(with_bench_settings(cfg, None))
+        .ctx(&format!("starting node {}", node_name(i)))?;
     let others: Vec<String> = (0..n).filter(|j| *j != i).map(node_name).collect();
     let names: Vec<&str> = others.iter().map(String::as_str).collect();
     if !node.wait_for_peers(&names, Duration::from_secs(30)) {
@@ -162,7 +162,7 @@ pub fn enable_tls() -> Result<std::path::PathBuf, String> {
 
 /// In a worker: TLS from the bench's folder (`--tls`, or a `NAME/tls` entry), if any;
 /// and over an emulated link, failure detectors set for it (see [`crate::link::tune`]).
-pub fn with_bench_tls(cfg: NodeConfig, dir: Option<&std::path::Path>) -> NodeConfig {
+pub fn with_bench_settings(cfg: NodeConfig, dir: Option<&std::path::Path>) -> NodeConfig {
     let cfg = match std::env::var(crate::link::hosts::LINK_ENV)
         .ok()
         .and_then(|s| s.parse::<crate::link::LinkSpec>().ok())

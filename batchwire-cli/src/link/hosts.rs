@@ -221,6 +221,18 @@ struct Shared {
     unroutable: std::sync::atomic::AtomicU64,
 }
 
+impl Shared {
+    fn new(pipes: Vec<Pipe>, devices: Vec<Arc<tun::Device>>) -> Arc<Shared> {
+        Arc::new(Shared {
+            pipes: Mutex::new(pipes),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            devices,
+            unroutable: Default::default(),
+        })
+    }
+}
+
 /// Running hosts and their link; dropping it removes them.
 pub struct Hosts {
     names: Vec<String>,
@@ -271,13 +283,8 @@ impl Hosts {
             names: Vec::new(),
             ns_files: Vec::new(),
             published: false,
-            shared: Arc::new(Shared {
-                pipes: Mutex::new(Vec::new()),
-                wake: Condvar::new(),
-                stop: AtomicBool::new(false),
-                devices: Vec::new(),
-                unroutable: Default::default(),
-            }),
+            // Replaced once the devices exist; until then Drop has nothing to stop.
+            shared: Shared::new(Vec::new(), Vec::new()),
             threads: Vec::new(),
             spec,
         };
@@ -300,13 +307,7 @@ impl Hosts {
         let pipes = (0..n * n)
             .map(|k| Pipe::new(&spec, 0x9E37_79B9_7F4A_7C15 ^ (k as u64 + 1)))
             .collect();
-        hosts.shared = Arc::new(Shared {
-            pipes: Mutex::new(pipes),
-            wake: Condvar::new(),
-            stop: AtomicBool::new(false),
-            devices,
-            unroutable: Default::default(),
-        });
+        hosts.shared = Shared::new(pipes, devices);
         for i in 0..n {
             let sh = Arc::clone(&hosts.shared);
             let t = std::thread::Builder::new()
@@ -351,7 +352,7 @@ impl Hosts {
 
     /// The most bytes any one direction can hold.
     pub fn held_limit(&self) -> usize {
-        Pipe::new(&self.spec, 1).held_limit()
+        self.spec.held_limit()
     }
 
     /// Packets sent to no host.
@@ -441,7 +442,7 @@ fn reader(sh: &Shared, i: usize, n: usize) {
         };
         let pipe = &mut pipes[i * n + dst];
         let was_empty = pipe.next_due().is_none();
-        pipe.push(Instant::now(), pkt.to_vec());
+        pipe.push(Instant::now(), pkt);
         let now_has = pipe.next_due().is_some();
         drop(pipes);
         if was_empty && now_has {

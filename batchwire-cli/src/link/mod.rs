@@ -52,6 +52,16 @@ impl LinkSpec {
         }
     }
 
+    /// The most bytes one direction holds: the queue, what the wire carries in half the
+    /// RTT, and one packet.
+    pub fn held_limit(&self) -> usize {
+        let wire = match self.rate_bps {
+            Some(r) => (r as u128 * (self.rtt / 2).as_nanos() / 8 / 1_000_000_000) as usize,
+            None => 0,
+        };
+        self.queue_bytes() + wire + pipe::MAX_PACKET
+    }
+
     /// Bytes per second of one direction, if limited.
     pub fn bytes_per_sec(&self) -> Option<f64> {
         self.rate_bps.map(|r| r as f64 / 8.0)

@@ -12,7 +12,7 @@
 //! 4. **Delay**: it arrives `rtt / 2` after it left.
 //!
 //! What the pipe holds is bounded: at most `queue` bytes waiting plus what the wire can
-//! carry in one delay (`rate * rtt / 2`), and one packet (see [`Pipe::held_limit`]).
+//! carry in one delay (`rate * rtt / 2`), and one packet (see [`LinkSpec::held_limit`]).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -78,6 +78,7 @@ pub struct Pipe {
     rate: Option<u64>,
     loss_ppm: u32,
     queue: usize,
+    held_limit: usize,
     /// When the wire has serialized everything taken so far.
     free_at: Option<Instant>,
     /// Packets on their way, in delivery order, with their delivery time.
@@ -98,6 +99,7 @@ impl Pipe {
             rate: spec.rate_bps,
             loss_ppm: spec.loss_ppm,
             queue: spec.queue_bytes(),
+            held_limit: spec.held_limit(),
             free_at: None,
             held: VecDeque::new(),
             held_bytes: 0,
@@ -107,13 +109,9 @@ impl Pipe {
         }
     }
 
-    /// The most bytes this pipe ever holds.
+    /// The most bytes this pipe ever holds ([`LinkSpec::held_limit`]).
     pub fn held_limit(&self) -> usize {
-        let wire = match self.rate {
-            Some(r) => (r as u128 * self.one_way.as_nanos() / 8 / 1_000_000_000) as usize,
-            None => 0,
-        };
-        self.queue + wire + MAX_PACKET
+        self.held_limit
     }
 
     /// Seconds the wire needs for `len` bytes.
@@ -144,8 +142,8 @@ impl Pipe {
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
-    /// A packet entered the link at `now`.
-    pub fn push(&mut self, now: Instant, pkt: Vec<u8>) -> Verdict {
+    /// A packet entered the link at `now`; it is copied only if it is kept.
+    pub fn push(&mut self, now: Instant, pkt: &[u8]) -> Verdict {
         let len = pkt.len();
         self.stats.packets_in += 1;
         self.stats.bytes_in += len as u64;
@@ -166,7 +164,7 @@ impl Pipe {
         };
         let sent = start + self.serialize(len);
         self.free_at = Some(sent);
-        self.held.push_back((sent + self.one_way, pkt));
+        self.held.push_back((sent + self.one_way, pkt.to_vec()));
         self.held_bytes += len;
         self.stats.max_held = self.stats.max_held.max(self.held_bytes);
         Verdict::Queued
@@ -227,7 +225,7 @@ mod tests {
         // 1000 bytes at 8 Mbit/s take 1 ms on the wire; one way is 50 ms.
         let mut p = Pipe::new(&spec("rtt=100ms,rate=8mbit"), 1);
         let t0 = Instant::now();
-        assert_eq!(p.push(t0, vec![0; 1000]), Verdict::Queued);
+        assert_eq!(p.push(t0, &[0; 1000]), Verdict::Queued);
         assert_eq!(p.next_due(), Some(t0 + Duration::from_millis(51)));
         assert!(p.poll(t0 + Duration::from_micros(50_999)).is_none());
         assert_eq!(
@@ -242,7 +240,7 @@ mod tests {
         let mut p = Pipe::new(&spec("rtt=10ms,rate=8mbit,queue=200k"), 1);
         let t0 = Instant::now();
         for _ in 0..100 {
-            assert_eq!(p.push(t0, vec![0; 1000]), Verdict::Queued);
+            assert_eq!(p.push(t0, &[0; 1000]), Verdict::Queued);
         }
         // 100 KB at 1 MB/s: the last one leaves 100 ms in, arrives 105 ms in.
         let times = drain(
@@ -263,7 +261,7 @@ mod tests {
     fn a_full_queue_drops_at_the_tail_and_holds_no_more_than_its_bound() {
         let mut p = Pipe::new(&spec("rtt=100ms,rate=8mbit,queue=10000"), 1);
         let t0 = Instant::now();
-        let verdicts: Vec<Verdict> = (0..20).map(|_| p.push(t0, vec![0; 1000])).collect();
+        let verdicts: Vec<Verdict> = (0..20).map(|_| p.push(t0, &[0; 1000])).collect();
         // 10 fit (the backlog counts what is not yet serialized), the rest are dropped.
         assert_eq!(
             verdicts.iter().filter(|v| **v == Verdict::Queued).count(),
@@ -272,7 +270,7 @@ mod tests {
         assert_eq!(verdicts[10..], [Verdict::QueueFull; 10]);
         // 5 ms later five have left the queue: five more fit.
         let t = t0 + Duration::from_millis(5);
-        let more = (0..10).filter(|_| p.push(t, vec![0; 1000]) == Verdict::Queued);
+        let more = (0..10).filter(|_| p.push(t, &[0; 1000]) == Verdict::Queued);
         assert_eq!(more.count(), 5);
         assert!(p.stats().max_held <= p.held_limit());
         assert_eq!(p.stats().queue_drops, 15);
@@ -285,7 +283,7 @@ mod tests {
         let t0 = Instant::now();
         let mut t = Duration::ZERO;
         while t < Duration::from_secs(1) {
-            p.push(t0 + t, vec![0; 1500]);
+            p.push(t0 + t, &[0; 1500]);
             while p.poll(t0 + t).is_some() {}
             t += Duration::from_micros(6);
         }
@@ -309,7 +307,7 @@ mod tests {
             let mut p = Pipe::new(&spec("rtt=0ms,loss=1%"), seed);
             let t0 = Instant::now();
             (0..100_000).for_each(|_| {
-                p.push(t0, vec![0; 100]);
+                p.push(t0, &[0; 100]);
                 while p.poll(t0).is_some() {}
             });
             p.stats().lost
@@ -325,7 +323,7 @@ mod tests {
         let mut p = Pipe::new(&spec("rtt=20ms"), 1);
         let t0 = Instant::now();
         for _ in 0..1000 {
-            assert_eq!(p.push(t0, vec![0; 1500]), Verdict::Queued);
+            assert_eq!(p.push(t0, &[0; 1500]), Verdict::Queued);
         }
         assert_eq!(p.backlog(t0), 0);
         assert!(p.poll(t0 + Duration::from_millis(9)).is_none());
