@@ -20,13 +20,34 @@ pub fn test_certs(set: &str) -> std::path::PathBuf {
         .join(set)
 }
 
-/// Free loopback addresses (bound then released; the kernel does not hand them out again
-/// immediately).
+/// Free loopback addresses, on ports below the kernel's ephemeral range (32768 and up on
+/// Linux): a port picked by binding to port 0 comes from that range, and a node dialling a
+/// peer that is not up yet may get it as its outgoing connection's port before the peer
+/// binds it (seen once: "address in use" for a node started late). Each call takes the
+/// next ports that bind, from a start that differs per process.
 pub fn free_addrs(n: usize) -> Vec<SocketAddr> {
-    let ls: Vec<_> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    ls.iter().map(|l| l.local_addr().unwrap()).collect()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 12_000;
+    const SPAN: u32 = 20_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id().wrapping_mul(7919)) % SPAN,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..SPAN {
+        if out.len() == n {
+            break;
+        }
+        let port = (LOW + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            out.push(SocketAddr::from(([127, 0, 0, 1], port)));
+        }
+    }
+    assert_eq!(out.len(), n, "no {n} free ports in {LOW}..{}", LOW + SPAN);
+    out
 }
 
 /// Configs for a full mesh of nodes with the given names.
