@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_core::Stream;
@@ -58,8 +58,7 @@ impl Mailbox {
     /// Wait at most `timeout` for the next message.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Envelope, RecvError> {
         let mut one = None;
-        self.queue
-            .take(&mut one, 1, Some(Some(Instant::now() + timeout)))?;
+        self.queue.take_within(&mut one, 1, timeout)?;
         one.ok_or(RecvError::Closed)
     }
 
@@ -86,8 +85,7 @@ impl Mailbox {
         max: usize,
         timeout: Duration,
     ) -> Result<usize, RecvError> {
-        self.queue
-            .take(out, max.max(1), Some(Some(Instant::now() + timeout)))
+        self.queue.take_within(out, max.max(1), timeout)
     }
 
     /// Receive from async code: a future that never blocks the thread polling it, so it is

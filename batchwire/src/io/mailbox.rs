@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -427,6 +427,32 @@ impl MailboxQueue {
         max: usize,
         deadline: Option<Option<Instant>>,
     ) -> Result<usize, RecvError> {
+        let wait = match deadline {
+            None => TakeWait::No,
+            Some(None) => TakeWait::Forever,
+            Some(Some(t)) => TakeWait::Until(t),
+        };
+        self.take_waiting(out, max, wait)
+    }
+
+    /// [`MailboxQueue::take`] waiting at most `timeout` for the first message; the clock is
+    /// read only if it has to wait (a receiver taking one message per call from a full
+    /// mailbox spent 4% of its time reading the clock).
+    pub fn take_within<S: Sink>(
+        &self,
+        out: &mut S,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<usize, RecvError> {
+        self.take_waiting(out, max, TakeWait::For(timeout))
+    }
+
+    fn take_waiting<S: Sink>(
+        &self,
+        out: &mut S,
+        max: usize,
+        mut wait: TakeWait,
+    ) -> Result<usize, RecvError> {
         let mut idler = self.idle.idler();
         let mut g = self.lock();
         loop {
@@ -439,11 +465,14 @@ impl MailboxQueue {
                 return Err(RecvError::Closed);
             }
             let now = Instant::now();
-            let left = match deadline {
-                None => return Err(RecvError::Empty),
-                Some(None) => None,
-                Some(Some(t)) if now >= t => return Err(RecvError::Timeout),
-                Some(Some(t)) => Some(t - now),
+            if let TakeWait::For(d) = wait {
+                wait = TakeWait::Until(now + d);
+            }
+            let left = match wait {
+                TakeWait::No => return Err(RecvError::Empty),
+                TakeWait::Forever | TakeWait::For(_) => None,
+                TakeWait::Until(t) if now >= t => return Err(RecvError::Timeout),
+                TakeWait::Until(t) => Some(t - now),
             };
             let step = idler.step();
             match step {
@@ -521,6 +550,16 @@ impl MailboxQueue {
             })
             .sum()
     }
+}
+
+/// How long `take` waits for a first message.
+#[derive(Clone, Copy)]
+enum TakeWait {
+    No,
+    Forever,
+    Until(Instant),
+    /// From the first time it has to wait.
+    For(Duration),
 }
 
 /// The node's mailboxes by name, and the count of messages that found none.
@@ -718,26 +757,39 @@ mod tests {
         q.push_one(env(0), false).unwrap();
         assert!(q.push_one(env(1), false).is_err(), "full for local senders");
         let flow = crate::io::flow::testing::flow();
-        let msgs: Vec<_> = (0..4u8)
-            .map(|i| Message {
-                to: Name::from_static("m"),
-                from: Name::from_static("s"),
-                payload: Bytes::from(vec![i; 10]),
-            })
-            .collect();
-        let list = MessageList::from_messages(&msgs);
-        let total = list.body().len() as u64;
-        flow.charge(&q.name, total).unwrap();
-        let held = Held::new(flow.clone(), q.name.clone(), total);
-        // Full, and yet admitted at once: the sender's credit bounds it.
-        q.push_run(&Name::from_static("p"), list.body().clone(), 4, held)
-            .unwrap();
+        // A run of four messages of `size` bytes for mailbox m, charged and queued.
+        let run = |size: usize| {
+            let msgs: Vec<_> = (0..4u8)
+                .map(|i| Message {
+                    to: Name::from_static("m"),
+                    from: Name::from_static("s"),
+                    payload: Bytes::from(vec![i; size]),
+                })
+                .collect();
+            let list = MessageList::from_messages(&msgs);
+            let total = list.body().len() as u64;
+            flow.charge(&q.name, total).unwrap();
+            let held = Held::new(flow.clone(), q.name.clone(), total);
+            // Full, and yet admitted at once: the sender's credit bounds it.
+            q.push_run(&Name::from_static("p"), list.body().clone(), 4, held)
+                .unwrap();
+            total
+        };
         let mut out = Vec::new();
+        // Small messages taken a few at a time: their credit goes back in steps, so none
+        // yet, and all of it once the run is taken.
+        let total = run(10);
         q.take(&mut out, 3, None).unwrap();
+        assert_eq!(flow.held(b"m"), total, "below one step: not yet");
+        q.take(&mut out, 2, None).unwrap();
+        assert_eq!(flow.held(b"m"), 0, "the run taken: all given back");
+        // Large ones: two of them are more than a step, given back when taken.
+        let total = run(10 << 10);
+        q.take(&mut out, 2, None).unwrap();
         assert_eq!(
             flow.held(b"m"),
             total / 2,
-            "the local one and two of the run taken"
+            "two of the run taken, given back"
         );
         drop(q);
         assert_eq!(flow.held(b"m"), 0, "dropped with the mailbox: given back");
