@@ -9,7 +9,7 @@ use crate::testutil::Rng;
 /// Encode messages `nums` (payload = the number) into one held chunk: copied frames, or
 /// (every other start) the batch's buffer moved in, so the simulations cover both.
 fn hold(w: &mut SendWindow, nums: std::ops::Range<u64>) {
-    if nums.start % 2 == 0 {
+    if nums.start.is_multiple_of(2) {
         w.hold_batch(&mut numbered(nums));
     } else {
         w.hold(&numbered(nums).message_frames());
