@@ -14,6 +14,8 @@ pub(crate) struct PeerCounters {
     pub bytes_sent: AtomicU64,
     pub frames_sent: AtomicU64,
     pub writes: AtomicU64,
+    /// Of `writes`, those a sending thread made itself (write-through).
+    pub writes_through: AtomicU64,
     pub send_failed: AtomicU64,
     pub messages_received: AtomicU64,
     pub bytes_received: AtomicU64,
@@ -99,6 +101,9 @@ pub struct PeerStats {
     pub flushes_timer: u64,
     /// One-message flushes (`none`).
     pub flushes_single: u64,
+    /// Of `writes`, those the sending thread made itself because the writer was idle and
+    /// nothing was queued (write-through: no thread hand-off for a lone message).
+    pub writes_through: u64,
     /// Most bytes ever waiting in the outbound queue.
     pub queue_high_water: u64,
     /// Total time senders spent blocked on the full outbound queue (or used-up credit), in
@@ -154,6 +159,7 @@ impl PeerCounters {
             flushes_size: f(1),
             flushes_timer: f(2),
             flushes_single: f(3),
+            writes_through: self.writes_through.load(Relaxed),
             messages_per_write_histogram: self
                 .per_write
                 .iter()
@@ -354,13 +360,14 @@ impl std::fmt::Display for NodeStats {
         for p in &self.peers {
             writeln!(
                 f,
-                "  {:<12} {:<4} sent {} msgs / {} B in {} frames, {} writes ({:.1} msgs/write; flushes drained {} size {} timer {} single {}), recv {} msgs / {} B in {} frames, queue high-water {} B, senders blocked {} us, failed {}, undeliverable at peer {}, protocol violations {}",
+                "  {:<12} {:<4} sent {} msgs / {} B in {} frames, {} writes ({} through; {:.1} msgs/write; flushes drained {} size {} timer {} single {}), recv {} msgs / {} B in {} frames, queue high-water {} B, senders blocked {} us, failed {}, undeliverable at peer {}, protocol violations {}",
                 p.peer,
                 if p.connected { "up" } else { "down" },
                 p.messages_sent,
                 p.bytes_sent,
                 p.frames_sent,
                 p.writes,
+                p.writes_through,
                 p.messages_per_write(),
                 p.flushes_drained,
                 p.flushes_size,

@@ -57,6 +57,45 @@ fn messages_arrive_complete_and_in_order_per_sender() {
 }
 
 #[test]
+fn a_lone_message_is_written_by_its_sender_and_a_stream_still_bundles() {
+    let nodes = start(mesh(&["a", "b"]));
+    let inbox = nodes[1].mailbox("inbox").unwrap();
+    let to = Address::new("b", "inbox").unwrap();
+    let through = |n: &Node| n.stats().peers[0].writes_through;
+    // Request-like traffic: one message, its echo awaited, the next. The writer is parked
+    // each time, so the sending thread writes (no hand-off); a slow box may leave a few to
+    // the writer, never all.
+    for i in 0..50u64 {
+        nodes[0].send(&to, payload(i, 100)).unwrap();
+        let e = inbox.recv_timeout(T).unwrap();
+        assert_eq!(seq(&e.payload), i);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let lone = through(&nodes[0]);
+    assert!(lone >= 25, "{lone} of 50 lone messages written through");
+    // A stream right after: left to the writer, which bundles it (write-through needs a
+    // quiet lane), and everything arrives once, in order.
+    const N: u64 = 50_000;
+    for i in 50..50 + N {
+        nodes[0].send(&to, payload(i, 100)).unwrap();
+    }
+    let mut next = 50;
+    while next < 50 + N {
+        for e in inbox.recv_batch(4096).unwrap() {
+            assert_eq!(seq(&e.payload), next);
+            next += 1;
+        }
+    }
+    let st = &nodes[0].stats().peers[0];
+    let streamed = st.writes_through - lone;
+    assert!(
+        streamed < N / 20,
+        "the stream was left to the writer: {streamed} of {N} messages written through ({} writes)",
+        st.writes
+    );
+}
+
+#[test]
 fn send_all_includes_self_and_send_others_does_not() {
     let nodes = start(mesh(&["a", "b", "c"]));
     let boxes: Vec<_> = nodes.iter().map(|n| n.mailbox("all").unwrap()).collect();

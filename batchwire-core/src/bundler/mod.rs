@@ -110,6 +110,13 @@ pub trait Bundler: Send {
     fn wake_bytes(&self) -> usize {
         usize::MAX
     }
+    /// Whether a message that finds the queue empty and the writer idle is written at once
+    /// whatever else happens (no timer, no size to wait for): then the sending thread may
+    /// write it itself instead of waking the writer ("write-through"), which saves a
+    /// thread hand-off per message when there is nothing to bundle.
+    fn writes_when_idle(&self) -> bool {
+        false
+    }
     /// Largest frame the outbox should build (0: one message per frame).
     fn frame_bytes(&self, default: usize) -> usize {
         default
@@ -232,6 +239,25 @@ pub(crate) mod tests {
             messages,
             bytes,
             oldest,
+        }
+    }
+
+    #[test]
+    fn a_lone_message_may_be_written_by_its_sender_exactly_with_the_bundlers_that_write_it_at_once()
+    {
+        let now = Instant::now();
+        for kind in BundlerKind::ALL {
+            let mut b = BundlerConfig {
+                kind: *kind,
+                ..Default::default()
+            }
+            .build();
+            let at_once = matches!(
+                b.poll(level(1, 100, Some(now)), now),
+                Decision::Flush { .. }
+            );
+            let shared = *kind == BundlerKind::TransferQueue;
+            assert_eq!(b.writes_when_idle(), at_once && !shared, "{kind}");
         }
     }
 

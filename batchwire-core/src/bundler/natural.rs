@@ -17,6 +17,10 @@ impl Bundler for Natural {
         "natural"
     }
 
+    fn writes_when_idle(&self) -> bool {
+        true
+    }
+
     fn poll(&mut self, level: QueueLevel, _now: Instant) -> Decision {
         if level.messages == 0 {
             Decision::IDLE

@@ -13,6 +13,10 @@ impl Bundler for NoBundling {
         "none"
     }
 
+    fn writes_when_idle(&self) -> bool {
+        true
+    }
+
     /// Every message is a frame of its own.
     fn frame_bytes(&self, _default: usize) -> usize {
         0

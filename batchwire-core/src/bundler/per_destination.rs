@@ -18,6 +18,10 @@ impl Bundler for PerDestination {
         "per-destination"
     }
 
+    fn writes_when_idle(&self) -> bool {
+        true
+    }
+
     fn poll(&mut self, level: QueueLevel, _now: Instant) -> Decision {
         super::drain_up_to(level, self.max_size)
     }

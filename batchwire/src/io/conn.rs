@@ -1,7 +1,9 @@
 //! One authenticated connection to a peer, and why connections fail.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
 
 use batchwire_core::credit::FlowError;
 use batchwire_core::frame::FrameError;
@@ -23,6 +25,10 @@ pub(crate) struct Conn {
     /// the other way (a join, or a member reaching one that does not know it yet) gives
     /// way to a live canonical one.
     pub canonical: bool,
+    /// The rest of a write-through that the socket did not take at once: written (by
+    /// the writer) before anything else on this connection. Touched only with the peer's
+    /// write turn.
+    carry: Mutex<Option<Bytes>>,
 }
 
 impl Conn {
@@ -32,7 +38,25 @@ impl Conn {
             link,
             closed: AtomicBool::new(false),
             canonical: true,
+            carry: Mutex::new(None),
         }
+    }
+
+    /// Keep `rest` to be written before anything else (see `carry`).
+    pub fn set_carry(&self, rest: Bytes) {
+        *self.carry.lock().unwrap_or_else(|p| p.into_inner()) = Some(rest);
+    }
+
+    /// What a write-through left over, if anything.
+    pub fn take_carry(&self) -> Option<Bytes> {
+        self.carry.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    pub fn has_carry(&self) -> bool {
+        self.carry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
     }
 
     /// Close both directions: the reader's read and the writer's write fail at once, and

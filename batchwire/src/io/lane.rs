@@ -61,6 +61,24 @@ pub(crate) enum Next {
     Wake,
 }
 
+/// What `push_direct` did with a message.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    /// Queued for the writer (woken if it has to be).
+    Queued,
+    /// Taken for the caller to write itself ([`crate::io::write::write_through`]): the
+    /// writer was parked, the lane had been quiet, and the bundler writes what comes at
+    /// once. The caller must call `write_through` before it sends anything else.
+    Direct,
+}
+
+/// A push that wakes a parked writer at most this soon after the last one is left to the
+/// writer: a stream keeps waking it this often, and it bundles what queues meanwhile,
+/// while an occasional message (a request, a reply) is written by its sender at once. A
+/// write takes a few microseconds, so below this gap write-through would turn a stream
+/// into one write per message.
+const WRITE_THROUGH_GAP: Duration = Duration::from_micros(20);
+
 /// A message to queue.
 #[derive(Clone, Copy)]
 pub(crate) struct Outgoing<'a> {
@@ -90,6 +108,12 @@ struct Inner {
     /// Bumped whenever the consumer must look up (`poke`, `close`, a bulk message); mirrored
     /// in `Lane::epoch` for lock-free reads.
     epoch: u64,
+    /// Write-through: a sender took a batch (into `direct`) and has not held it in the
+    /// window yet; the writer takes nothing meanwhile (order).
+    direct_busy: bool,
+    direct: Batch,
+    /// When a push last woke the parked writer or wrote through.
+    last_wake: Option<Instant>,
 }
 
 pub(crate) struct Lane {
@@ -107,6 +131,8 @@ pub(crate) struct Lane {
     charges_credit: bool,
     track_time: bool,
     wake_bytes: usize,
+    /// The bundler writes what comes at once when idle: senders may write through.
+    write_through: bool,
     idle: IdleStrategy,
     /// Most bytes ever queued.
     pub high_water: AtomicU64,
@@ -146,6 +172,9 @@ impl Lane {
                 senders_waiting: 0,
                 room: Wakers::default(),
                 epoch: 0,
+                direct_busy: false,
+                direct: Batch::default(),
+                last_wake: None,
             }),
             not_empty: Condvar::new(),
             not_full: Condvar::new(),
@@ -154,6 +183,7 @@ impl Lane {
             charges_credit: cfg.charges_credit,
             track_time: bundler.needs_enqueue_time(),
             wake_bytes: bundler.wake_bytes(),
+            write_through: bundler.writes_when_idle() && cfg.charges_credit,
             idle: cfg.idle,
             high_water: AtomicU64::new(0),
             moves: AtomicU64::new(0),
@@ -246,6 +276,19 @@ impl Lane {
     /// `block`, waits for both; otherwise returns `Full`.
     #[inline]
     pub fn push(&self, m: Outgoing, block: bool) -> Result<(), PushError> {
+        self.push_direct(m, block, false).map(|_| ())
+    }
+
+    /// [`Lane::push`], and with `may_write` (the peer's window has room) the message may be
+    /// handed back to the caller to write itself ([`Pushed::Direct`]) rather than waking
+    /// the parked writer.
+    #[inline]
+    pub fn push_direct(
+        &self,
+        m: Outgoing,
+        block: bool,
+        may_write: bool,
+    ) -> Result<Pushed, PushError> {
         let g = self.lock();
         if let Some(max) = g.credit.peer_max_payload()
             && m.payload.len() as u64 > max
@@ -282,7 +325,7 @@ impl Lane {
             if g.writer_waiting {
                 self.not_empty.notify_all();
             }
-            return Ok(());
+            return Ok(Pushed::Queued);
         }
         let was_empty = g.outbox.is_empty();
         let now = (was_empty && self.track_time).then(Instant::now);
@@ -293,9 +336,41 @@ impl Lane {
             self.high_water.store(bytes as u64, Ordering::Relaxed);
         }
         if g.writer_waiting && (was_empty || bytes >= self.wake_bytes) {
+            // Only here, once per wake-up of the writer, is the clock read.
+            if self.write_through && was_empty {
+                let now = Instant::now();
+                let quiet = g
+                    .last_wake
+                    .is_none_or(|t| now.duration_since(t) >= WRITE_THROUGH_GAP);
+                g.last_wake = Some(now);
+                if may_write && quiet && !g.direct_busy {
+                    let Inner { outbox, direct, .. } = &mut *g;
+                    outbox.take(usize::MAX, usize::MAX, direct, None);
+                    g.taken += g.direct.messages();
+                    g.direct_busy = true;
+                    self.begin_move();
+                    return Ok(Pushed::Direct);
+                }
+            }
             self.not_empty.notify_one();
         }
-        Ok(())
+        Ok(Pushed::Queued)
+    }
+
+    /// Write-through: the batch `push_direct` took (see [`Pushed::Direct`]).
+    pub fn take_direct(&self) -> Batch {
+        std::mem::take(&mut self.lock().direct)
+    }
+
+    /// Write-through: the batch is held in the window (`batch` is its emptied buffer, kept
+    /// for the next time); the writer may take again.
+    pub fn finish_direct(&self, batch: Batch) {
+        let mut g = self.lock();
+        g.direct = batch;
+        g.direct_busy = false;
+        if g.writer_waiting {
+            self.not_empty.notify_one();
+        }
     }
 
     /// Transfer-queue: charge this peer's credit for an ordinary message that goes through
@@ -498,7 +573,7 @@ impl Lane {
     /// Whether the lane is closed and empty: nothing more can come out of it.
     pub fn is_drained(&self) -> bool {
         let g = self.lock();
-        g.closed && g.outbox.is_empty() && g.bulk.is_empty()
+        g.closed && g.outbox.is_empty() && g.bulk.is_empty() && !g.direct_busy
     }
 
     /// Whether the bulk queue has a piece to offer now.
@@ -581,7 +656,14 @@ impl Lane {
             }
             let bulk_ready = g.bulk.ready(g.taken);
             let now = Instant::now();
-            match bundler.poll(g.outbox.level(), now) {
+            // A sender is moving a batch into the window itself: nothing is taken (a later
+            // batch must not overtake it) until it is done (`finish_direct` wakes this).
+            let decision = if g.direct_busy {
+                Decision::Wait { until: None }
+            } else {
+                bundler.poll(g.outbox.level(), now)
+            };
+            match decision {
                 Decision::Flush {
                     max_messages,
                     max_bytes,
@@ -715,6 +797,77 @@ mod tests {
             },
             block,
         )
+    }
+
+    /// Push message `n` to mailbox "to" as a sender that may write through.
+    fn push_direct(l: &Lane, n: u8, may_write: bool) -> Pushed {
+        let p = Bytes::from(vec![n; 10]);
+        l.push_direct(
+            Outgoing {
+                dest: 0,
+                to: &Name::from_static("to"),
+                from: &Name::from_static("f"),
+                payload: &p,
+                bulk: false,
+            },
+            false,
+            may_write,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_lone_message_for_a_parked_writer_goes_to_its_sender_unless_a_stream_is_on() {
+        let (l, mut b) = lane(BundlerKind::Natural, 1 << 20);
+        open_credit(&l);
+        let park = |l: &Lane, last_wake: Option<Instant>| {
+            let mut g = l.lock();
+            g.writer_waiting = true;
+            g.last_wake = last_wake;
+        };
+        // Writer awake: queued, whatever else holds.
+        assert_eq!(push_direct(&l, 0, true), Pushed::Queued);
+        let mut batch = Batch::default();
+        l.lock()
+            .outbox
+            .take(usize::MAX, usize::MAX, &mut batch, None);
+        // Parked, the lane quiet: the sender takes it, and the writer takes nothing until
+        // the sender is done (a later message must not overtake it).
+        park(&l, None);
+        assert_eq!(push_direct(&l, 1, true), Pushed::Direct);
+        let mine = l.take_direct();
+        assert_eq!(mine.messages(), 1);
+        assert_eq!(push_direct(&l, 2, true), Pushed::Queued, "one at a time");
+        l.lock().writer_waiting = false;
+        l.poke();
+        let epoch = l.epoch();
+        let writer = std::thread::scope(|s| {
+            let w = s.spawn(|| {
+                let mut got = Batch::default();
+                let next = l.next_batch(b.as_mut(), epoch, &mut got, true);
+                (next, got.messages())
+            });
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(!w.is_finished(), "the writer waits for the sender's batch");
+            l.finish_direct(mine);
+            w.join().unwrap()
+        });
+        assert_eq!(writer, (Next::Batch(FlushReason::Drained), 1));
+        // Parked, but woken less than WRITE_THROUGH_GAP ago (a stream): left to the writer.
+        park(&l, Some(Instant::now()));
+        assert_eq!(push_direct(&l, 3, true), Pushed::Queued);
+        // Parked and quiet, but the window is full (`may_write` false): the writer.
+        let mut batch = Batch::default();
+        l.lock()
+            .outbox
+            .take(usize::MAX, usize::MAX, &mut batch, None);
+        park(&l, None);
+        assert_eq!(push_direct(&l, 4, false), Pushed::Queued);
+        // A bundler that waits (linger) never hands a message to its sender.
+        let (l, _b) = lane(BundlerKind::Linger, 1 << 20);
+        open_credit(&l);
+        park(&l, None);
+        assert_eq!(push_direct(&l, 5, true), Pushed::Queued);
     }
 
     fn push(l: &Lane, n: u8, block: bool) -> Result<(), PushError> {

@@ -342,6 +342,40 @@ impl Link {
         Ok(total)
     }
 
+    /// Write as much of `bufs`, in order, as the socket takes now without waiting, and
+    /// return how many bytes that was (0 if it takes none). Plain TCP only (`None` over
+    /// TLS). The caller owns what was not written: it must go out before anything else.
+    pub fn try_write_vectored(&self, bufs: &[&[u8]]) -> Option<std::io::Result<usize>> {
+        let fd = self.plain_fd()?;
+        let iov: Vec<libc::iovec> = bufs
+            .iter()
+            .take(IOV_MAX)
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: an all-zero msghdr is valid (no name, no control data); `msg_iov` points
+        // at `iov.len()` iovecs that each describe a live, readable slice of `bufs`, all
+        // borrowed for the duration of the call, and sendmsg only reads them.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = iov.len() as _;
+        loop {
+            // SAFETY: see above; the fd is this link's socket, open while `self` is borrowed.
+            let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            if r >= 0 {
+                return Some(Ok(r as usize));
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock => return Some(Ok(0)),
+                _ => return Some(Err(e)),
+            }
+        }
+    }
+
     /// Write `buf` (setup: the socket's timeouts bound it).
     pub fn write_all(&self, buf: &[u8]) -> std::io::Result<()> {
         self.write_vectored(&[buf], &mut || false).map(|_| ())
@@ -458,6 +492,9 @@ impl Link {
 }
 
 /// Write every slice, going on after each timeout while `go_on` says so.
+/// Most buffers one `sendmsg` takes (Linux's IOV_MAX); the rest is left over.
+const IOV_MAX: usize = 1024;
+
 fn write_slices(
     mut s: &TcpStream,
     bufs: &[&[u8]],

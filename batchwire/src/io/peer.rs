@@ -94,6 +94,10 @@ pub(crate) struct Peer {
     /// The peer's messages in pieces (its readers, one at a time: the delivery turn).
     reassembly: Mutex<Reassembly>,
     conn: Mutex<Option<Arc<Conn>>>,
+    /// Held by whoever writes to the peer's connections: its writer thread, or a sender
+    /// writing through (which only tries it). Writes never interleave, and what the session
+    /// hands out as unwritten goes out in order.
+    write_turn: Mutex<()>,
     /// Held by the reader delivering a frame, so two readers of this peer (a replaced
     /// connection's and its successor's) never interleave their deliveries.
     delivery: Mutex<()>,
@@ -163,6 +167,7 @@ impl Peer {
             flow,
             reassembly: Mutex::new(Reassembly::default()),
             conn: Mutex::new(None),
+            write_turn: Mutex::new(()),
             delivery: Mutex::new(()),
             dispatching: Mutex::new(()),
             state: AtomicU8::new(0),
@@ -175,6 +180,20 @@ impl Peer {
             member_out: Mutex::new(VecDeque::new()),
             has_member_out: AtomicBool::new(false),
             stats: PeerCounters::default(),
+        }
+    }
+
+    /// The write turn (the writer thread, for one round of writing).
+    pub fn write_turn(&self) -> MutexGuard<'_, ()> {
+        self.write_turn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The write turn if no one has it (a sender writing through never waits for it).
+    pub fn try_write_turn(&self) -> Option<MutexGuard<'_, ()>> {
+        match self.write_turn.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
         }
     }
 

@@ -37,7 +37,7 @@ use crate::io::bundle::run_bundler;
 use crate::io::calls::{Calls, Waiter, run_timer};
 use crate::io::dial::{Dialers, run_joiner};
 use crate::io::events::Events;
-use crate::io::lane::{Lane, Outgoing, PushError};
+use crate::io::lane::{Lane, Outgoing, PushError, Pushed};
 use crate::io::link::TlsConfigs;
 use crate::io::mailbox::{Envelope, MailboxQueue, Mailboxes, Outbound, Refused};
 use crate::io::members::{MemberStats, Members};
@@ -363,7 +363,12 @@ impl Runtime {
             .as_ref()
             .filter(|_| !peer.lane.bulk_by_itself(&m))
         else {
-            return peer.lane.push(m, block);
+            // The writer is parked and the lane was quiet: write it from here (no thread
+            // hand-off when there is nothing to bundle).
+            if peer.lane.push_direct(m, block, !peer.window_full())? == Pushed::Direct {
+                crate::io::write::write_through(peer, &self.shutdown);
+            }
+            return Ok(());
         };
         // Transfer-queue: the sender waits at the door of a peer whose window is full, so
         // the shared queue never holds what only that peer could take.

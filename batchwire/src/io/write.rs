@@ -57,14 +57,19 @@ pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
         let epoch = peer.lane.epoch();
         let conn = peer.current().filter(|c| !c.is_closed());
         if let Some(c) = &conn {
-            write_pending(&peer, c, &shutdown, &mut control);
+            let _turn = peer.write_turn();
+            write_pending(&peer, c, &shutdown, &mut control, Mode::Wait);
         }
         if let Some(deadline) = shutdown.deadline() {
             if !closing {
                 peer.session(|s, _| s.begin_close(deadline));
                 closing = true;
             }
-            if close_step(&peer, conn.as_deref(), &cfg, deadline) {
+            let done = {
+                let _turn = peer.write_turn();
+                close_step(&peer, conn.as_deref(), &cfg, deadline)
+            };
+            if done {
                 return;
             }
             // Still flushing: with nothing to take, wait for acknowledgements (a poke),
@@ -185,14 +190,64 @@ pub(crate) fn hold_frames(peer: &Peer, frames: &[(&[u8], u32)], reason: FlushRea
     }
 }
 
-/// One vectored write of what is due on `c`: control frames, then unwritten data.
-fn write_pending(peer: &Peer, c: &Conn, shutdown: &Shutdown, control: &mut Vec<u8>) {
+/// Write-through ([`crate::io::lane::Pushed::Direct`]): the sender found the writer
+/// parked and the lane quiet, and took the batch itself. Hold it in the window, then, if
+/// no one else is writing and the connection is plain TCP, write it (with any control
+/// frame due) without waiting: what the socket does not take at once is left on the
+/// connection for the writer, which is poked. Otherwise the writer writes it.
+pub(crate) fn write_through(peer: &Peer, shutdown: &Shutdown) {
+    let mut batch = peer.lane.take_direct();
+    hold(peer, &mut batch, FlushReason::Drained);
+    peer.lane.end_move();
+    peer.lane.finish_direct(batch);
+    let wrote = peer
+        .current()
+        .filter(|c| !c.is_closed() && c.link.plain_fd().is_some())
+        .is_some_and(|c| {
+            let Some(_turn) = peer.try_write_turn() else {
+                return false;
+            };
+            write_pending(peer, &c, shutdown, &mut Vec::new(), Mode::NoWait)
+        });
+    if !wrote {
+        peer.lane.poke();
+    }
+}
+
+/// How `write_pending` writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Everything, waiting for the socket as long as the connection lives (the writer).
+    Wait,
+    /// What the socket takes now; the rest is the connection's carry (write-through).
+    NoWait,
+}
+
+/// One vectored write of what is due on `c`: control frames, then unwritten data. Call
+/// with the write turn. Returns false if it could not write at all (without waiting: the
+/// connection has a carry left to write first, or is not plain TCP).
+fn write_pending(
+    peer: &Peer,
+    c: &Conn,
+    shutdown: &Shutdown,
+    control: &mut Vec<u8>,
+    mode: Mode,
+) -> bool {
     let mut go_on = || !c.is_closed() && !past_grace(shutdown);
+    if mode == Mode::NoWait && (c.has_carry() || c.link.plain_fd().is_none()) {
+        return false;
+    }
+    if let Some(rest) = c.take_carry()
+        && let Err(e) = c.link.write_vectored(&[&rest], &mut go_on)
+    {
+        fail_write(peer, c, &e);
+        return true;
+    }
     if c.link.tls_pending()
         && let Err(e) = c.link.flush_tls(&mut go_on)
     {
         fail_write(peer, c, &e);
-        return;
+        return true;
     }
     control.clear();
     let u = peer.session(|s, now| {
@@ -207,14 +262,32 @@ fn write_pending(peer: &Peer, c: &Conn, shutdown: &Shutdown, control: &mut Vec<u
     let notices = peer.take_notices(control);
     peer.take_members(control);
     if control.is_empty() && u.chunks.is_empty() {
-        return;
+        return true;
     }
     let mut bufs: Vec<&[u8]> = Vec::with_capacity(u.chunks.len() + 1);
     if !control.is_empty() {
         bufs.push(control);
     }
     bufs.extend(u.chunks.iter().map(|b| &b[..]));
-    match c.link.write_vectored(&bufs, &mut go_on) {
+    let written = match mode {
+        Mode::Wait => c.link.write_vectored(&bufs, &mut go_on),
+        Mode::NoWait => match c.link.try_write_vectored(&bufs) {
+            Some(Ok(n)) => {
+                let total: usize = bufs.iter().map(|b| b.len()).sum();
+                if n < total {
+                    // The socket is full: the rest (copied: rare) goes first next time,
+                    // by the writer. It counts as written here; the window keeps it
+                    // until acknowledged, like anything written.
+                    c.set_carry(rest_after(&bufs, n));
+                    peer.lane.poke();
+                }
+                Ok(total)
+            }
+            Some(Err(e)) => Err(e),
+            None => unreachable!("checked above: plain TCP"),
+        },
+    };
+    match written {
         Ok(bytes) => {
             peer.session(|s, now| match u.ends.last() {
                 None => s.note_sent(now, c.id),
@@ -225,6 +298,9 @@ fn write_pending(peer: &Peer, c: &Conn, shutdown: &Shutdown, control: &mut Vec<u
             if !u.chunks.is_empty() {
                 st.frames_sent.fetch_add(u.frames, Relaxed);
                 st.record_write(u.messages);
+                if mode == Mode::NoWait {
+                    st.writes_through.fetch_add(1, Relaxed);
+                }
             }
         }
         Err(e) => {
@@ -235,6 +311,21 @@ fn write_pending(peer: &Peer, c: &Conn, shutdown: &Shutdown, control: &mut Vec<u
     if peer.has_notices() {
         peer.lane.poke();
     }
+    true
+}
+
+/// The bytes of `bufs` after the first `n`, in one buffer.
+fn rest_after(bufs: &[&[u8]], mut n: usize) -> bytes::Bytes {
+    let mut rest = Vec::new();
+    for b in bufs {
+        if n >= b.len() {
+            n -= b.len();
+        } else {
+            rest.extend_from_slice(&b[n..]);
+            n = 0;
+        }
+    }
+    rest.into()
 }
 
 /// A write failed: close the connection. Nothing is lost: what was held stays held and
@@ -284,6 +375,9 @@ fn close_step(peer: &Peer, conn: Option<&Conn>, cfg: &WriterCfg, deadline: Insta
             for f in frames {
                 f.encode(&mut out);
             }
+            if let Some(rest) = c.take_carry() {
+                let _ = c.link.write_vectored(&[&rest], &mut || false);
+            }
             let _ = c.link.write_vectored(&[&out], &mut || false);
             let _ = c.link.shutdown(std::net::Shutdown::Write);
             true
@@ -329,7 +423,7 @@ mod tests {
     }
 
     /// Frames read from `s` until `want` says stop or 10 s pass.
-    fn read_until(s: &mut TcpStream, want: impl Fn(&Frame) -> bool) -> Vec<Frame> {
+    fn read_until(s: &mut TcpStream, mut want: impl FnMut(&Frame) -> bool) -> Vec<Frame> {
         s.set_read_timeout(Some(Duration::from_millis(100)))
             .unwrap();
         let (mut buf, mut got) = (BytesMut::new(), Vec::new());
@@ -348,6 +442,83 @@ mod tests {
             }
         }
         panic!("not found in {got:?}")
+    }
+
+    /// A batch of `n` messages of 1 KiB numbered from `first` (the number in the payload).
+    fn numbered_batch(first: u64, n: u64) -> Batch {
+        let mut ob = Outbox::new(1 << 16);
+        for i in first..first + n {
+            let mut p = i.to_le_bytes().to_vec();
+            p.resize(1024, 0);
+            ob.push_message(0, &Name::from_static("m"), &Name::from_static(""), &p, None);
+        }
+        let mut b = Batch::default();
+        ob.take(usize::MAX, usize::MAX, &mut b, None);
+        b
+    }
+
+    #[test]
+    fn what_a_write_through_leaves_over_goes_first_and_nothing_is_lost_or_doubled() {
+        let cfg = SessionConfig {
+            unacked_bytes: 1 << 30,
+            ..SessionConfig::default()
+        };
+        let (peer, mut theirs) = connected_peer(cfg);
+        let c = peer.current().unwrap();
+        let shutdown = Shutdown::default();
+        // The other end does not read: write through until the socket takes only part.
+        let mut sent = 0u64;
+        while !c.has_carry() && sent < 1_000_000 {
+            let mut b = numbered_batch(sent, 64);
+            hold(&peer, &mut b, FlushReason::Drained);
+            sent += 64;
+            let _turn = peer.try_write_turn().unwrap();
+            assert!(write_pending(
+                &peer,
+                &c,
+                &shutdown,
+                &mut Vec::new(),
+                Mode::NoWait
+            ));
+        }
+        assert!(c.has_carry(), "the socket never filled");
+        assert!(peer.stats.writes_through.load(Relaxed) > 0);
+        // With a carry waiting, a sender does not write (it would jump the queue)...
+        let mut b = numbered_batch(sent, 64);
+        hold(&peer, &mut b, FlushReason::Drained);
+        sent += 64;
+        assert!(!write_pending(
+            &peer,
+            &c,
+            &shutdown,
+            &mut Vec::new(),
+            Mode::NoWait
+        ));
+        // ...the writer does: the carry first, then the rest, all of it exactly once.
+        let (p, sd) = (peer.clone(), shutdown.clone());
+        let writer = std::thread::spawn(move || {
+            run_writer(
+                p,
+                WriterCfg {
+                    bundler: Some(BundlerConfig::default()),
+                    shared_done: None,
+                },
+                sd,
+            )
+        });
+        let mut got = Vec::new();
+        read_until(&mut theirs, |f| {
+            if let Frame::Messages(l) = f {
+                for m in l.iter() {
+                    got.push(u64::from_le_bytes(m.payload[..8].try_into().unwrap()));
+                }
+            }
+            got.len() as u64 >= sent
+        });
+        assert_eq!(got, (0..sent).collect::<Vec<_>>());
+        shutdown.drain(Instant::now());
+        peer.lane.close();
+        writer.join().unwrap();
     }
 
     #[test]
