@@ -194,19 +194,10 @@ fn missing_secret_file_is_a_clear_error() {
     );
 }
 
-/// A base port with `n` consecutive free ports from it (node i listens on base + i).
+/// A base port with `n` consecutive free ports from it (node i listens on base + i),
+/// taken for this test alone.
 fn free_base(n: u16) -> u16 {
-    for _ in 0..100 {
-        let base = free_addrs(1)[0].port();
-        if base.checked_add(n).is_none() {
-            continue;
-        }
-        let all_free = (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
-        if all_free {
-            return base;
-        }
-    }
-    panic!("no {n} consecutive free ports");
+    free_run(n)
 }
 
 /// Run `batchwire bench ARGS --runs 1 --quiet --base-port P --json FILE` and return the
@@ -859,7 +850,8 @@ fn tls_cluster_of_node_processes_from_the_certs_command() {
 
 #[test]
 fn bench_runs_every_scenario_over_tls_at_a_tiny_size() {
-    let port = free_addrs(1)[0].port();
+    // Up to 4 nodes (mperf, rpc), and the TCP floor's pair.
+    let port = free_base(8);
     let out = Command::new(EXE)
         .args([
             "bench",

@@ -26,6 +26,14 @@ pub fn test_certs(set: &str) -> std::path::PathBuf {
 /// binds it (seen once: "address in use" for a node started late). Each call takes the
 /// next ports that bind, from a start that differs per process.
 pub fn free_addrs(n: usize) -> Vec<SocketAddr> {
+    (0..n)
+        .map(|_| SocketAddr::from(([127, 0, 0, 1], free_run(1))))
+        .collect()
+}
+
+/// The first of `n` consecutive free ports, taken for this caller alone (see
+/// [`free_addrs`]; a bench's node i listens on base + i).
+pub fn free_run(n: u16) -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     const LOW: u32 = 12_000;
     const SPAN: u32 = 20_000;
@@ -36,18 +44,17 @@ pub fn free_addrs(n: usize) -> Vec<SocketAddr> {
         Ordering::Relaxed,
         Ordering::Relaxed,
     );
-    let mut out = Vec::with_capacity(n);
     for _ in 0..SPAN {
-        if out.len() == n {
-            break;
+        let start = NEXT.fetch_add(n as u32, Ordering::Relaxed) % SPAN;
+        if start + n as u32 > SPAN {
+            continue;
         }
-        let port = (LOW + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            out.push(SocketAddr::from(([127, 0, 0, 1], port)));
+        let base = (LOW + start) as u16;
+        if (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return base;
         }
     }
-    assert_eq!(out.len(), n, "no {n} free ports in {LOW}..{}", LOW + SPAN);
-    out
+    panic!("no {n} consecutive free ports in {LOW}..{}", LOW + SPAN)
 }
 
 /// Configs for a full mesh of nodes with the given names.
