@@ -67,17 +67,19 @@ pub(crate) enum Pushed {
     /// Queued for the writer (woken if it has to be).
     Queued,
     /// Taken for the caller to write itself ([`crate::io::write::write_through`]): the
-    /// writer was parked, the lane had been quiet, and the bundler writes what comes at
-    /// once. The caller must call `write_through` before it sends anything else.
+    /// writer was parked, the lane quiet (no wake-up for [`WRITE_THROUGH_GAP`]), the
+    /// writer's last two takes were single messages (no company to bundle), this is not a
+    /// probe wake (every [`THROUGH_PROBE`]th), and the bundler writes what comes at once.
+    /// The caller must call `write_through` before it sends anything else.
     Direct,
 }
 
 /// A push that wakes a parked writer at most this soon after the last one is left to the
 /// writer: a stream keeps waking it this often, and it bundles what queues meanwhile,
 /// while an occasional message (a request, a reply) is written by its sender at once. A
-/// write takes a few microseconds, so below this gap write-through would turn a stream
-/// into one write per message.
-const WRITE_THROUGH_GAP: Duration = Duration::from_micros(20);
+/// loopback write takes several microseconds, so well below this gap write-through would
+/// turn a stream into one write per message; 20 µs still cost rpc 4x16 about 10%.
+const WRITE_THROUGH_GAP: Duration = Duration::from_micros(50);
 
 /// A message to queue.
 #[derive(Clone, Copy)]
@@ -114,7 +116,21 @@ struct Inner {
     direct: Batch,
     /// When a push last woke the parked writer or wrote through.
     last_wake: Option<Instant>,
+    /// Whether senders may write through: the writer's last take held a single message
+    /// (nothing else queued while it woke), and no sender found another one writing
+    /// through. With many senders a woken writer finds several messages and bundles
+    /// them; writing each through instead cost 4 nodes x 16 calling threads a third of
+    /// their calls. `probe` counts write-throughs since the writer last took: every
+    /// [`THROUGH_PROBE`]th wake goes to the writer, to look again.
+    through_ok: bool,
+    /// The writer's previous take held a single message.
+    single_take: bool,
+    probe: u32,
 }
+
+/// While senders write through, every this many-th wake-up goes to the writer instead (to
+/// see whether messages queue up meanwhile, i.e. whether there is company to bundle).
+const THROUGH_PROBE: u32 = 4;
 
 pub(crate) struct Lane {
     inner: Mutex<Inner>,
@@ -175,6 +191,9 @@ impl Lane {
                 direct_busy: false,
                 direct: Batch::default(),
                 last_wake: None,
+                through_ok: true,
+                single_take: true,
+                probe: 0,
             }),
             not_empty: Condvar::new(),
             not_full: Condvar::new(),
@@ -343,7 +362,12 @@ impl Lane {
                     .last_wake
                     .is_none_or(|t| now.duration_since(t) >= WRITE_THROUGH_GAP);
                 g.last_wake = Some(now);
-                if may_write && quiet && !g.direct_busy {
+                if g.direct_busy {
+                    // Another sender is writing through right now: company.
+                    g.through_ok = false;
+                }
+                g.probe += 1;
+                if may_write && quiet && g.through_ok && g.probe < THROUGH_PROBE {
                     let Inner { outbox, direct, .. } = &mut *g;
                     outbox.take(usize::MAX, usize::MAX, direct, None);
                     g.taken += g.direct.messages();
@@ -676,7 +700,13 @@ impl Lane {
                     };
                     let keep_time = self.track_time.then_some(now);
                     g.outbox.take(max_messages, max_bytes, batch, keep_time);
-                    g.taken += batch.messages();
+                    let n = batch.messages();
+                    g.taken += n;
+                    // Two single-message takes in a row before senders write through
+                    // again; any company stops them.
+                    g.through_ok = n == 1 && g.single_take;
+                    g.single_take = n == 1;
+                    g.probe = 0;
                     self.begin_move();
                     self.room_freed(&mut g);
                     return Next::Batch(reason);
@@ -824,6 +854,8 @@ mod tests {
             let mut g = l.lock();
             g.writer_waiting = true;
             g.last_wake = last_wake;
+            g.through_ok = true;
+            g.probe = 0;
         };
         // Writer awake: queued, whatever else holds.
         assert_eq!(push_direct(&l, 0, true), Pushed::Queued);
@@ -868,6 +900,64 @@ mod tests {
         open_credit(&l);
         park(&l, None);
         assert_eq!(push_direct(&l, 5, true), Pushed::Queued);
+    }
+
+    #[test]
+    fn senders_stop_writing_through_when_the_writer_finds_company_and_probe_for_it() {
+        let (l, mut b) = lane(BundlerKind::Natural, 1 << 20);
+        open_credit(&l);
+        let park = |l: &Lane| {
+            let mut g = l.lock();
+            g.writer_waiting = true;
+            g.last_wake = None;
+        };
+        // The writer takes `n` messages (as woken for them).
+        let writer_takes = |l: &Lane, b: &mut Box<dyn Bundler>, n: u8| {
+            for i in 0..n {
+                push_direct(l, i, false);
+            }
+            let mut got = Batch::default();
+            l.lock().writer_waiting = false;
+            let next = l.next_batch(b.as_mut(), l.epoch(), &mut got, true);
+            assert_eq!(
+                (next, got.messages()),
+                (Next::Batch(FlushReason::Drained), n as u64)
+            );
+        };
+        // Company: a take of two messages stops write-through...
+        writer_takes(&l, &mut b, 2);
+        park(&l);
+        assert_eq!(push_direct(&l, 0, true), Pushed::Queued);
+        l.lock()
+            .outbox
+            .take(usize::MAX, usize::MAX, &mut Batch::default(), None);
+        // ...until the writer has taken single messages twice in a row.
+        writer_takes(&l, &mut b, 1);
+        writer_takes(&l, &mut b, 1);
+        park(&l);
+        assert_eq!(push_direct(&l, 1, true), Pushed::Direct);
+        l.finish_direct(l.take_direct());
+        // While writing through, every THROUGH_PROBE-th wake goes to the writer.
+        let mut kinds = Vec::new();
+        for i in 0..2 * THROUGH_PROBE as u8 {
+            park(&l);
+            let k = push_direct(&l, i, true);
+            if k == Pushed::Direct {
+                l.finish_direct(l.take_direct());
+            } else {
+                // The writer takes it (and, a single message, keeps write-through on).
+                l.lock().writer_waiting = false;
+                let mut got = Batch::default();
+                l.next_batch(b.as_mut(), l.epoch(), &mut got, true);
+                assert_eq!(got.messages(), 1);
+            }
+            kinds.push(k);
+        }
+        assert_eq!(
+            kinds.iter().filter(|k| **k == Pushed::Queued).count(),
+            2,
+            "{kinds:?}"
+        );
     }
 
     fn push(l: &Lane, n: u8, block: bool) -> Result<(), PushError> {

@@ -458,6 +458,7 @@ impl MailboxQueue {
         loop {
             if !g.q.is_empty() {
                 let n = Self::drain(&mut g, out, max);
+                note_backlog(n > 1 || !g.q.is_empty());
                 self.room_freed(&mut g);
                 return Ok(n);
             }
@@ -509,6 +510,7 @@ impl MailboxQueue {
         let mut g = self.lock();
         if !g.q.is_empty() {
             let n = Self::drain(&mut g, out, max.max(1));
+            note_backlog(n > 1 || !g.q.is_empty());
             self.room_freed(&mut g);
             return Poll::Ready(Ok(n));
         }
@@ -550,6 +552,24 @@ impl MailboxQueue {
             })
             .sum()
     }
+}
+
+thread_local! {
+    /// Whether this thread's last take from a mailbox took more than one message or left
+    /// some behind: it is serving a backlog, and what it sends meanwhile (replies) is left
+    /// to the writer to bundle rather than written through (see
+    /// `io::write::write_through`). A server thread that wrote replies itself did the
+    /// whole loopback TCP send per reply and fell behind the 64 calling threads of rpc 4x16.
+    static BACKLOG: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn note_backlog(b: bool) {
+    BACKLOG.with(|c| c.set(b));
+}
+
+/// Whether the calling thread's last take from a mailbox took several or left some behind.
+pub(crate) fn serving_backlog() -> bool {
+    BACKLOG.with(|c| c.get())
 }
 
 /// How long `take` waits for a first message.
