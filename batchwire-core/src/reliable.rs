@@ -21,7 +21,6 @@ use super::codec::Name;
 use super::frame::{
     self, Message, encode_fragment_head, fragment_charge, message_len, set_first_seq,
 };
-use super::outbox::Batch;
 
 /// A sequence number or acknowledgement from the peer that does not add up: a protocol
 /// violation. The connection is closed; nothing is skipped, discarded or acknowledged
@@ -142,17 +141,12 @@ pub struct SendWindow {
     bulk_bytes: usize,
     /// Buffers of acknowledged chunks, reused for new ones: allocating (and the kernel
     /// zeroing fresh pages for) one buffer per batch showed up at 10 KB messages.
-    free: Vec<Vec<u8>>,
-    /// The capacity of the buffers in `free`, at most [`FREE_BYTES`].
-    free_bytes: usize,
+    free: Vec<BytesMut>,
 }
 
-/// Most acknowledged buffers kept for reuse, and most bytes of capacity among them (per
-/// peer). A batch's buffer goes round: the outbox fills it, the window holds it (no copy,
-/// see [`SendWindow::hold_batch`]), and once acknowledged it is handed back to the outbox;
-/// a batch of 10 KB messages is a few MiB.
+/// Most acknowledged buffers kept for reuse, and the largest kept: at most 8 MiB per peer.
 const FREE_BUFFERS: usize = 8;
-const FREE_BYTES: usize = 8 << 20;
+const FREE_MAX_CAPACITY: usize = 1 << 20;
 
 impl SendWindow {
     /// The sequence number the next message gets.
@@ -193,7 +187,7 @@ impl SendWindow {
     /// their messages. Returns the message count.
     pub fn hold(&mut self, frames: &[(&[u8], u32)]) -> u64 {
         let need: usize = frames.iter().map(|f| f.0.len()).sum();
-        let mut data = self.take_free();
+        let mut data = self.free.pop().unwrap_or_default();
         data.reserve(need);
         let first = self.next_seq;
         for (f, n) in frames {
@@ -205,53 +199,14 @@ impl SendWindow {
         if self.next_seq == first {
             return 0;
         }
-        self.push_chunk(Bytes::from(data), first);
-        self.next_seq - first
-    }
-
-    /// Hold a batch as one chunk, numbering its messages, **without copying it** when it
-    /// is nothing but MESSAGES frames back to back (what a bundler's batch is): the buffer
-    /// itself is moved into the window, and `batch` gets an acknowledged chunk's buffer
-    /// back to fill next. Otherwise its MESSAGES frames are copied as [`SendWindow::hold`]
-    /// does. Returns the message count.
-    pub fn hold_batch(&mut self, batch: &mut Batch) -> u64 {
-        let whole = batch.frames.first().is_some_and(|f| f.start == 0)
-            && batch
-                .frames
-                .last()
-                .is_some_and(|f| f.end == batch.buf.len())
-            && batch.frames.iter().all(|f| f.messages > 0)
-            && batch.frames.windows(2).all(|w| w[0].end == w[1].start);
-        if !whole {
-            return self.hold(&batch.message_frames());
-        }
-        let first = self.next_seq;
-        for f in &batch.frames {
-            set_first_seq(&mut batch.buf[f.start..f.end], self.next_seq);
-            self.next_seq += f.messages as u64;
-        }
-        let data = std::mem::replace(&mut batch.buf, self.take_free());
-        batch.frames.clear();
-        self.push_chunk(Bytes::from(data), first);
-        self.next_seq - first
-    }
-
-    /// An acknowledged chunk's buffer, emptied, or a new one.
-    fn take_free(&mut self) -> Vec<u8> {
-        let v = self.free.pop().unwrap_or_default();
-        self.free_bytes -= v.capacity();
-        v
-    }
-
-    /// Append a chunk of MESSAGES frames numbered from `first` to `self.next_seq`.
-    fn push_chunk(&mut self, data: Bytes, first: u64) {
         self.bytes += data.len();
         self.chunks.push_back(Chunk {
-            data,
+            data: data.freeze(),
             first_seq: first,
             end_seq: self.next_seq,
             piece: None,
         });
+        self.next_seq - first
     }
 
     /// Hold one piece as a FRAGMENT frame with the next sequence number. Its id is its own
@@ -393,27 +348,19 @@ impl SendWindow {
                 self.bulk_bytes -= c.wire_len();
             }
             if let Some(c) = self.chunks.pop_front() {
-                self.recycle(c.data);
+                // Unique once the writer's clones are gone (they are, long before the ack).
+                if self.free.len() < FREE_BUFFERS
+                    && let Ok(mut m) = c.data.try_into_mut()
+                    && m.capacity() <= FREE_MAX_CAPACITY
+                {
+                    m.clear();
+                    self.free.push(m);
+                }
             }
             self.cursor = self.cursor.saturating_sub(1);
         }
         self.bytes -= freed;
         freed
-    }
-
-    /// Keep an acknowledged chunk's buffer for a later batch, if it is the last handle on
-    /// it (the writer's clones are gone long before the ack) and the bound allows.
-    fn recycle(&mut self, data: Bytes) {
-        if self.free.len() >= FREE_BUFFERS || !data.is_unique() {
-            return;
-        }
-        // No copy: the handle is unique and (unless trimmed) starts its buffer.
-        let mut v = Vec::from(data);
-        if self.free_bytes + v.capacity() <= FREE_BYTES {
-            v.clear();
-            self.free_bytes += v.capacity();
-            self.free.push(v);
-        }
     }
 
     /// Drop what was written (the unsequenced mode keeps nothing once it is on the wire).

@@ -494,12 +494,6 @@ impl Session {
         self.send.hold(frames)
     }
 
-    /// [`Session::hold`] for a bundler's batch, moving its buffer into the window instead
-    /// of copying it (see [`SendWindow::hold_batch`]); the batch is left empty.
-    pub fn hold_batch(&mut self, batch: &mut crate::outbox::Batch) -> u64 {
-        self.send.hold_batch(batch)
-    }
-
     /// Number one piece of a message in pieces and hold it (see `bulk`). Returns the
     /// message's id. A later piece is numbered only if its message's first piece was
     /// numbered for this incarnation of the peer (else [`PieceRefused::Restart`]).

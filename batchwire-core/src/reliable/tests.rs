@@ -6,71 +6,9 @@ use crate::outbox::numbered;
 
 use crate::testutil::Rng;
 
-/// Encode messages `nums` (payload = the number) into one held chunk: copied frames, or
-/// (every other start) the batch's buffer moved in, so the simulations cover both.
+/// Encode messages `nums` (payload = the number) into one held chunk.
 fn hold(w: &mut SendWindow, nums: std::ops::Range<u64>) {
-    if nums.start.is_multiple_of(2) {
-        w.hold_batch(&mut numbered(nums));
-    } else {
-        w.hold(&numbered(nums).message_frames());
-    }
-}
-
-#[test]
-fn a_batch_is_held_without_a_copy_and_its_buffer_comes_back_once_acknowledged() {
-    let mut w = SendWindow::default();
-    let mut b = numbered(0..50);
-    let (ptr, len) = (b.buf.as_ptr(), b.buf.len());
-    assert_eq!(w.hold_batch(&mut b), 50);
-    assert!(
-        b.buf.is_empty() && b.frames.is_empty(),
-        "the batch is left empty"
-    );
-    let u = w.unwritten();
-    assert_eq!(u.chunks.len(), 1);
-    assert_eq!(
-        (u.chunks[0].as_ptr(), u.chunks[0].len()),
-        (ptr, len),
-        "not copied"
-    );
-    // Numbered in place: the frames decode to 0..50 with their sequence numbers.
-    let mut buf = BytesMut::from(&u.chunks[0][..]);
-    let mut seen = Vec::new();
-    while let Ok(Some(Frame::Messages(l))) = frame::decode(&mut buf, 1 << 20) {
-        assert_eq!(l.first_seq, seen.len() as u64);
-        seen.extend(
-            l.iter()
-                .map(|m| u64::from_le_bytes(m.payload[..8].try_into().unwrap())),
-        );
-    }
-    assert_eq!(seen, (0..50).collect::<Vec<_>>());
-    // A second batch numbers on from 50; acknowledging the first hands its buffer (the
-    // writer's clone dropped) to the next batch, emptied.
-    w.mark_written(u.generation, 50);
-    drop(u);
-    let mut b2 = numbered(0..10);
-    assert_eq!(w.hold_batch(&mut b2), 10);
-    assert_eq!(w.next_seq(), 60);
-    w.sent = 60;
-    w.ack(50).unwrap();
-    let mut b3 = numbered(0..1);
-    w.hold_batch(&mut b3);
-    assert_eq!(b3.buf.as_ptr(), ptr, "the acknowledged buffer is reused");
-    assert!(b3.buf.is_empty());
-    // A batch with a control frame in it is copied (its message frames only).
-    let mut ob = crate::outbox::Outbox::new(1 << 10);
-    ob.push_message(
-        0,
-        &Name::from_static("m"),
-        &Name::from_static(""),
-        b"x",
-        None,
-    );
-    ob.push_frame(0, &Frame::Ack(3));
-    let mut mixed = Batch::default();
-    ob.take(usize::MAX, usize::MAX, &mut mixed, None);
-    assert_eq!(w.hold_batch(&mut mixed), 1);
-    assert!(!mixed.buf.is_empty(), "copied, not moved");
+    w.hold(&numbered(nums).message_frames());
 }
 
 /// The receiving end of one simulated connection.

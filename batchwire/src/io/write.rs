@@ -88,7 +88,7 @@ pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
                     .next_batch(b.as_mut(), epoch, &mut batch, peer.bulk_room())
                 {
                     Next::Batch(reason) => {
-                        hold(&peer, &mut batch, reason);
+                        hold(&peer, &batch, reason);
                         peer.lane.end_move();
                     }
                     // Poked, a piece to move, or closed and empty (shutting down: the
@@ -156,25 +156,10 @@ fn wait(peer: &Peer, epoch: u64, deadline: Option<Instant>) {
     peer.lane.wait_epoch(epoch, d);
 }
 
-/// Number a batch and hold it in the window (it is written next round; its buffer moves
-/// there, uncopied, and the batch gets a spare one), or hand it back if the peer is down.
-fn hold(peer: &Peer, batch: &mut Batch, reason: FlushReason) {
-    if batch.frames.is_empty() {
-        return;
-    }
-    let held = peer.session(|s, _| s.holdable().map(|()| s.hold_batch(batch)));
-    match held {
-        Ok(n) => count_held(peer, n, reason),
-        Err(why) => {
-            let frames = batch.message_frames();
-            peer.report_failed(decode_frames(frames.iter().map(|f| f.0)), why)
-        }
-    }
-}
-
-fn count_held(peer: &Peer, n: u64, reason: FlushReason) {
-    peer.stats.messages_sent.fetch_add(n, Relaxed);
-    peer.stats.flushes[reason_index(reason)].fetch_add(1, Relaxed);
+/// Number a batch and hold it in the window (it is written next round), or hand it back
+/// if the peer is down.
+fn hold(peer: &Peer, batch: &Batch, reason: FlushReason) {
+    hold_frames(peer, &batch.message_frames(), reason);
 }
 
 /// Number `frames` into `peer`'s window, or hand them back if it is down (the bundler
@@ -185,7 +170,10 @@ pub(crate) fn hold_frames(peer: &Peer, frames: &[(&[u8], u32)], reason: FlushRea
     }
     let held = peer.session(|s, _| s.holdable().map(|()| s.hold(frames)));
     match held {
-        Ok(n) => count_held(peer, n, reason),
+        Ok(n) => {
+            peer.stats.messages_sent.fetch_add(n, Relaxed);
+            peer.stats.flushes[reason_index(reason)].fetch_add(1, Relaxed);
+        }
         Err(why) => peer.report_failed(decode_frames(frames.iter().map(|f| f.0)), why),
     }
 }
@@ -542,7 +530,7 @@ mod tests {
         }
         let mut b = Batch::default();
         ob.take(usize::MAX, usize::MAX, &mut b, None);
-        hold(&peer, &mut b, FlushReason::Drained);
+        hold(&peer, &b, FlushReason::Drained);
         assert!(peer.window_full());
         let shutdown = Shutdown::default();
         let (p, sd) = (peer.clone(), shutdown.clone());
