@@ -184,8 +184,8 @@ pub(crate) fn hold_frames(peer: &Peer, frames: &[(&[u8], u32)], reason: FlushRea
 /// frame due) without waiting: what the socket does not take at once is left on the
 /// connection for the writer, which is poked. Otherwise the writer writes it.
 pub(crate) fn write_through(peer: &Peer, shutdown: &Shutdown) {
-    let mut batch = peer.lane.take_direct();
-    hold(peer, &mut batch, FlushReason::Drained);
+    let batch = peer.lane.take_direct();
+    hold(peer, &batch, FlushReason::Drained);
     peer.lane.end_move();
     peer.lane.finish_direct(batch);
     let wrote = peer
@@ -457,8 +457,8 @@ mod tests {
         // The other end does not read: write through until the socket takes only part.
         let mut sent = 0u64;
         while !c.has_carry() && sent < 1_000_000 {
-            let mut b = numbered_batch(sent, 64);
-            hold(&peer, &mut b, FlushReason::Drained);
+            let b = numbered_batch(sent, 64);
+            hold(&peer, &b, FlushReason::Drained);
             sent += 64;
             let _turn = peer.try_write_turn().unwrap();
             assert!(write_pending(
@@ -472,8 +472,8 @@ mod tests {
         assert!(c.has_carry(), "the socket never filled");
         assert!(peer.stats.writes_through.load(Relaxed) > 0);
         // With a carry waiting, a sender does not write (it would jump the queue)...
-        let mut b = numbered_batch(sent, 64);
-        hold(&peer, &mut b, FlushReason::Drained);
+        let b = numbered_batch(sent, 64);
+        hold(&peer, &b, FlushReason::Drained);
         sent += 64;
         assert!(!write_pending(
             &peer,
