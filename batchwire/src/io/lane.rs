@@ -295,18 +295,18 @@ impl Lane {
     /// `block`, waits for both; otherwise returns `Full`.
     #[inline]
     pub fn push(&self, m: Outgoing, block: bool) -> Result<(), PushError> {
-        self.push_direct(m, block, false).map(|_| ())
+        self.push_direct(m, block, || false).map(|_| ())
     }
 
-    /// [`Lane::push`], and with `may_write` (the peer's window has room) the message may be
-    /// handed back to the caller to write itself ([`Pushed::Direct`]) rather than waking
-    /// the parked writer.
+    /// [`Lane::push`], and if `may_write()` agrees (asked only when the writer is parked
+    /// and the lane quiet, not per message) the message may be handed back to the caller
+    /// to write itself ([`Pushed::Direct`]) rather than waking the parked writer.
     #[inline]
     pub fn push_direct(
         &self,
         m: Outgoing,
         block: bool,
-        may_write: bool,
+        may_write: impl FnOnce() -> bool,
     ) -> Result<Pushed, PushError> {
         let g = self.lock();
         if let Some(max) = g.credit.peer_max_payload()
@@ -367,7 +367,7 @@ impl Lane {
                     g.through_ok = false;
                 }
                 g.probe += 1;
-                if may_write && quiet && g.through_ok && g.probe < THROUGH_PROBE {
+                if quiet && g.through_ok && g.probe < THROUGH_PROBE && may_write() {
                     let Inner { outbox, direct, .. } = &mut *g;
                     outbox.take(usize::MAX, usize::MAX, direct, None);
                     g.taken += g.direct.messages();
@@ -841,7 +841,7 @@ mod tests {
                 bulk: false,
             },
             false,
-            may_write,
+            || may_write,
         )
         .unwrap()
     }

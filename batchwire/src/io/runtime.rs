@@ -365,7 +365,7 @@ impl Runtime {
         else {
             // The writer is parked and the lane was quiet: write it from here (no thread
             // hand-off when there is nothing to bundle).
-            let may_write = !peer.window_full() && !crate::io::mailbox::serving_backlog();
+            let may_write = || !peer.window_full() && !crate::io::mailbox::serving_backlog();
             if peer.lane.push_direct(m, block, may_write)? == Pushed::Direct {
                 crate::io::write::write_through(peer, &self.shutdown);
             }
