@@ -494,6 +494,13 @@ impl Session {
         self.send.hold(frames)
     }
 
+    /// [`Session::hold`] for a bundler's batch: a large one's buffer moves into the window
+    /// instead of being copied, and the batch gets a free one back (see
+    /// [`SendWindow::hold_batch`]).
+    pub fn hold_batch(&mut self, batch: &mut crate::outbox::Batch) -> u64 {
+        self.send.hold_batch(batch)
+    }
+
     /// Number one piece of a message in pieces and hold it (see `bulk`). Returns the
     /// message's id. A later piece is numbered only if its message's first piece was
     /// numbered for this incarnation of the peer (else [`PieceRefused::Restart`]).

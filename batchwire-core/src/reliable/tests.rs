@@ -6,9 +6,107 @@ use crate::outbox::numbered;
 
 use crate::testutil::Rng;
 
-/// Encode messages `nums` (payload = the number) into one held chunk.
+/// Encode messages `nums` (payload = the number) into one held chunk, by either path
+/// (small batches are copied by both; see the test of large ones below).
 fn hold(w: &mut SendWindow, nums: std::ops::Range<u64>) {
-    w.hold(&numbered(nums).message_frames());
+    if nums.start.is_multiple_of(2) {
+        w.hold_batch(&mut numbered(nums));
+    } else {
+        w.hold(&numbered(nums).message_frames());
+    }
+}
+
+/// A batch of messages `nums` with 1 KiB payloads (the number first): over 256 KiB from
+/// 256 messages on.
+fn big(nums: std::ops::Range<u64>) -> Batch {
+    let mut ob = crate::outbox::Outbox::new(64 << 10);
+    for i in nums {
+        let mut p = i.to_le_bytes().to_vec();
+        p.resize(1024, 0);
+        ob.push_message(
+            0,
+            &Name::from_static("m"),
+            &Name::from_static("s"),
+            &p,
+            None,
+        );
+    }
+    let mut b = Batch::default();
+    ob.take(usize::MAX, usize::MAX, &mut b, None);
+    b
+}
+
+#[test]
+fn a_large_batch_moves_in_uncopied_once_an_acknowledged_buffer_can_take_its_place() {
+    let mut w = SendWindow::default();
+    let ack_all = |w: &mut SendWindow| {
+        let u = w.unwritten();
+        if let Some(end) = u.ends.last() {
+            w.mark_written(u.generation, *end);
+        }
+        drop(u);
+        w.ack(w.next_seq()).unwrap();
+    };
+    // No buffer free yet: copied, and the batch keeps its own (the outbox's) buffer.
+    let mut b = big(0..300);
+    assert_eq!(w.hold_batch(&mut b), 300);
+    assert!(!b.buf.is_empty(), "copied");
+    ack_all(&mut w);
+    // The acknowledged chunk's buffer is free: a batch no larger moves in uncopied,
+    // numbered in place, and takes that buffer, emptied, in exchange.
+    let mut b = big(0..300);
+    let (ptr, len) = (b.buf.as_ptr(), b.buf.len());
+    assert_eq!(w.hold_batch(&mut b), 300);
+    assert!(
+        b.buf.is_empty() && b.frames.is_empty(),
+        "the batch is left empty"
+    );
+    assert!(b.buf.capacity() >= len, "with a buffer as large");
+    let u = w.unwritten();
+    assert_eq!(u.chunks.len(), 1);
+    assert_eq!(
+        (u.chunks[0].as_ptr(), u.chunks[0].len()),
+        (ptr, len),
+        "not copied"
+    );
+    let mut buf = BytesMut::from(&u.chunks[0][..]);
+    let mut seen = Vec::new();
+    while let Ok(Some(Frame::Messages(l))) = frame::decode(&mut buf, 1 << 20) {
+        assert_eq!(l.first_seq, 300 + seen.len() as u64);
+        seen.extend(
+            l.iter()
+                .map(|m| u64::from_le_bytes(m.payload[..8].try_into().unwrap())),
+        );
+    }
+    assert_eq!(seen, (0..300).collect::<Vec<_>>());
+    drop(u);
+    ack_all(&mut w);
+    // A small batch is copied even with a buffer free (cheap, and the outbox keeps its
+    // own); so is a batch larger than any free buffer.
+    let mut small = numbered(0..50);
+    assert_eq!(w.hold_batch(&mut small), 50);
+    assert!(!small.buf.is_empty(), "small: copied");
+    let mut larger = big(0..600);
+    assert_eq!(w.hold_batch(&mut larger), 600);
+    assert!(
+        !larger.buf.is_empty(),
+        "larger than any free buffer: copied"
+    );
+    // So is a batch with a control frame in it (its message frames only).
+    let mut ob = crate::outbox::Outbox::new(1 << 10);
+    ob.push_message(
+        0,
+        &Name::from_static("m"),
+        &Name::from_static(""),
+        b"x",
+        None,
+    );
+    ob.push_frame(0, &Frame::Ack(3));
+    let mut mixed = Batch::default();
+    ob.take(usize::MAX, usize::MAX, &mut mixed, None);
+    assert_eq!(w.hold_batch(&mut mixed), 1);
+    assert!(!mixed.buf.is_empty(), "copied, not moved");
+    assert_eq!(w.next_seq(), 1251);
 }
 
 /// The receiving end of one simulated connection.
@@ -44,6 +142,10 @@ fn read(conn: &mut Conn, rw: &mut RecvWindow, max: usize, got: &mut Vec<u64>) ->
 fn simulate(seed: u64, total: u64) -> (Vec<u64>, u32) {
     let mut rng = Rng(seed | 1);
     let (mut sw, mut rw) = (SendWindow::default(), RecvWindow::default());
+    // Odd seeds move every batch it can (whatever its size), even ones copy small ones.
+    if !seed.is_multiple_of(2) {
+        sw.move_from = Some(0);
+    }
     let mut conn = Conn::default();
     let mut old: Option<Conn> = None;
     let (mut queued, mut got, mut breaks) = (0u64, Vec::new(), 0u32);

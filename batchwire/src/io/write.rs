@@ -88,7 +88,7 @@ pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
                     .next_batch(b.as_mut(), epoch, &mut batch, peer.bulk_room())
                 {
                     Next::Batch(reason) => {
-                        hold(&peer, &batch, reason);
+                        hold(&peer, &mut batch, reason);
                         peer.lane.end_move();
                     }
                     // Poked, a piece to move, or closed and empty (shutting down: the
@@ -156,10 +156,25 @@ fn wait(peer: &Peer, epoch: u64, deadline: Option<Instant>) {
     peer.lane.wait_epoch(epoch, d);
 }
 
-/// Number a batch and hold it in the window (it is written next round), or hand it back
-/// if the peer is down.
-fn hold(peer: &Peer, batch: &Batch, reason: FlushReason) {
-    hold_frames(peer, &batch.message_frames(), reason);
+/// Number a batch and hold it in the window (it is written next round; its buffer moves
+/// there, uncopied, and the batch gets a spare one), or hand it back if the peer is down.
+fn hold(peer: &Peer, batch: &mut Batch, reason: FlushReason) {
+    if batch.frames.is_empty() {
+        return;
+    }
+    let held = peer.session(|s, _| s.holdable().map(|()| s.hold_batch(batch)));
+    match held {
+        Ok(n) => count_held(peer, n, reason),
+        Err(why) => {
+            let frames = batch.message_frames();
+            peer.report_failed(decode_frames(frames.iter().map(|f| f.0)), why)
+        }
+    }
+}
+
+fn count_held(peer: &Peer, n: u64, reason: FlushReason) {
+    peer.stats.messages_sent.fetch_add(n, Relaxed);
+    peer.stats.flushes[reason_index(reason)].fetch_add(1, Relaxed);
 }
 
 /// Number `frames` into `peer`'s window, or hand them back if it is down (the bundler
@@ -170,10 +185,7 @@ pub(crate) fn hold_frames(peer: &Peer, frames: &[(&[u8], u32)], reason: FlushRea
     }
     let held = peer.session(|s, _| s.holdable().map(|()| s.hold(frames)));
     match held {
-        Ok(n) => {
-            peer.stats.messages_sent.fetch_add(n, Relaxed);
-            peer.stats.flushes[reason_index(reason)].fetch_add(1, Relaxed);
-        }
+        Ok(n) => count_held(peer, n, reason),
         Err(why) => peer.report_failed(decode_frames(frames.iter().map(|f| f.0)), why),
     }
 }
@@ -184,8 +196,8 @@ pub(crate) fn hold_frames(peer: &Peer, frames: &[(&[u8], u32)], reason: FlushRea
 /// frame due) without waiting: what the socket does not take at once is left on the
 /// connection for the writer, which is poked. Otherwise the writer writes it.
 pub(crate) fn write_through(peer: &Peer, shutdown: &Shutdown) {
-    let batch = peer.lane.take_direct();
-    hold(peer, &batch, FlushReason::Drained);
+    let mut batch = peer.lane.take_direct();
+    hold(peer, &mut batch, FlushReason::Drained);
     peer.lane.end_move();
     peer.lane.finish_direct(batch);
     let wrote = peer
@@ -457,8 +469,8 @@ mod tests {
         // The other end does not read: write through until the socket takes only part.
         let mut sent = 0u64;
         while !c.has_carry() && sent < 1_000_000 {
-            let b = numbered_batch(sent, 64);
-            hold(&peer, &b, FlushReason::Drained);
+            let mut b = numbered_batch(sent, 64);
+            hold(&peer, &mut b, FlushReason::Drained);
             sent += 64;
             let _turn = peer.try_write_turn().unwrap();
             assert!(write_pending(
@@ -472,8 +484,8 @@ mod tests {
         assert!(c.has_carry(), "the socket never filled");
         assert!(peer.stats.writes_through.load(Relaxed) > 0);
         // With a carry waiting, a sender does not write (it would jump the queue)...
-        let b = numbered_batch(sent, 64);
-        hold(&peer, &b, FlushReason::Drained);
+        let mut b = numbered_batch(sent, 64);
+        hold(&peer, &mut b, FlushReason::Drained);
         sent += 64;
         assert!(!write_pending(
             &peer,
@@ -530,7 +542,7 @@ mod tests {
         }
         let mut b = Batch::default();
         ob.take(usize::MAX, usize::MAX, &mut b, None);
-        hold(&peer, &b, FlushReason::Drained);
+        hold(&peer, &mut b, FlushReason::Drained);
         assert!(peer.window_full());
         let shutdown = Shutdown::default();
         let (p, sd) = (peer.clone(), shutdown.clone());
