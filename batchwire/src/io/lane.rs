@@ -702,10 +702,12 @@ impl Lane {
                     g.outbox.take(max_messages, max_bytes, batch, keep_time);
                     let n = batch.messages();
                     g.taken += n;
-                    // Two single-message takes in a row before senders write through
-                    // again; any company stops them.
-                    g.through_ok = n == 1 && g.single_take;
-                    g.single_take = n == 1;
+                    // Two single-message takes in a row, with nothing left behind (`none`
+                    // takes one at a time), before senders write through again; any
+                    // company stops them.
+                    let single = n == 1 && g.outbox.is_empty();
+                    g.through_ok = single && g.single_take;
+                    g.single_take = single;
                     g.probe = 0;
                     self.begin_move();
                     self.room_freed(&mut g);
