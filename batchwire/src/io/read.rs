@@ -455,11 +455,13 @@ impl RecvRing {
         &mut self.cur
     }
 
-    /// The current buffer, with room for `want` more bytes: if it has none, the unread
-    /// tail (at most part of one frame) moves to a retired buffer whose messages are all
-    /// dropped, or to a new one.
+    /// The current buffer, with room for `want` more bytes: if it has none and its
+    /// messages are still held, the unread tail (at most part of one frame) moves to a
+    /// retired buffer whose messages are all dropped, or to a new one.
     fn room(&mut self) -> &mut BytesMut {
-        if self.cur.capacity() - self.cur.len() >= self.want {
+        // Room left, or every message cut from the buffer is gone (light load): in place,
+        // so an idle connection keeps touching the same few pages.
+        if self.cur.capacity() - self.cur.len() >= self.want || self.cur.try_reclaim(self.want) {
             return &mut self.cur;
         }
         let need = self.cur.len() + self.want;
@@ -543,16 +545,25 @@ mod tests {
             "not taken back while a message lives"
         );
         assert_eq!(&ring.buf()[..], &[8u8; 100][..]);
-        // ...then it drops both: the next change of buffer takes one back, no allocation.
+        // ...then it drops both. The current buffer's messages are gone too (light load):
+        // it is reused in place, the tail moved to its front.
         drop((kept, second));
         let third = ring.buf().as_ptr();
         ring.buf().extend_from_slice(&[9u8; 3500]);
         drop(ring.buf().split_to(3550));
         let b = ring.room();
-        assert_eq!(b.as_ptr(), first, "the oldest retired buffer is reused");
+        assert_eq!(b.as_ptr(), third, "reused in place");
         assert_eq!(&b[..], &[9u8; 50][..]);
+        // Under load (a message of the current buffer still held) the next change takes
+        // the oldest retired buffer back instead of allocating.
+        ring.buf().extend_from_slice(&[3u8; 3000]);
+        let held = ring.buf().split_to(3040).freeze();
+        let b = ring.room();
+        assert_eq!(b.as_ptr(), first, "the oldest retired buffer is reused");
+        assert_eq!(&b[..], &[3u8; 10][..]);
         assert_eq!(ring.retired.len(), 2);
-        assert_eq!(ring.retired[1].as_ptr(), unsafe { third.add(3550) });
+        assert_eq!(ring.retired[1].as_ptr(), unsafe { third.add(3040) });
+        drop(held);
         // Kept: at most RETIRED full buffers.
         for _ in 0..20 {
             let b = ring.room();
