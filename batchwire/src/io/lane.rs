@@ -831,6 +831,13 @@ mod tests {
         )
     }
 
+    /// Empty the outbox (as if the writer had taken it; nothing counted).
+    fn drop_queued(l: &Lane) {
+        l.lock()
+            .outbox
+            .take(usize::MAX, usize::MAX, &mut Batch::default(), None);
+    }
+
     /// Push message `n` to mailbox "to" as a sender that may write through.
     fn push_direct(l: &Lane, n: u8, may_write: bool) -> Pushed {
         let p = Bytes::from(vec![n; 10]);
@@ -861,10 +868,7 @@ mod tests {
         };
         // Writer awake: queued, whatever else holds.
         assert_eq!(push_direct(&l, 0, true), Pushed::Queued);
-        let mut batch = Batch::default();
-        l.lock()
-            .outbox
-            .take(usize::MAX, usize::MAX, &mut batch, None);
+        drop_queued(&l);
         // Parked, the lane quiet: the sender takes it, and the writer takes nothing until
         // the sender is done (a later message must not overtake it).
         park(&l, None);
@@ -891,10 +895,7 @@ mod tests {
         park(&l, Some(Instant::now()));
         assert_eq!(push_direct(&l, 3, true), Pushed::Queued);
         // Parked and quiet, but the window is full (`may_write` false): the writer.
-        let mut batch = Batch::default();
-        l.lock()
-            .outbox
-            .take(usize::MAX, usize::MAX, &mut batch, None);
+        drop_queued(&l);
         park(&l, None);
         assert_eq!(push_direct(&l, 4, false), Pushed::Queued);
         // A bundler that waits (linger) never hands a message to its sender.
@@ -930,9 +931,7 @@ mod tests {
         writer_takes(&l, &mut b, 2);
         park(&l);
         assert_eq!(push_direct(&l, 0, true), Pushed::Queued);
-        l.lock()
-            .outbox
-            .take(usize::MAX, usize::MAX, &mut Batch::default(), None);
+        drop_queued(&l);
         // ...until the writer has taken single messages twice in a row.
         writer_takes(&l, &mut b, 1);
         writer_takes(&l, &mut b, 1);

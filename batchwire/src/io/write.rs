@@ -444,6 +444,16 @@ mod tests {
         panic!("not found in {got:?}")
     }
 
+    /// The peer's writer thread, with the default bundler.
+    fn spawn_writer(peer: &Arc<Peer>, shutdown: &Shutdown) -> std::thread::JoinHandle<()> {
+        let (p, sd) = (peer.clone(), shutdown.clone());
+        let cfg = WriterCfg {
+            bundler: Some(BundlerConfig::default()),
+            shared_done: None,
+        };
+        std::thread::spawn(move || run_writer(p, cfg, sd))
+    }
+
     /// A batch of `n` messages of 1 KiB numbered from `first` (the number in the payload).
     fn numbered_batch(first: u64, n: u64) -> Batch {
         let mut ob = Outbox::new(1 << 16);
@@ -495,17 +505,7 @@ mod tests {
             Mode::NoWait
         ));
         // ...the writer does: the carry first, then the rest, all of it exactly once.
-        let (p, sd) = (peer.clone(), shutdown.clone());
-        let writer = std::thread::spawn(move || {
-            run_writer(
-                p,
-                WriterCfg {
-                    bundler: Some(BundlerConfig::default()),
-                    shared_done: None,
-                },
-                sd,
-            )
-        });
+        let writer = spawn_writer(&peer, &shutdown);
         let mut got = Vec::new();
         read_until(&mut theirs, |f| {
             if let Frame::Messages(l) = f {
@@ -545,17 +545,7 @@ mod tests {
         hold(&peer, &mut b, FlushReason::Drained);
         assert!(peer.window_full());
         let shutdown = Shutdown::default();
-        let (p, sd) = (peer.clone(), shutdown.clone());
-        let writer = std::thread::spawn(move || {
-            run_writer(
-                p,
-                WriterCfg {
-                    bundler: Some(BundlerConfig::default()),
-                    shared_done: None,
-                },
-                sd,
-            )
-        });
+        let writer = spawn_writer(&peer, &shutdown);
         read_until(&mut theirs, |f| matches!(f, Frame::Messages(_)));
         // Ten messages arrive from the peer: an acknowledgement is due, window or not.
         let id = peer.current().unwrap().id;
