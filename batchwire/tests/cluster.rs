@@ -96,6 +96,51 @@ fn a_lone_message_is_written_by_its_sender_and_a_stream_still_bundles() {
 }
 
 #[test]
+fn written_through_messages_survive_connection_breaks_exactly_once_in_order() {
+    let nodes = start(mesh(&["a", "b"]));
+    let inbox = nodes[1].mailbox("inbox").unwrap();
+    let to = Address::new("b", "inbox").unwrap();
+    const N: u64 = 2_000;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // Sparse sends (written through when the writer is parked) while the sender's
+        // connections are closed every few milliseconds.
+        s.spawn(|| {
+            for i in 0..N {
+                nodes[0].send(&to, payload(i, 100)).unwrap();
+                if i % 4 == 0 {
+                    std::thread::sleep(Duration::from_micros(300));
+                }
+            }
+        });
+        s.spawn(|| {
+            let deadline = Instant::now() + T;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(7));
+                nodes[0].break_connections();
+            }
+        });
+        let mut next = 0;
+        let deadline = Instant::now() + T;
+        while next < N && Instant::now() < deadline {
+            if let Ok(e) = inbox.recv_timeout(Duration::from_millis(100)) {
+                assert_eq!(seq(&e.payload), next, "in order, once");
+                next += 1;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(next, N, "all delivered");
+    });
+    let st = &nodes[0].stats().peers[0];
+    assert!(st.writes_through > 0, "some were written through");
+    assert!(st.connects > 1, "connections were broken: {}", st.connects);
+    assert!(
+        inbox.recv_timeout(Duration::from_millis(200)).is_err(),
+        "no duplicates"
+    );
+}
+
+#[test]
 fn send_all_includes_self_and_send_others_does_not() {
     let nodes = start(mesh(&["a", "b", "c"]));
     let boxes: Vec<_> = nodes.iter().map(|n| n.mailbox("all").unwrap()).collect();
