@@ -16,7 +16,8 @@ use crate::event::{CloseReason, HandshakeFailure};
 use crate::io::link::Link;
 
 /// A connection serving a peer: its id in the peer's session, its transport, and whether
-/// it was closed. Its reader owns it; the peer's writer uses it while it is current.
+/// it was closed. Its reader owns it; the peer's writer (or a sender writing through, with
+/// the write turn) uses it while it is current.
 pub(crate) struct Conn {
     pub id: ConnId,
     pub link: Arc<Link>,

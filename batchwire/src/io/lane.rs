@@ -18,7 +18,8 @@
 //! credit, encodes the message into the outbox and, only when the writer is parked and has
 //! a reason to wake, notifies it: no syscall, allocation (the buffer is reused) or clock
 //! read per message (the clock is read only when the bundler needs enqueue times and the
-//! outbox was empty).
+//! outbox was empty, or when the writer is parked: then, without company, the sender
+//! takes the message to write it itself, see [`Pushed::Direct`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};

@@ -304,8 +304,8 @@ impl Link {
     /// Write every buffer, in order, with as few system calls as possible. Whenever a
     /// write times out (the socket's write timeout), `go_on` says whether to keep trying;
     /// if not, the error is returned (and the connection must be closed: part of the
-    /// buffers may have been written). Only one thread (the connection's writer, or the
-    /// setup before it) writes.
+    /// buffers may have been written). Only one thread writes at a time (whoever holds the
+    /// peer's write turn, or the setup before the connection is installed).
     pub fn write_vectored(
         &self,
         bufs: &[&[u8]],

@@ -1,4 +1,6 @@
-//! A peer's writer thread: the only thread that writes to the peer's connections.
+//! A peer's writer thread, which writes to the peer's connections; and write-through, by
+//! which a sender writes a lone message itself when the writer is parked (see
+//! [`write_through`]). Whoever writes holds the peer's write turn.
 //!
 //! Each round it writes, in one vectored write, **control first** (the acknowledgement or
 //! heartbeat the session says is due, undeliverable notices, credit: a SYNC and grants)
@@ -156,8 +158,9 @@ fn wait(peer: &Peer, epoch: u64, deadline: Option<Instant>) {
     peer.lane.wait_epoch(epoch, d);
 }
 
-/// Number a batch and hold it in the window (it is written next round; its buffer moves
-/// there, uncopied, and the batch gets a spare one), or hand it back if the peer is down.
+/// Number a batch and hold it in the window (it is written next round; a large batch's
+/// buffer moves there uncopied, and the batch gets a free one back), or hand it back if
+/// the peer is down.
 fn hold(peer: &Peer, batch: &mut Batch, reason: FlushReason) {
     if batch.frames.is_empty() {
         return;
