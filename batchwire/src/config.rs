@@ -339,7 +339,9 @@ impl NodeConfig {
         self
     }
 
-    /// Bytes a reader asks the socket for at once. Default 64 KiB.
+    /// Bytes a reader asks the socket for at once. Default 64 KiB. Each connection reads
+    /// into blocks of four reads (at most 1 MiB, or one read if larger) and keeps up to
+    /// five of them for reuse while the application holds messages cut from them.
     pub fn read_bytes(mut self, bytes: usize) -> Self {
         self.read_bytes = bytes;
         self

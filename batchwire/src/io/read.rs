@@ -424,8 +424,9 @@ impl Reader<'_> {
 /// from the allocator per read, which it took from and gave back to the kernel: page faults
 /// and `madvise` were a tenth of the reader's time at 10 KB messages. Instead the reader
 /// keeps up to [`RETIRED`] full buffers and takes one back once its messages are gone.
-/// Memory: at most `RETIRED + 1` blocks of `4 x read_bytes` per connection, plus blocks the
-/// application still holds messages of (those it frees itself).
+/// Memory: at most `RETIRED + 1` blocks of `4 x read_bytes` (at most 1 MiB, or one read if
+/// that is larger) per connection, plus blocks the application still holds messages of
+/// (those it frees itself).
 struct RecvRing {
     cur: BytesMut,
     retired: std::collections::VecDeque<BytesMut>,
@@ -438,7 +439,9 @@ const RETIRED: usize = 4;
 
 impl RecvRing {
     fn new(mut cur: BytesMut, want: usize) -> Self {
-        let block = want.saturating_mul(4);
+        // Four reads per block, but no block over 1 MiB beyond one read (a large
+        // `read_bytes` must not multiply the memory a connection keeps).
+        let block = want.saturating_mul(4).min(want.max(1 << 20));
         if cur.capacity() - cur.len() < want {
             cur.reserve(block);
         }
