@@ -367,7 +367,7 @@ impl Lane {
                     // Another sender is writing through right now: company.
                     g.through_ok = false;
                 }
-                g.probe += 1;
+                g.probe = g.probe.saturating_add(1);
                 if quiet && g.through_ok && g.probe < THROUGH_PROBE && may_write() {
                     let Inner { outbox, direct, .. } = &mut *g;
                     outbox.take(usize::MAX, usize::MAX, direct, None);
