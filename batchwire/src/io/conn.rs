@@ -26,10 +26,10 @@ pub(crate) struct Conn {
     /// the other way (a join, or a member reaching one that does not know it yet) gives
     /// way to a live canonical one.
     pub canonical: bool,
-    /// The rest of a write-through that the socket did not take at once: written (by
-    /// the writer) before anything else on this connection. Touched only with the peer's
-    /// write turn.
-    carry: Mutex<Option<Bytes>>,
+    /// The rest of a write-through that the socket did not take at once (slices of the
+    /// window's chunks, not copies): written (by the writer) before anything else on this
+    /// connection. Touched only with the peer's write turn.
+    carry: Mutex<Vec<Bytes>>,
 }
 
 impl Conn {
@@ -39,25 +39,26 @@ impl Conn {
             link,
             closed: AtomicBool::new(false),
             canonical: true,
-            carry: Mutex::new(None),
+            carry: Mutex::new(Vec::new()),
         }
     }
 
     /// Keep `rest` to be written before anything else (see `carry`).
-    pub fn set_carry(&self, rest: Bytes) {
-        *self.carry.lock().unwrap_or_else(|p| p.into_inner()) = Some(rest);
+    pub fn set_carry(&self, rest: Vec<Bytes>) {
+        *self.carry.lock().unwrap_or_else(|p| p.into_inner()) = rest;
     }
 
-    /// What a write-through left over, if anything.
-    pub fn take_carry(&self) -> Option<Bytes> {
-        self.carry.lock().unwrap_or_else(|p| p.into_inner()).take()
+    /// What a write-through left over (empty if nothing).
+    pub fn take_carry(&self) -> Vec<Bytes> {
+        std::mem::take(&mut *self.carry.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     pub fn has_carry(&self) -> bool {
-        self.carry
+        !self
+            .carry
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .is_some()
+            .is_empty()
     }
 
     /// Close both directions: the reader's read and the writer's write fail at once, and

@@ -142,7 +142,7 @@ pub(crate) struct Held {
 }
 
 /// Bytes of a run's credit given back at once when it is taken a little at a time.
-pub(crate) const RELEASE_STEP: u64 = 16 << 10;
+const RELEASE_STEP: u64 = 16 << 10;
 
 impl Held {
     pub fn new(flow: Arc<Flow>, mailbox: Name, bytes: u64) -> Held {

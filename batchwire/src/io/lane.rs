@@ -117,12 +117,12 @@ struct Inner {
     direct: Batch,
     /// When a push last woke the parked writer or wrote through.
     last_wake: Option<Instant>,
-    /// Whether senders may write through: the writer's last take held a single message
-    /// (nothing else queued while it woke), and no sender found another one writing
-    /// through. With many senders a woken writer finds several messages and bundles
-    /// them; writing each through instead cost 4 nodes x 16 calling threads a third of
-    /// their calls. `probe` counts write-throughs since the writer last took: every
-    /// [`THROUGH_PROBE`]th wake goes to the writer, to look again.
+    /// Whether senders may write through: the writer's last two takes each held a single
+    /// message with nothing left behind (nothing else queued while it woke), and no
+    /// sender found another one writing through. With many senders a woken writer finds
+    /// several messages and bundles them; writing each through instead cost 4 nodes x 16
+    /// calling threads a third of their calls. `probe` counts wake-ups since the writer
+    /// last took: every [`THROUGH_PROBE`]th goes to the writer, to look again.
     through_ok: bool,
     /// The writer's previous take held a single message.
     single_take: bool,

@@ -345,6 +345,7 @@ impl Link {
     /// Write as much of `bufs`, in order, as the socket takes now without waiting, and
     /// return how many bytes that was (0 if it takes none). Plain TCP only (`None` over
     /// TLS). The caller owns what was not written: it must go out before anything else.
+    #[cfg(unix)]
     pub fn try_write_vectored(&self, bufs: &[&[u8]]) -> Option<std::io::Result<usize>> {
         let fd = self.plain_fd()?;
         let iov: Vec<libc::iovec> = bufs
@@ -374,6 +375,17 @@ impl Link {
                 _ => return Some(Err(e)),
             }
         }
+    }
+
+    /// Elsewhere than Unix there is no non-blocking write here (write-through is off).
+    #[cfg(not(unix))]
+    pub fn try_write_vectored(&self, _bufs: &[&[u8]]) -> Option<std::io::Result<usize>> {
+        None
+    }
+
+    /// Whether [`Link::try_write_vectored`] writes (plain TCP, on Unix).
+    pub fn writes_without_waiting(&self) -> bool {
+        cfg!(unix) && matches!(self, Link::Plain(_))
     }
 
     /// Write `buf` (setup: the socket's timeouts bound it).

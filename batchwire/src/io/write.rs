@@ -25,6 +25,7 @@ use batchwire_core::bundler::{BundlerConfig, FlushReason};
 use batchwire_core::frame::Message;
 use batchwire_core::outbox::Batch;
 use batchwire_core::session::{FailReason, PeerState, PieceRefused};
+use bytes::Bytes;
 use tracing::{debug, warn};
 
 use crate::io::conn::Conn;
@@ -205,7 +206,7 @@ pub(crate) fn write_through(peer: &Peer, shutdown: &Shutdown) {
     peer.lane.finish_direct(batch);
     let wrote = peer
         .current()
-        .filter(|c| !c.is_closed() && c.link.plain_fd().is_some())
+        .filter(|c| !c.is_closed() && c.link.writes_without_waiting())
         .is_some_and(|c| {
             let Some(_turn) = peer.try_write_turn() else {
                 return false;
@@ -237,12 +238,10 @@ fn write_pending(
     mode: Mode,
 ) -> bool {
     let mut go_on = || !c.is_closed() && !past_grace(shutdown);
-    if mode == Mode::NoWait && (c.has_carry() || c.link.plain_fd().is_none()) {
+    if mode == Mode::NoWait && (c.has_carry() || !c.link.writes_without_waiting()) {
         return false;
     }
-    if let Some(rest) = c.take_carry()
-        && let Err(e) = c.link.write_vectored(&[&rest], &mut go_on)
-    {
+    if let Err(e) = write_carry(c, &mut go_on) {
         fail_write(peer, c, &e);
         return true;
     }
@@ -278,16 +277,17 @@ fn write_pending(
             Some(Ok(n)) => {
                 let total: usize = bufs.iter().map(|b| b.len()).sum();
                 if n < total {
-                    // The socket is full: the rest (copied: rare) goes first next time,
-                    // by the writer. It counts as written here; the window keeps it
-                    // until acknowledged, like anything written.
-                    c.set_carry(rest_after(&bufs, n));
+                    // The socket is full: the rest goes first next time, by the writer
+                    // (the control bytes copied, the data as slices of the window's
+                    // chunks). It counts as written here; the window keeps it until
+                    // acknowledged, like anything written.
+                    c.set_carry(rest_after(control, &u.chunks, n));
                     peer.lane.poke();
                 }
                 Ok(total)
             }
             Some(Err(e)) => Err(e),
-            None => unreachable!("checked above: plain TCP"),
+            None => unreachable!("checked above: writes_without_waiting"),
         },
     };
     match written {
@@ -317,18 +317,31 @@ fn write_pending(
     true
 }
 
-/// The bytes of `bufs` after the first `n`, in one buffer.
-fn rest_after(bufs: &[&[u8]], mut n: usize) -> bytes::Bytes {
+/// What follows the first `n` bytes of `control` then `chunks`: the rest of the control
+/// bytes copied (they are few and reused), the chunks sliced.
+fn rest_after(control: &[u8], chunks: &[Bytes], mut n: usize) -> Vec<Bytes> {
     let mut rest = Vec::new();
-    for b in bufs {
-        if n >= b.len() {
-            n -= b.len();
-        } else {
-            rest.extend_from_slice(&b[n..]);
-            n = 0;
-        }
+    if n < control.len() {
+        rest.push(Bytes::copy_from_slice(&control[n..]));
     }
-    rest.into()
+    n = n.saturating_sub(control.len());
+    for c in chunks {
+        if n < c.len() {
+            rest.push(c.slice(n..));
+        }
+        n = n.saturating_sub(c.len());
+    }
+    rest
+}
+
+/// Write what a write-through left on `c` (nothing if it left nothing).
+fn write_carry(c: &Conn, go_on: &mut dyn FnMut() -> bool) -> std::io::Result<()> {
+    let rest = c.take_carry();
+    if rest.is_empty() {
+        return Ok(());
+    }
+    let bufs: Vec<&[u8]> = rest.iter().map(|b| &b[..]).collect();
+    c.link.write_vectored(&bufs, go_on).map(|_| ())
 }
 
 /// A write failed: close the connection. Nothing is lost: what was held stays held and
@@ -378,9 +391,7 @@ fn close_step(peer: &Peer, conn: Option<&Conn>, cfg: &WriterCfg, deadline: Insta
             for f in frames {
                 f.encode(&mut out);
             }
-            if let Some(rest) = c.take_carry() {
-                let _ = c.link.write_vectored(&[&rest], &mut || false);
-            }
+            let _ = write_carry(c, &mut || false);
             let _ = c.link.write_vectored(&[&out], &mut || false);
             let _ = c.link.shutdown(std::net::Shutdown::Write);
             true
@@ -468,6 +479,18 @@ mod tests {
         let mut b = Batch::default();
         ob.take(usize::MAX, usize::MAX, &mut b, None);
         b
+    }
+
+    #[test]
+    fn the_rest_of_a_partial_write_is_exactly_the_bytes_after_it() {
+        let chunks = [Bytes::from_static(b"defg"), Bytes::from_static(b"hi")];
+        for n in 0..=9 {
+            let rest: Vec<u8> = rest_after(b"abc", &chunks, n).concat();
+            assert_eq!(rest, &b"abcdefghi"[n..], "after {n} bytes");
+        }
+        // The chunks are sliced, not copied.
+        let rest = rest_after(b"abc", &chunks, 4);
+        assert_eq!(rest[0].as_ptr(), chunks[0][1..].as_ptr());
     }
 
     #[test]
