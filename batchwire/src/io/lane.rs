@@ -35,7 +35,7 @@ use batchwire_core::idle::{IdleStep, IdleStrategy};
 use batchwire_core::outbox::{Batch, Dest, Outbox};
 use bytes::{Bytes, BytesMut};
 
-use crate::io::wakers::Wakers;
+use crate::io::wakers::{Sleepers, Wakers};
 
 /// Why `push` did not queue a message.
 #[derive(Debug, PartialEq, Eq)]
@@ -105,7 +105,8 @@ struct Inner {
     /// The peer is declared down: sends are refused (until it is back up).
     down: bool,
     writer_waiting: bool,
-    senders_waiting: usize,
+    /// Senders waiting for room or credit (blocking sends).
+    senders: Sleepers,
     /// Tasks waiting for room or credit (async sends), woken with `not_full`.
     room: Wakers,
     /// Bumped whenever the consumer must look up (`poke`, `close`, a bulk message); mirrored
@@ -186,7 +187,7 @@ impl Lane {
                 closed: false,
                 down: false,
                 writer_waiting: false,
-                senders_waiting: 0,
+                senders: Sleepers::default(),
                 room: Wakers::default(),
                 epoch: 0,
                 direct_busy: false,
@@ -265,9 +266,9 @@ impl Lane {
                 return Err(PushError::Full);
             }
             start.get_or_insert_with(Instant::now);
-            g.senders_waiting += 1;
+            let ticket = g.senders.park();
             g = self.not_full.wait(g).unwrap_or_else(|p| p.into_inner());
-            g.senders_waiting -= 1;
+            g.senders.woke(ticket);
         }
         if let Some(t) = start {
             self.blocked_ns
@@ -278,9 +279,7 @@ impl Lane {
 
     /// Room or credit may have appeared: wake the senders waiting for it, threads and tasks.
     fn room_freed(&self, g: &mut Inner) {
-        if g.senders_waiting > 0 {
-            self.not_full.notify_all();
-        }
+        g.senders.notify_all(&self.not_full);
         g.room.wake_all();
     }
 

@@ -22,7 +22,7 @@ use crate::class::Class;
 use crate::error::{Error, RecvError};
 use crate::io::NameHash;
 use crate::io::flow::Held;
-use crate::io::wakers::Wakers;
+use crate::io::wakers::{Sleepers, Wakers};
 use batchwire_core::call;
 use batchwire_core::codec::Name;
 use batchwire_core::frame;
@@ -222,8 +222,10 @@ struct Inner {
     room: Wakers,
     /// The way back for the requests taken from here (set by the handle that claims it).
     replier: Option<Weak<dyn Outbound>>,
-    pushers_waiting: usize,
-    receivers_waiting: usize,
+    /// Local pushers waiting for room.
+    pushers: Sleepers,
+    /// Receiving threads waiting for a message.
+    receivers: Sleepers,
 }
 
 /// The state behind a mailbox, shared between the node (which pushes) and the handle.
@@ -249,8 +251,8 @@ impl MailboxQueue {
                 wakers: Vec::new(),
                 room: Wakers::default(),
                 replier: None,
-                pushers_waiting: 0,
-                receivers_waiting: 0,
+                pushers: Sleepers::default(),
+                receivers: Sleepers::default(),
             }),
             not_empty: Condvar::new(),
             not_full: Condvar::new(),
@@ -277,9 +279,9 @@ impl MailboxQueue {
                 if let Wait::No = wait {
                     return Err((item, Refused::Full));
                 }
-                g.pushers_waiting += 1;
+                let ticket = g.pushers.park();
                 g = self.not_full.wait(g).unwrap_or_else(|p| p.into_inner());
-                g.pushers_waiting -= 1;
+                g.pushers.woke(ticket);
             }
         }
         if g.closed {
@@ -287,10 +289,9 @@ impl MailboxQueue {
         }
         g.bytes += cost;
         g.q.push_back(item);
-        // Wake only what is asleep: a notify is a syscall even with nobody waiting.
-        if g.receivers_waiting > 0 {
-            self.not_empty.notify_all();
-        }
+        // Wake only what is asleep, once per burst: a notify is a syscall even with nobody
+        // waiting, and a receiver that was woken takes everything queued when it runs.
+        g.receivers.notify_all(&self.not_empty);
         for w in g.wakers.drain(..) {
             w.wake();
         }
@@ -483,7 +484,7 @@ impl MailboxQueue {
                     g = self.lock();
                 }
                 IdleStep::Park => {
-                    g.receivers_waiting += 1;
+                    let ticket = g.receivers.park();
                     g = match left {
                         None => self.not_empty.wait(g).unwrap_or_else(|p| p.into_inner()),
                         Some(d) => {
@@ -493,7 +494,7 @@ impl MailboxQueue {
                                 .0
                         }
                     };
-                    g.receivers_waiting -= 1;
+                    g.receivers.woke(ticket);
                 }
             }
         }
@@ -535,9 +536,7 @@ impl MailboxQueue {
 
     /// Room was freed: wake the local pushers waiting for it, threads and tasks.
     fn room_freed(&self, g: &mut Inner) {
-        if g.pushers_waiting > 0 {
-            self.not_full.notify_all();
-        }
+        g.pushers.notify_all(&self.not_full);
         g.room.wake_all();
     }
 
