@@ -109,75 +109,154 @@ impl Reader {
     }
 }
 
-/// A short UTF-8 string (at most 255 bytes) backed by `Bytes`, so that a name read off the
-/// wire is a slice of the receive buffer and cloning it never allocates.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Name(Bytes);
+/// A short UTF-8 string (at most 255 bytes). A name of up to [`Name::INLINE`] bytes (most
+/// node and mailbox names) is kept inline, so cloning or dropping it touches no shared
+/// reference count: the receive path makes two names per message. A longer one is backed
+/// by `Bytes`, so that a name read off the wire is a slice of the receive buffer and cloning
+/// it never allocates.
+#[derive(Clone)]
+pub struct Name(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Inline { len: u8, buf: [u8; Name::INLINE] },
+    Shared(Bytes),
+}
 
 impl Name {
     /// The longest name the wire format can carry.
     pub const MAX_LEN: usize = 255;
 
-    /// Wrap bytes that are valid UTF-8 and at most 255 bytes long.
-    pub fn from_bytes(b: Bytes) -> Option<Name> {
-        (b.len() <= Self::MAX_LEN && std::str::from_utf8(&b).is_ok()).then_some(Name(b))
+    /// The longest name kept inline (no allocation, no reference count).
+    pub const INLINE: usize = 38;
+
+    /// A copy of `b` (unchecked): inline if short enough.
+    fn copied(b: &[u8]) -> Name {
+        if b.len() <= Self::INLINE {
+            let mut buf = [0; Self::INLINE];
+            buf[..b.len()].copy_from_slice(b);
+            Name(Repr::Inline {
+                len: b.len() as u8,
+                buf,
+            })
+        } else {
+            Name(Repr::Shared(Bytes::copy_from_slice(b)))
+        }
     }
 
-    /// Wrap bytes already checked to be UTF-8 and at most 255 bytes long (by
-    /// `frame::check_message`). Were they not, `as_str` would give "" rather than misbehave.
-    pub(crate) fn from_validated(b: Bytes) -> Name {
-        Name(b)
+    /// `b` itself if long, a copy if short enough to be inline (unchecked).
+    fn shared(b: Bytes) -> Name {
+        if b.len() <= Self::INLINE {
+            Self::copied(&b)
+        } else {
+            Name(Repr::Shared(b))
+        }
+    }
+
+    /// Wrap bytes that are valid UTF-8 and at most 255 bytes long.
+    pub fn from_bytes(b: Bytes) -> Option<Name> {
+        (b.len() <= Self::MAX_LEN && std::str::from_utf8(&b).is_ok()).then(|| Name::shared(b))
+    }
+
+    /// The name at `range` of `data`, already checked to be UTF-8 and at most 255 bytes
+    /// long (by `frame::check_message`): copied if short, else a slice of `data`. Were the
+    /// bytes not checked, `as_str` would give "" rather than misbehave.
+    pub(crate) fn from_validated(data: &Bytes, range: std::ops::Range<usize>) -> Name {
+        if range.len() <= Self::INLINE {
+            Self::copied(&data[range])
+        } else {
+            Name(Repr::Shared(data.slice(range)))
+        }
     }
 
     /// A name from a string; `None` if longer than 255 bytes.
     pub fn new(s: &str) -> Option<Name> {
-        (s.len() <= Self::MAX_LEN).then(|| Name(Bytes::copy_from_slice(s.as_bytes())))
+        (s.len() <= Self::MAX_LEN).then(|| Name::copied(s.as_bytes()))
     }
 
-    /// A name from a `'static` string, without copying. Panics if longer than 255 bytes,
-    /// which for a literal is a programming error.
+    /// A name from a `'static` string, without copying a long one. Panics if longer than
+    /// 255 bytes, which for a literal is a programming error.
     pub fn from_static(s: &'static str) -> Name {
         assert!(s.len() <= Self::MAX_LEN, "name longer than 255 bytes");
-        Name(Bytes::from_static(s.as_bytes()))
+        Name::shared(Bytes::from_static(s.as_bytes()))
     }
 
-    /// The same name in a buffer of its own: a name read off the wire is a slice of the
-    /// receive buffer and would keep all of it alive in a long-lived table.
+    /// The same name in a buffer of its own: a long name read off the wire is a slice of
+    /// the receive buffer and would keep all of it alive in a long-lived table.
     pub fn detached(&self) -> Name {
-        Name(Bytes::copy_from_slice(&self.0))
+        match &self.0 {
+            Repr::Inline { .. } => self.clone(),
+            Repr::Shared(b) => Name(Repr::Shared(Bytes::copy_from_slice(b))),
+        }
     }
 
-    /// The name without its first `n` bytes, sharing the buffer ("" if `n` is not at a
-    /// character boundary or past the end).
+    /// The name without its first `n` bytes ("" if `n` is not at a character boundary or
+    /// past the end); a long one shares the buffer.
     pub fn slice_from(&self, n: usize) -> Name {
-        if n > self.0.len() || !self.as_str().is_char_boundary(n) {
-            return Name(Bytes::new());
+        if n > self.len() || !self.as_str().is_char_boundary(n) {
+            return Name::copied(b"");
         }
-        Name(self.0.slice(n..))
+        match &self.0 {
+            Repr::Inline { .. } => Name::copied(&self.as_bytes()[n..]),
+            Repr::Shared(b) => Name::shared(b.slice(n..)),
+        }
     }
 
     pub fn as_str(&self) -> &str {
         // Checked in every constructor; from_utf8 on a short name costs a few nanoseconds
         // and keeps this crate free of `unsafe`.
-        std::str::from_utf8(&self.0).unwrap_or("")
+        std::str::from_utf8(self.as_bytes()).unwrap_or("")
     }
 
+    #[inline]
     pub fn as_bytes(&self) -> &[u8] {
-        &self.0
+        match &self.0 {
+            Repr::Inline { len, buf } => &buf[..*len as usize],
+            Repr::Shared(b) => b,
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.as_bytes().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.as_bytes().is_empty()
     }
 
     /// Append the wire encoding (length byte + bytes).
     pub fn encode(&self, out: &mut Vec<u8>) {
-        out.push(self.0.len() as u8);
-        out.extend_from_slice(&self.0);
+        let b = self.as_bytes();
+        out.push(b.len() as u8);
+        out.extend_from_slice(b);
+    }
+}
+
+// Equality, order and hash are the bytes' (as `Borrow<[u8]>` requires), whatever the
+// representation.
+impl PartialEq for Name {
+    fn eq(&self, other: &Name) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for Name {}
+
+impl PartialOrd for Name {
+    fn partial_cmp(&self, other: &Name) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Name {
+    fn cmp(&self, other: &Name) -> std::cmp::Ordering {
+        self.as_bytes().cmp(other.as_bytes())
+    }
+}
+
+impl std::hash::Hash for Name {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state)
     }
 }
 
@@ -225,7 +304,7 @@ pub type NameMap<V> = std::collections::HashMap<Name, V, NameHash>;
 
 impl std::borrow::Borrow<[u8]> for Name {
     fn borrow(&self) -> &[u8] {
-        &self.0
+        self.as_bytes()
     }
 }
 
@@ -252,5 +331,51 @@ mod tests {
         n.encode(&mut v);
         assert_eq!(v, b"\x05inbox");
         assert_eq!(Reader::new(v.into()).name("n").unwrap(), n);
+    }
+
+    #[test]
+    fn short_and_long_names_behave_alike() {
+        use std::collections::hash_map::DefaultHasher;
+        use std::hash::{Hash, Hasher};
+        let hash = |b: &[u8]| {
+            let mut h = DefaultHasher::new();
+            b.hash(&mut h);
+            h.finish()
+        };
+        let long = "l".repeat(Name::INLINE + 1);
+        let edge = "e".repeat(Name::INLINE);
+        for s in ["", "inbox", edge.as_str(), long.as_str(), &"x".repeat(255)] {
+            let n = Name::new(s).unwrap();
+            assert_eq!(n.as_str(), s);
+            assert_eq!(n.len(), s.len());
+            // Hash and equality are the bytes' (maps look names up by `&[u8]`).
+            let mut h = DefaultHasher::new();
+            n.hash(&mut h);
+            assert_eq!(h.finish(), hash(s.as_bytes()), "{s}");
+            let b = Bytes::copy_from_slice(s.as_bytes());
+            assert_eq!(Name::from_bytes(b.clone()).unwrap(), n);
+            let mut framed = b"ab".to_vec();
+            framed.extend_from_slice(s.as_bytes());
+            let framed = Bytes::from(framed);
+            assert_eq!(Name::from_validated(&framed, 2..framed.len()), n);
+            assert_eq!(n.detached(), n);
+            assert_eq!(n.slice_from(0), n);
+            if !s.is_empty() {
+                assert_eq!(n.slice_from(1).as_str(), &s[1..]);
+            }
+            assert_eq!(n.slice_from(s.len() + 1).as_str(), "");
+            assert_eq!(
+                Name::from_static("inbox").cmp(&Name::new("inboy").unwrap()),
+                std::cmp::Ordering::Less
+            );
+        }
+        // A long name from the wire shares the receive buffer; a short one does not.
+        let buf = Bytes::from(format!("..{long}"));
+        let n = Name::from_validated(&buf, 2..buf.len());
+        assert_eq!(n.as_bytes().as_ptr(), buf[2..].as_ptr());
+        let buf = Bytes::from_static(b"..inbox");
+        let n = Name::from_validated(&buf, 2..buf.len());
+        assert_ne!(n.as_bytes().as_ptr(), buf[2..].as_ptr());
+        assert_eq!(n.as_str(), "inbox");
     }
 }

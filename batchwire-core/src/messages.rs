@@ -293,7 +293,7 @@ impl MessageList {
 /// `data` is empty or (never, for validated bytes) malformed.
 pub fn next_message(data: &mut Bytes) -> Option<(Name, Bytes, usize)> {
     let s = message_span(data, 0).ok()?;
-    let from = Name::from_validated(data.slice(s.from.0..s.from.1));
+    let from = Name::from_validated(data, s.from.0..s.from.1);
     let payload = data.slice(s.payload.0..s.payload.1);
     bytes::Buf::advance(data, s.end);
     Some((from, payload, s.end))
