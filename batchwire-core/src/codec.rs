@@ -127,8 +127,9 @@ impl Name {
     /// The longest name the wire format can carry.
     pub const MAX_LEN: usize = 255;
 
-    /// The longest name kept inline (no allocation, no reference count).
-    pub const INLINE: usize = 38;
+    /// The longest name kept inline (no allocation, no reference count): what fits in a
+    /// `Bytes` beside its vtable pointer, so a `Name` is no bigger than a `Bytes`.
+    pub const INLINE: usize = 23;
 
     /// A copy of `b` (unchecked): inline if short enough.
     fn copied(b: &[u8]) -> Name {
@@ -369,6 +370,8 @@ mod tests {
                 std::cmp::Ordering::Less
             );
         }
+        // The inline form fits beside the `Bytes` one: a name is no bigger than before.
+        assert_eq!(std::mem::size_of::<Name>(), std::mem::size_of::<Bytes>());
         // A long name from the wire shares the receive buffer; a short one does not.
         let buf = Bytes::from(format!("..{long}"));
         let n = Name::from_validated(&buf, 2..buf.len());
