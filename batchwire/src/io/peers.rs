@@ -2,7 +2,9 @@
 //! its writer thread. At most `max_peers`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
 
 use batchwire_core::codec::Name;
@@ -24,6 +26,8 @@ pub(crate) struct Peers(Arc<Inner>);
 
 struct Inner {
     map: RwLock<HashMap<Name, Arc<Peer>, NameHash>>,
+    /// The first peers again, for the send path's lookup without a lock.
+    index: Index<Arc<Peer>>,
     by_id: RwLock<Vec<Arc<Peer>>>,
     maker: Maker,
 }
@@ -60,6 +64,7 @@ impl Peers {
         let shared = config.bundler.kind.shared_queue();
         Peers(Arc::new(Inner {
             map: RwLock::new(HashMap::default()),
+            index: Index::new(config.max_peers.min(INDEX_PEERS)),
             by_id: RwLock::new(Vec::new()),
             maker: Maker {
                 ctx,
@@ -82,9 +87,18 @@ impl Peers {
             .cloned()
     }
 
-    /// Run `f` on the peer called `name` under the registry's read lock (no reference
-    /// count is touched: the send path).
+    /// Run `f` on the peer called `name` (the send path): found in the index without a
+    /// lock or a reference count, or, past the index's first peers, under the registry's
+    /// read lock.
     pub fn with<R>(&self, name: &[u8], f: impl FnOnce(Option<&Arc<Peer>>) -> R) -> R {
+        if let Some(p) = self.0.index.find(name) {
+            return f(Some(p));
+        }
+        if !self.0.index.is_full() {
+            // Every peer is in the index (one being added right now is not there yet, as
+            // if looked up a moment earlier).
+            return f(None);
+        }
         f(self
             .0
             .map
@@ -154,7 +168,117 @@ impl Peers {
             })
             .map_err(AddError::Spawn)?;
         by_id.push(peer.clone());
+        // Under the map's write lock: one adder at a time.
+        self.0.index.insert(&peer);
         map.insert(name.clone(), peer.clone());
         Ok(peer)
+    }
+}
+
+/// The index holds at most this many peers (the others are looked up under the lock).
+const INDEX_PEERS: usize = 4096;
+
+/// An open-addressing table of peers by name that is read without a lock. Sound because a
+/// peer is never removed: a slot, once set, holds the same peer for the registry's life, so
+/// a reader sees an empty slot or a peer, never a peer being torn down. At most half full,
+/// so a probe always ends at an empty slot.
+struct Index<T> {
+    slots: Box<[OnceLock<T>]>,
+    mask: usize,
+    /// Peers in the index, at most `capacity`.
+    len: AtomicUsize,
+    capacity: usize,
+}
+
+/// What the index is keyed by.
+trait Keyed {
+    fn key(&self) -> &[u8];
+}
+
+impl Keyed for Arc<Peer> {
+    fn key(&self) -> &[u8] {
+        self.name.as_bytes()
+    }
+}
+
+impl<T: Keyed + Clone> Index<T> {
+    fn new(capacity: usize) -> Index<T> {
+        let size = (capacity * 2).next_power_of_two().max(2);
+        Index {
+            slots: (0..size).map(|_| OnceLock::new()).collect(),
+            mask: size - 1,
+            len: AtomicUsize::new(0),
+            capacity,
+        }
+    }
+
+    fn home(&self, name: &[u8]) -> usize {
+        let mut h = NameHash.build_hasher();
+        h.write(name);
+        h.finish() as usize & self.mask
+    }
+
+    fn find(&self, name: &[u8]) -> Option<&T> {
+        let mut i = self.home(name);
+        // At most half the slots are set, so this ends; bounded anyway.
+        for _ in 0..self.slots.len() {
+            let p = self.slots[i].get()?;
+            if p.key() == name {
+                return Some(p);
+            }
+            i = (i + 1) & self.mask;
+        }
+        None
+    }
+
+    fn is_full(&self) -> bool {
+        self.len.load(Ordering::Acquire) >= self.capacity
+    }
+
+    /// Add `p` (not in the index yet) unless the index is full. One caller at a time.
+    fn insert(&self, p: &T) {
+        if self.is_full() {
+            return;
+        }
+        let mut i = self.home(p.key());
+        while self.slots[i].get().is_some() {
+            i = (i + 1) & self.mask;
+        }
+        let _ = self.slots[i].set(p.clone());
+        self.len.fetch_add(1, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl Keyed for String {
+        fn key(&self) -> &[u8] {
+            self.as_bytes()
+        }
+    }
+
+    #[test]
+    fn the_index_finds_every_peer_it_took_and_stops_taking_at_its_capacity() {
+        let ix: Index<String> = Index::new(100);
+        assert!(ix.find(b"n0").is_none());
+        for i in 0..150 {
+            let name = format!("n{i}");
+            ix.insert(&name);
+            assert_eq!(ix.is_full(), i + 1 >= 100);
+        }
+        for i in 0..150 {
+            let name = format!("n{i}");
+            // The first 100 are found; the rest are left to the locked map.
+            assert_eq!(ix.find(name.as_bytes()).is_some(), i < 100, "{name}");
+        }
+        assert!(ix.find(b"").is_none());
+        assert!(ix.find(b"n1000").is_none());
+        // At most half full: a probe always ends.
+        assert!(ix.slots.len() >= 200);
+        let tiny: Index<String> = Index::new(0);
+        tiny.insert(&"a".to_string());
+        assert!(tiny.find(b"a").is_none() && tiny.is_full());
     }
 }
