@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use batchwire::{Address, Error, Event, Node, NodeConfig, RecvError};
+use batchwire::{Address, BundlerKind, Error, Event, Node, NodeConfig, RecvError};
 use common::*;
 
 const T: Duration = Duration::from_secs(20);
@@ -476,4 +476,24 @@ fn nodes_talk_over_ipv6_and_shut_down_promptly() {
         "shutdown took {:?}",
         t0.elapsed()
     );
+}
+
+/// A node alone (no peers known yet) sends to all: itself only, with every bundler (the
+/// transfer-queue path once indexed the first peer of an empty list).
+#[test]
+fn send_all_with_no_peers_reaches_this_node_only() {
+    for kind in BundlerKind::ALL {
+        let addr = common::free_addrs(1)[0];
+        let node = Node::start(NodeConfig::new("alone", addr, SECRET).bundler(*kind)).unwrap();
+        let inbox = node.mailbox("all").unwrap();
+        node.send_all("all", &b"me"[..]).unwrap();
+        node.send_others("all", &b"nobody"[..]).unwrap();
+        let e = inbox.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(&e.payload[..], b"me", "{kind:?}");
+        assert!(
+            inbox.recv_timeout(Duration::from_millis(100)).is_err(),
+            "{kind:?}"
+        );
+        node.shutdown();
+    }
 }

@@ -116,6 +116,27 @@ impl Peers {
             .cloned()
     }
 
+    /// Run `f` on every peer, in id order, until it breaks: without a lock or a reference
+    /// count while the index holds every peer (the send-to-all path), else on a copy of the
+    /// list. No lock is held while `f` runs, so it may wait.
+    pub fn for_each<B>(
+        &self,
+        mut f: impl FnMut(&Arc<Peer>) -> std::ops::ControlFlow<B>,
+    ) -> std::ops::ControlFlow<B> {
+        if !self.0.index.is_full() {
+            for p in self.0.index.in_order() {
+                f(p)?;
+            }
+            // A peer added meanwhile past the index's capacity is left out, as if added
+            // a moment later.
+            return std::ops::ControlFlow::Continue(());
+        }
+        for p in &self.all() {
+            f(p)?;
+        }
+        std::ops::ControlFlow::Continue(())
+    }
+
     /// Every peer, in id order.
     pub fn all(&self) -> Vec<Arc<Peer>> {
         self.0
@@ -184,6 +205,8 @@ const INDEX_PEERS: usize = 4096;
 /// so a probe always ends at an empty slot.
 struct Index<T> {
     slots: Box<[OnceLock<T>]>,
+    /// The same entries in the order they were added (a peer's id order).
+    order: Box<[OnceLock<T>]>,
     mask: usize,
     /// Peers in the index, at most `capacity`.
     len: AtomicUsize,
@@ -206,6 +229,7 @@ impl<T: Keyed + Clone> Index<T> {
         let size = (capacity * 2).next_power_of_two().max(2);
         Index {
             slots: (0..size).map(|_| OnceLock::new()).collect(),
+            order: (0..capacity).map(|_| OnceLock::new()).collect(),
             mask: size - 1,
             len: AtomicUsize::new(0),
             capacity,
@@ -245,7 +269,15 @@ impl<T: Keyed + Clone> Index<T> {
             i = (i + 1) & self.mask;
         }
         let _ = self.slots[i].set(p.clone());
-        self.len.fetch_add(1, Ordering::Release);
+        let n = self.len.load(Ordering::Relaxed);
+        let _ = self.order[n].set(p.clone());
+        self.len.store(n + 1, Ordering::Release);
+    }
+
+    /// The entries in the order they were added.
+    fn in_order(&self) -> impl Iterator<Item = &T> {
+        let n = self.len.load(Ordering::Acquire);
+        self.order[..n].iter().filter_map(OnceLock::get)
     }
 }
 
@@ -268,6 +300,14 @@ mod tests {
             ix.insert(&name);
             assert_eq!(ix.is_full(), i + 1 >= 100);
         }
+        let order: Vec<&String> = ix.in_order().collect();
+        assert_eq!(order.len(), 100);
+        assert!(
+            order
+                .iter()
+                .enumerate()
+                .all(|(i, n)| **n == format!("n{i}"))
+        );
         for i in 0..150 {
             let name = format!("n{i}");
             // The first 100 are found; the rest are left to the locked map.

@@ -14,6 +14,7 @@
 //! writer per peer; one ticker; with `transfer-queue`, one bundler. `shutdown` joins them.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::Waker;
@@ -408,7 +409,6 @@ impl Runtime {
             node: node.clone(),
             mailbox: mb.clone(),
         };
-        let peers = self.peers.all();
         let m = |p: &Peer| Outgoing {
             dest: p.id,
             to: &mb,
@@ -416,22 +416,29 @@ impl Runtime {
             payload: &payload,
             bulk: false,
         };
-        if let Some(lane) = &self.shared_lane
-            && !peers.iter().any(|p| p.lane.routes_to_bulk(&m(p)))
-        {
-            return self.send_all_shared(lane, &peers, m(&peers[0]), &mb, &payload);
+        if let Some(lane) = &self.shared_lane {
+            let peers = self.peers.all();
+            if peers.is_empty() {
+                return Ok(());
+            }
+            if !peers.iter().any(|p| p.lane.routes_to_bulk(&m(p))) {
+                return self.send_all_shared(lane, &peers, m(&peers[0]), &mb, &payload);
+            }
         }
-        for p in &peers {
+        let sent = self.peers.for_each(|p| {
             if p.state() == PeerState::Down {
-                continue;
+                return ControlFlow::Continue(());
             }
             match self.push_to(p, m(p), true) {
                 // Went down meanwhile: like the peers skipped above.
-                Ok(()) | Err(PushError::Down) => {}
-                Err(e) => return Err(self.push_error(e, &to(&p.name), payload.clone())),
+                Ok(()) | Err(PushError::Down) => ControlFlow::Continue(()),
+                Err(e) => ControlFlow::Break(self.push_error(e, &to(&p.name), payload.clone())),
             }
+        });
+        match sent {
+            ControlFlow::Continue(()) => Ok(()),
+            ControlFlow::Break(e) => Err(e),
         }
-        Ok(())
     }
 
     /// Transfer-queue: one message to the null destination, written to every member
