@@ -217,24 +217,27 @@ pub fn message_span(b: &[u8], pos: usize) -> Result<MessageSpan, DecodeError> {
 }
 
 /// Check the message at `pos` of a message-list body (lengths, and that both names are
-/// UTF-8) and say where its parts are. `prev` is the previous message's span: a name with
-/// the same bytes as the previous message's was already checked (the common case, one
-/// sender streaming to one mailbox) and is not checked again.
+/// UTF-8) and say where its parts are. A name is valid at once if it is ASCII (most are:
+/// a word-at-a-time test), or if it has the same bytes as the previous message's (`prev`,
+/// already checked); only other names get the full UTF-8 check.
 pub fn check_message(
     b: &[u8],
     pos: usize,
     prev: Option<&MessageSpan>,
 ) -> Result<MessageSpan, DecodeError> {
     let s = message_span(b, pos)?;
-    let same = |x: (usize, usize), y: Option<(usize, usize)>| {
-        y.is_some_and(|y| b[x.0..x.1] == b[y.0..y.1])
+    let valid = |x: (usize, usize), y: Option<(usize, usize)>| {
+        let name = &b[x.0..x.1];
+        name.is_ascii()
+            || y.is_some_and(|y| name == &b[y.0..y.1])
+            || std::str::from_utf8(name).is_ok()
     };
-    if !same(s.to, prev.map(|p| p.to)) && std::str::from_utf8(&b[s.to.0..s.to.1]).is_err() {
+    if !valid(s.to, prev.map(|p| p.to)) {
         return Err(DecodeError::NotUtf8 {
             what: "destination mailbox",
         });
     }
-    if !same(s.from, prev.map(|p| p.from)) && std::str::from_utf8(&b[s.from.0..s.from.1]).is_err() {
+    if !valid(s.from, prev.map(|p| p.from)) {
         return Err(DecodeError::NotUtf8 {
             what: "sending mailbox",
         });

@@ -365,3 +365,31 @@ fn a_bad_name_after_a_good_one_is_still_caught() {
 fn an_empty_list_has_no_runs() {
     assert_eq!(MessageList::from_messages(&[]).runs().count(), 0);
 }
+
+#[test]
+fn names_beyond_ascii_are_checked_unless_repeated() {
+    // Valid non-ASCII names pass, first and repeated.
+    let list = MessageList::from_messages(&[msg("é", "ü", b"1"), msg("é", "ü", b"2")]);
+    let mut v = Vec::new();
+    Frame::Messages(list).encode(&mut v);
+    assert!(decode(&mut BytesMut::from(&v[..]), 1 << 20).is_ok());
+    // A non-ASCII byte that is not UTF-8 is caught in either name, first or after an
+    // ASCII name of the same length.
+    for (first, second, what) in [
+        (("a", "x"), ("b", "y"), "destination"),
+        (("a", "x"), ("a", "y"), "sending"),
+    ] {
+        let list = MessageList::from_messages(&[
+            msg(first.0, first.1, b"1"),
+            msg(second.0, second.1, b"2"),
+        ]);
+        let mut v = Vec::new();
+        Frame::Messages(list).encode(&mut v);
+        let target = if what == "destination" { b'b' } else { b'y' };
+        let at = v.iter().rposition(|b| *b == target).unwrap();
+        v[at] = 0xc3; // a lead byte with nothing after it
+        let err = decode(&mut BytesMut::from(&v[..]), 1 << 20).unwrap_err();
+        assert!(err.to_string().contains("UTF-8"), "{what}: {err}");
+        assert!(err.to_string().contains(what), "{what}: {err}");
+    }
+}

@@ -241,11 +241,27 @@ impl Lane {
     }
 
     /// Wait (with `block`) until `ready(g)` holds; counts credit stalls and blocked time.
+    /// The common case (open, up, ready) is checked here, inline; the rest out of line.
+    #[inline]
     fn wait_for<'a>(
+        &'a self,
+        g: MutexGuard<'a, Inner>,
+        block: bool,
+        ready: impl Fn(&Inner) -> Result<(), bool>,
+    ) -> Result<MutexGuard<'a, Inner>, PushError> {
+        if !g.closed && !g.down && ready(&g).is_ok() {
+            return Ok(g);
+        }
+        self.wait_for_slow(g, block, &ready)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn wait_for_slow<'a>(
         &'a self,
         mut g: MutexGuard<'a, Inner>,
         block: bool,
-        ready: impl Fn(&Inner) -> Result<(), bool>,
+        ready: &dyn Fn(&Inner) -> Result<(), bool>,
     ) -> Result<MutexGuard<'a, Inner>, PushError> {
         let mut start = None;
         loop {
