@@ -164,6 +164,16 @@ impl Name {
     /// bytes not checked, `as_str` would give "" rather than misbehave.
     pub(crate) fn from_validated(data: &Bytes, range: std::ops::Range<usize>) -> Name {
         if range.len() <= Self::INLINE {
+            // A fixed-size copy (a few vector moves, no call) when the buffer goes on that
+            // far: the bytes past the name are never read (`as_bytes` stops at `len`).
+            if let Some(window) = data.get(range.start..range.start + Self::INLINE) {
+                let mut buf = [0; Self::INLINE];
+                buf.copy_from_slice(window);
+                return Name(Repr::Inline {
+                    len: range.len() as u8,
+                    buf,
+                });
+            }
             Self::copied(&data[range])
         } else {
             Name(Repr::Shared(data.slice(range)))
@@ -359,6 +369,13 @@ mod tests {
             framed.extend_from_slice(s.as_bytes());
             let framed = Bytes::from(framed);
             assert_eq!(Name::from_validated(&framed, 2..framed.len()), n);
+            // With more bytes after it (a message's payload), equal all the same.
+            let mut followed = framed.to_vec();
+            followed.extend_from_slice(&[0xff; 40]);
+            let followed = Bytes::from(followed);
+            let m = Name::from_validated(&followed, 2..2 + s.len());
+            assert_eq!(m, n);
+            assert_eq!(m.as_str(), s);
             assert_eq!(n.detached(), n);
             assert_eq!(n.slice_from(0), n);
             if !s.is_empty() {

@@ -97,6 +97,28 @@ pub struct MessageList {
     pub first_seq: u64,
     /// The messages, after the count and sequence number.
     body: Bytes,
+    /// Every message is to the same mailbox (one run: the common case, found while the
+    /// list is checked, so that `runs` need not walk it again).
+    one_run: bool,
+}
+
+/// Whether every message of a checked body is to the same mailbox (cold paths; `read`
+/// finds out while it checks).
+fn one_mailbox(b: &[u8], count: u32) -> bool {
+    let mut pos = 0;
+    let mut first: Option<(usize, usize)> = None;
+    for _ in 0..count {
+        let Ok(s) = message_span(b, pos) else {
+            return false;
+        };
+        match first {
+            None => first = Some(s.to),
+            Some(f) if b[f.0..f.1] != b[s.to.0..s.to.1] => return false,
+            Some(_) => {}
+        }
+        pos = s.end;
+    }
+    true
 }
 
 impl MessageList {
@@ -108,10 +130,12 @@ impl MessageList {
             encode_message(&mut body, &m.to, &m.from, &m.payload);
             count += 1;
         }
+        let one_run = one_mailbox(&body, count);
         MessageList {
             count,
             first_seq: 0,
             body: body.into(),
+            one_run,
         }
     }
 
@@ -125,10 +149,13 @@ impl MessageList {
                 .map(|s| s.end)
                 .unwrap_or(self.body.len());
         }
+        let body = self.body.slice(pos..);
+        let count = self.count - n;
         MessageList {
-            count: self.count - n,
+            count,
             first_seq: self.first_seq + n as u64,
-            body: self.body.slice(pos..),
+            one_run: self.one_run || one_mailbox(&body, count),
+            body,
         }
     }
 
@@ -161,9 +188,20 @@ impl Codec for MessageList {
         let first_seq = r.u64("first sequence number")?;
         let body = r.take(r.remaining(), "messages")?;
         let mut pos = 0;
-        let mut prev = None;
+        let mut prev: Option<MessageSpan> = None;
+        let mut first_to = None;
+        let mut one_run = true;
         for _ in 0..count {
             let s = check_message(&body, pos, prev.as_ref())?;
+            match first_to {
+                None => first_to = Some(s.to),
+                Some(f) if one_run => {
+                    // Lengths first: most differing names differ in length.
+                    one_run =
+                        f.1 - f.0 == s.to.1 - s.to.0 && body[f.0..f.1] == body[s.to.0..s.to.1];
+                }
+                Some(_) => {}
+            }
             pos = s.end;
             prev = Some(s);
         }
@@ -174,6 +212,7 @@ impl Codec for MessageList {
             count,
             first_seq,
             body,
+            one_run,
         })
     }
 }
@@ -258,7 +297,17 @@ impl MessageList {
         let mut pos = 0;
         let mut left = self.count;
         let mut pending: Option<MessageSpan> = None;
+        let one_run = self.one_run;
         std::iter::from_fn(move || {
+            if one_run {
+                // One mailbox: the whole body at once, without walking it again.
+                if left == 0 {
+                    return None;
+                }
+                let n = std::mem::replace(&mut left, 0);
+                let s = message_span(b, 0).ok()?;
+                return Some((&b[s.to.0..s.to.1], 0..b.len(), n));
+            }
             let first = match pending.take() {
                 Some(s) => s,
                 None => {

@@ -393,3 +393,35 @@ fn names_beyond_ascii_are_checked_unless_repeated() {
         assert!(err.to_string().contains(what), "{what}: {err}");
     }
 }
+
+#[test]
+fn a_list_to_one_mailbox_is_one_run_however_it_was_made() {
+    let same = [
+        msg("a", "x", b"1"),
+        msg("a", "y", b"22"),
+        msg("a", "x", b"3"),
+    ];
+    let list = MessageList::from_messages(&same);
+    let runs: Vec<_> = list.runs().map(|(to, r, n)| (to.to_vec(), r, n)).collect();
+    assert_eq!(runs, [(b"a".to_vec(), 0..list.body().len(), 3)]);
+    // Read off the wire: the same list, the same single run.
+    let mut v = Vec::new();
+    Frame::Messages(list.clone()).encode(&mut v);
+    let Ok(Some(Frame::Messages(read))) = decode(&mut BytesMut::from(&v[..]), 1 << 20) else {
+        panic!()
+    };
+    assert_eq!(read, list);
+    assert_eq!(read.runs().count(), 1);
+    // Same-length names that differ are two runs; a suffix to one mailbox is one again.
+    let mixed = MessageList::from_messages(&[
+        msg("b", "x", b"1"),
+        msg("a", "x", b"2"),
+        msg("a", "x", b"3"),
+    ]);
+    assert_eq!(mixed.runs().count(), 2);
+    let rest = mixed.skip(1);
+    let runs: Vec<_> = rest.runs().map(|(to, _, n)| (to.to_vec(), n)).collect();
+    assert_eq!(runs, [(b"a".to_vec(), 2)]);
+    let mut data = rest.body().clone();
+    assert_eq!(&next_message(&mut data).unwrap().1[..], b"2");
+}
