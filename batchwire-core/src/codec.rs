@@ -235,11 +235,24 @@ impl Name {
         self.as_bytes().is_empty()
     }
 
-    /// Append the wire encoding (length byte + bytes).
+    /// Append the wire encoding (length byte + bytes). An inline name goes as one
+    /// fixed-size copy (no call), cut back to its length: the send path encodes two names
+    /// per message.
+    #[inline]
     pub fn encode(&self, out: &mut Vec<u8>) {
-        let b = self.as_bytes();
-        out.push(b.len() as u8);
-        out.extend_from_slice(b);
+        match &self.0 {
+            Repr::Inline { len, buf } => {
+                let mut wire = [0; Self::INLINE + 1];
+                wire[0] = *len;
+                wire[1..].copy_from_slice(buf);
+                out.extend_from_slice(&wire);
+                out.truncate(out.len() - (Self::INLINE - *len as usize));
+            }
+            Repr::Shared(b) => {
+                out.push(b.len() as u8);
+                out.extend_from_slice(b);
+            }
+        }
     }
 }
 

@@ -237,7 +237,8 @@ fn list_writer_matches_from_messages() {
 }
 
 fn arb_name() -> impl Strategy<Value = Name> {
-    "[a-z0-9/_-]{0,20}".prop_map(|s| Name::new(&s).unwrap())
+    // Both forms: inline (up to Name::INLINE bytes) and shared, and non-ASCII.
+    "[a-z0-9/_é-]{0,40}".prop_map(|s| Name::new(&s).unwrap())
 }
 
 fn arb_message() -> impl Strategy<Value = Message> {
