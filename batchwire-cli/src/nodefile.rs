@@ -244,6 +244,7 @@ mod tests {
         std::fs::write(&secret, "s3cret\n").unwrap();
         let f = parse(&text.replace("\"secret\"", &format!("{secret:?}"))).unwrap();
         let (_cfg, extras) = build(Flags::default(), f).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(extras.stats_every, 10);
         assert!(extras.metrics_listen.is_some());
     }
@@ -296,6 +297,7 @@ mod tests {
         let e = build(Flags::default(), parse(&text).unwrap())
             .err()
             .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
         assert!(e.contains("`peers`") && e.contains("b=x"), "{e}");
     }
 }

@@ -35,6 +35,7 @@ use batchwire_core::membership::MembershipConfig;
 /// file.mailbox_bytes = Some(1 << 20);
 /// let config = file.into_config()?;
 /// # let _ = config;
+/// # std::fs::remove_dir_all(&dir)?;
 /// # Ok(())
 /// # }
 /// ```
