@@ -298,6 +298,11 @@ fn msg(to: &str, from: &str, p: &[u8]) -> Message {
     }
 }
 
+/// A list's runs, owned: (mailbox, byte range, message count).
+fn runs_of(list: &MessageList) -> Vec<(Vec<u8>, std::ops::Range<usize>, u32)> {
+    list.runs().map(|(to, r, n)| (to.to_vec(), r, n)).collect()
+}
+
 #[test]
 fn runs_group_consecutive_messages_by_mailbox_and_next_message_walks_a_run() {
     let msgs = [
@@ -307,7 +312,7 @@ fn runs_group_consecutive_messages_by_mailbox_and_next_message_walks_a_run() {
         msg("a", "x", b"4"),
     ];
     let list = MessageList::from_messages(&msgs);
-    let runs: Vec<_> = list.runs().map(|(to, r, n)| (to.to_vec(), r, n)).collect();
+    let runs = runs_of(&list);
     assert_eq!(runs.len(), 3);
     assert_eq!((runs[0].0.as_slice(), runs[0].2), (&b"a"[..], 2));
     assert_eq!((runs[1].0.as_slice(), runs[1].2), (&b"b"[..], 1));
@@ -397,14 +402,12 @@ fn names_beyond_ascii_are_checked_unless_repeated() {
 
 #[test]
 fn a_list_to_one_mailbox_is_one_run_however_it_was_made() {
-    let same = [
+    let list = MessageList::from_messages(&[
         msg("a", "x", b"1"),
         msg("a", "y", b"22"),
         msg("a", "x", b"3"),
-    ];
-    let list = MessageList::from_messages(&same);
-    let runs: Vec<_> = list.runs().map(|(to, r, n)| (to.to_vec(), r, n)).collect();
-    assert_eq!(runs, [(b"a".to_vec(), 0..list.body().len(), 3)]);
+    ]);
+    assert_eq!(runs_of(&list), [(b"a".to_vec(), 0..list.body().len(), 3)]);
     // Read off the wire: the same list, the same single run.
     let mut v = Vec::new();
     Frame::Messages(list.clone()).encode(&mut v);
