@@ -82,6 +82,19 @@ impl IdleStrategy {
     pub fn idler(&self) -> Idler {
         Idler { s: *self, n: 0 }
     }
+
+    /// An idler for a consumer whose last take was small (`small`): where this strategy
+    /// would park at once (level 1), it yields once first. Whoever runs meanwhile (often
+    /// the producer, on a 2-core machine) may queue more, which is then taken without a
+    /// wake-up and in a larger batch; still no CPU once idle, since the next step parks.
+    /// After a large take the consumer parks at once (a yield there cost 1 KB streams).
+    pub fn idler_after(&self, small: bool) -> Idler {
+        let mut s = *self;
+        if small && s.spins == 0 && s.yields == 0 {
+            s.yields = 1;
+        }
+        Idler { s, n: 0 }
+    }
 }
 
 impl Default for IdleStrategy {
@@ -135,6 +148,23 @@ mod tests {
             IdleStrategy::default(),
             IdleStrategy::from_level(DEFAULT_LEVEL).unwrap()
         );
+    }
+
+    #[test]
+    fn after_a_small_take_level_1_yields_once_before_it_parks() {
+        let after = |level: u8, small: bool, n: usize| {
+            let mut i = IdleStrategy::from_level(level).unwrap().idler_after(small);
+            (0..n).map(|_| i.step()).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            after(1, true, 3),
+            [IdleStep::Yield, IdleStep::Park, IdleStep::Park]
+        );
+        assert_eq!(after(1, false, 2), [IdleStep::Park, IdleStep::Park]);
+        // Levels with their own spins or yields keep them unchanged.
+        for level in 2..=10 {
+            assert_eq!(after(level, true, 30), steps(level, 30), "level {level}");
+        }
     }
 
     #[test]

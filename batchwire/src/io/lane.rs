@@ -127,8 +127,14 @@ struct Inner {
     through_ok: bool,
     /// The writer's previous take held a single message.
     single_take: bool,
+    /// Bytes of the writer's previous take.
+    last_take: usize,
     probe: u32,
 }
+
+/// A writer whose last batch was smaller than this yields its CPU once before it parks
+/// (see `IdleStrategy::idler_after`); after larger batches it parks at once.
+const YIELD_BELOW: usize = 16 << 10;
 
 /// While senders write through, every this many-th wake-up goes to the writer instead (to
 /// see whether messages queue up meanwhile, i.e. whether there is company to bundle).
@@ -195,6 +201,7 @@ impl Lane {
                 last_wake: None,
                 through_ok: true,
                 single_take: true,
+                last_take: 0,
                 probe: 0,
             }),
             not_empty: Condvar::new(),
@@ -688,8 +695,8 @@ impl Lane {
         batch: &mut Batch,
         bulk_room: bool,
     ) -> Next {
-        let mut idler = self.idle.idler();
         let mut g = self.lock();
+        let mut idler = self.idle.idler_after(g.last_take < YIELD_BELOW);
         loop {
             if g.epoch != epoch {
                 return Next::Wake;
@@ -718,6 +725,7 @@ impl Lane {
                     g.outbox.take(max_messages, max_bytes, batch, keep_time);
                     let n = batch.messages();
                     g.taken += n;
+                    g.last_take = batch.buf.len();
                     // Two single-message takes in a row, with nothing left behind (`none`
                     // takes one at a time), before senders write through again; any
                     // company stops them.

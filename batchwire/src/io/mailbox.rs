@@ -226,7 +226,13 @@ struct Inner {
     pushers: Sleepers,
     /// Receiving threads waiting for a message.
     receivers: Sleepers,
+    /// Messages the last blocking take found.
+    last_take: usize,
 }
+
+/// A receiver whose last take found fewer messages than this yields its CPU once before
+/// it parks (see `IdleStrategy::idler_after`); after larger takes it parks at once.
+const YIELD_BELOW: usize = 32;
 
 /// The state behind a mailbox, shared between the node (which pushes) and the handle.
 pub(crate) struct MailboxQueue {
@@ -253,6 +259,7 @@ impl MailboxQueue {
                 replier: None,
                 pushers: Sleepers::default(),
                 receivers: Sleepers::default(),
+                last_take: 0,
             }),
             not_empty: Condvar::new(),
             not_full: Condvar::new(),
@@ -454,12 +461,13 @@ impl MailboxQueue {
         max: usize,
         mut wait: TakeWait,
     ) -> Result<usize, RecvError> {
-        let mut idler = self.idle.idler();
         let mut g = self.lock();
+        let mut idler = self.idle.idler_after(g.last_take < YIELD_BELOW);
         loop {
             if !g.q.is_empty() {
                 let n = Self::drain(&mut g, out, max);
                 note_backlog(n > 1 || !g.q.is_empty());
+                g.last_take = n;
                 self.room_freed(&mut g);
                 return Ok(n);
             }
