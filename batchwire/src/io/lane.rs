@@ -127,7 +127,7 @@ struct Inner {
     through_ok: bool,
     /// The writer's previous take held a single message.
     single_take: bool,
-    /// Bytes of the writer's previous take.
+    /// Bytes of the writer's previous take (`usize::MAX` if it held no message).
     last_take: usize,
     probe: u32,
 }
@@ -725,7 +725,8 @@ impl Lane {
                     g.outbox.take(max_messages, max_bytes, batch, keep_time);
                     let n = batch.messages();
                     g.taken += n;
-                    g.last_take = batch.buf.len();
+                    // A batch of control frames only (acknowledgements) is no stream.
+                    g.last_take = if n > 0 { batch.buf.len() } else { usize::MAX };
                     // Two single-message takes in a row, with nothing left behind (`none`
                     // takes one at a time), before senders write through again; any
                     // company stops them.
