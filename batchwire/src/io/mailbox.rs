@@ -226,13 +226,14 @@ struct Inner {
     pushers: Sleepers,
     /// Receiving threads waiting for a message.
     receivers: Sleepers,
-    /// Bytes (as the queue counts them) of the last take.
+    /// Bytes (as the queue counts them) of the last take (`usize::MAX` unless it held
+    /// small messages).
     last_take: usize,
 }
 
-/// A receiver whose last take was smaller than this many bytes yields its CPU once before
-/// it parks (see `IdleStrategy::idler_after`); after larger takes it parks at once (at
-/// 10 KB messages a yield after takes of a few messages cost streams 12%).
+/// A receiver whose last take was small messages, fewer than this many bytes of them,
+/// yields its CPU once before it parks (see `IdleStrategy::idler_after`); after larger
+/// takes, or takes of larger messages, it parks at once.
 const YIELD_BELOW: usize = 16 << 10;
 
 /// The state behind a mailbox, shared between the node (which pushes) and the handle.
@@ -425,7 +426,12 @@ impl MailboxQueue {
         if g.q.is_empty() {
             g.bytes = 0;
         }
-        g.last_take = freed;
+        // Only a take of small messages counts (see `lane::SMALL_MESSAGE`).
+        g.last_take = if n > 0 && freed / n <= crate::io::lane::SMALL_MESSAGE {
+            freed
+        } else {
+            usize::MAX
+        };
         n
     }
 
