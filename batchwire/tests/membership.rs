@@ -106,17 +106,46 @@ fn a_graceful_leave_is_a_leave_not_a_suspicion() {
         let vb = v.iter().find(|m| m.name == "b").unwrap();
         assert_eq!(vb.state, MemberState::Left);
     }
-    // Nobody suspected it, and sends to it fail at once.
+    // Nobody suspected it.
     for e in ev_a.try_iter().chain(ev_c.try_iter()) {
         assert!(
             !matches!(&e, Event::MemberSuspected { member } if member.name == "b"),
             "{e:?}"
         );
     }
-    let err = a
-        .send(&Address::new("b", "inbox").unwrap(), &b"x"[..])
-        .unwrap_err();
-    assert!(matches!(err, batchwire::Error::PeerDown(_)), "{err:?}");
+    // Sends to it fail: at once, or, if a connection from b that raced its leave took the
+    // session back up for b's last flush (seen about once in 40 runs at first, more often
+    // with the faster wake-ups since), as soon as that connection is gone; and whatever
+    // was accepted meanwhile is acknowledged by b or reported failed, not dropped.
+    let b_stats = |n: &Node| {
+        let s = n.stats();
+        let p = s.peers.iter().find(|p| p.peer == "b").cloned().unwrap();
+        p.acked + p.send_failed
+    };
+    let settled0 = b_stats(&a);
+    let to = Address::new("b", "inbox").unwrap();
+    let deadline = std::time::Instant::now() + T;
+    let mut accepted = 0u64;
+    loop {
+        match a.send(&to, &b"x"[..]) {
+            Err(batchwire::Error::PeerDown(_)) => break,
+            Ok(()) => accepted += 1,
+            Err(e) => panic!("{e:?}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b never went down on a"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    while b_stats(&a) - settled0 < accepted && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        b_stats(&a) - settled0,
+        accepted,
+        "sends accepted for b neither acknowledged nor reported failed"
+    );
 }
 
 #[test]
