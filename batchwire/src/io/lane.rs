@@ -132,9 +132,9 @@ struct Inner {
     probe: u32,
 }
 
-/// A writer whose last batch was small messages (at most [`SMALL_MESSAGE`] bytes each on
-/// average), fewer than this many bytes of them, yields its CPU once before it parks (see
-/// `IdleStrategy::idler_after`); after other batches it parks at once.
+/// A writer whose last batch was several small messages (at most [`SMALL_MESSAGE`] bytes
+/// each on average), fewer than this many bytes of them, yields its CPU once before it
+/// parks (see `IdleStrategy::idler_after`); after other batches it parks at once.
 const YIELD_BELOW: usize = 16 << 10;
 /// At most this many bytes per message on average: small messages (see `YIELD_BELOW`).
 pub(crate) const SMALL_MESSAGE: usize = 512;
@@ -728,11 +728,13 @@ impl Lane {
                     g.outbox.take(max_messages, max_bytes, batch, keep_time);
                     let n = batch.messages();
                     g.taken += n;
-                    // Only a batch of small messages counts: not one of control frames
-                    // only (acknowledgements; yields after those cost 10 KB streams 12%),
-                    // nor one of larger messages (1 KB streams lost 5-20%).
+                    // Only a batch of several small messages counts: not one of control
+                    // frames only (acknowledgements; yields after those cost 10 KB streams
+                    // 12%), nor one of larger messages (1 KB streams lost 5-20%), nor a
+                    // lone message (no company: the writer parks at once, so the next lone
+                    // one can be written through by its sender).
                     let bytes = batch.buf.len();
-                    g.last_take = if n > 0 && bytes / n as usize <= SMALL_MESSAGE {
+                    g.last_take = if n > 1 && bytes / n as usize <= SMALL_MESSAGE {
                         bytes
                     } else {
                         usize::MAX
