@@ -108,7 +108,11 @@ fn written_through_messages_survive_connection_breaks_exactly_once_in_order() {
         s.spawn(|| {
             for i in 0..N {
                 nodes[0].send(&to, payload(i, 100)).unwrap();
-                if i % 4 == 0 {
+                // A lone message every millisecond for a start (each one written through
+                // once the writer's last two takes were single), then bursts of four.
+                if i < 100 {
+                    std::thread::sleep(Duration::from_millis(1));
+                } else if i % 4 == 0 {
                     std::thread::sleep(Duration::from_micros(300));
                 }
             }
