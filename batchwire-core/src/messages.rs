@@ -193,15 +193,8 @@ impl Codec for MessageList {
         let mut one_run = true;
         for _ in 0..count {
             let s = check_message(&body, pos, prev.as_ref())?;
-            match first_to {
-                None => first_to = Some(s.to),
-                Some(f) if one_run => {
-                    // Lengths first: most differing names differ in length.
-                    one_run =
-                        f.1 - f.0 == s.to.1 - s.to.0 && body[f.0..f.1] == body[s.to.0..s.to.1];
-                }
-                Some(_) => {}
-            }
+            let f = *first_to.get_or_insert(s.to);
+            one_run = one_run && body[f.0..f.1] == body[s.to.0..s.to.1];
             pos = s.end;
             prev = Some(s);
         }

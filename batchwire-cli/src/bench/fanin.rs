@@ -9,7 +9,7 @@
 //! delivery; both processes read the same wall clock on one host.
 
 use std::net::SocketAddr;
-use std::sync::{Condvar, Mutex, RwLock};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
@@ -56,31 +56,37 @@ pub struct SendReport {
     pub start_ns: u128,
 }
 
-/// Where the sender threads wait until every one of them is ready. They count in under a
-/// mutex (before the clock starts), then wait on a read lock that the main thread holds
-/// for writing until it opens the gate: releasing it wakes them all at once, and they pass
-/// together. (Waiting on a condvar instead, the 1000 woken threads took its mutex one by
-/// one, a chain of context switches that cost ~35 ms, more than the 200,000 sends.)
+/// Where the sender threads wait until every one of them is ready.
 struct Gate {
-    arrived: Mutex<usize>,
+    state: Mutex<(usize, Option<bool>)>,
     cv: Condvar,
-    go: RwLock<bool>,
 }
 
 impl Gate {
     /// Arrive and wait for the verdict: true to go, false to give up.
     fn arrive_and_wait(&self) -> bool {
-        *self.arrived.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 += 1;
         self.cv.notify_all();
-        *self.go.read().unwrap_or_else(|p| p.into_inner())
+        loop {
+            if let Some(go) = g.1 {
+                return go;
+            }
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     /// Wait until `n` threads arrived.
     fn wait_for(&self, n: usize) {
-        let mut g = self.arrived.lock().unwrap_or_else(|p| p.into_inner());
-        while *g < n {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while g.0 < n {
             g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    fn open(&self, go: bool) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = Some(go);
+        self.cv.notify_all();
     }
 }
 
@@ -137,12 +143,9 @@ fn send(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     let to = Address::new("n1", "sink").ctx("address")?;
     let size = a.size.max(HEADER);
     let gate = Gate {
-        arrived: Mutex::new(0),
+        state: Mutex::new((0, None)),
         cv: Condvar::new(),
-        go: RwLock::new(false),
     };
-    // Held until the gate opens: the threads wait for it.
-    let mut closed = gate.go.write().unwrap_or_else(|p| p.into_inner());
     let (node_ref, gate_ref, to_ref) = (&node, &gate, &to);
     let outcome = std::thread::scope(|s| -> Result<u128, String> {
         let mut handles = Vec::with_capacity(a.threads);
@@ -184,13 +187,11 @@ fn send(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             None => {
                 gate_ref.wait_for(a.threads);
                 let t = now_ns();
-                *closed = true;
-                drop(closed);
+                gate_ref.open(true);
                 t
             }
             Some(_) => {
-                *closed = false;
-                drop(closed);
+                gate_ref.open(false);
                 0
             }
         };

@@ -31,7 +31,7 @@ use batchwire_core::bundler::{Bundler, Decision, FlushReason};
 use batchwire_core::codec::{Name, NameMap};
 use batchwire_core::credit::SendCredit;
 use batchwire_core::frame::{self, Frame, Message, message_len};
-use batchwire_core::idle::{IdleStep, IdleStrategy};
+use batchwire_core::idle::{self, IdleStep, IdleStrategy};
 use batchwire_core::outbox::{Batch, Dest, Outbox};
 use bytes::{Bytes, BytesMut};
 
@@ -127,17 +127,11 @@ struct Inner {
     through_ok: bool,
     /// The writer's previous take held a single message.
     single_take: bool,
-    /// Bytes of the writer's previous take (`usize::MAX` unless it held small messages).
-    last_take: usize,
+    /// The writer's previous take was two or more small messages: it yields once before
+    /// it parks (see `batchwire_core::idle::small_take`).
+    yield_next: bool,
     probe: u32,
 }
-
-/// A writer whose last batch was several small messages (at most [`SMALL_MESSAGE`] bytes
-/// each on average), fewer than this many bytes of them, yields its CPU once before it
-/// parks (see `IdleStrategy::idler_after`); after other batches it parks at once.
-const YIELD_BELOW: usize = 16 << 10;
-/// At most this many bytes per message on average: small messages (see `YIELD_BELOW`).
-pub(crate) const SMALL_MESSAGE: usize = 512;
 
 /// While senders write through, every this many-th wake-up goes to the writer instead (to
 /// see whether messages queue up meanwhile, i.e. whether there is company to bundle).
@@ -204,7 +198,7 @@ impl Lane {
                 last_wake: None,
                 through_ok: true,
                 single_take: true,
-                last_take: 0,
+                yield_next: false,
                 probe: 0,
             }),
             not_empty: Condvar::new(),
@@ -699,7 +693,7 @@ impl Lane {
         bulk_room: bool,
     ) -> Next {
         let mut g = self.lock();
-        let mut idler = self.idle.idler_after(g.last_take < YIELD_BELOW);
+        let mut idler = self.idle.idler_after(g.yield_next);
         loop {
             if g.epoch != epoch {
                 return Next::Wake;
@@ -728,17 +722,9 @@ impl Lane {
                     g.outbox.take(max_messages, max_bytes, batch, keep_time);
                     let n = batch.messages();
                     g.taken += n;
-                    // Only a batch of several small messages counts: not one of control
-                    // frames only (acknowledgements; yields after those cost 10 KB streams
-                    // 12%), nor one of larger messages (1 KB streams lost 5-20%), nor a
-                    // lone message (no company: the writer parks at once, so the next lone
-                    // one can be written through by its sender).
-                    let bytes = batch.buf.len();
-                    g.last_take = if n > 1 && bytes / n as usize <= SMALL_MESSAGE {
-                        bytes
-                    } else {
-                        usize::MAX
-                    };
+                    // Not after a lone message: with no company the writer parks at once,
+                    // so the next lone one can be written through by its sender.
+                    g.yield_next = n > 1 && idle::small_take(n, batch.buf.len());
                     // Two single-message takes in a row, with nothing left behind (`none`
                     // takes one at a time), before senders write through again; any
                     // company stops them.

@@ -26,7 +26,7 @@ use crate::io::wakers::{Sleepers, Wakers};
 use batchwire_core::call;
 use batchwire_core::codec::Name;
 use batchwire_core::frame;
-use batchwire_core::idle::{IdleStep, IdleStrategy};
+use batchwire_core::idle::{self, IdleStep, IdleStrategy};
 use tracing::warn;
 
 /// How a handle sends (the runtime): blocking or not, and where a task waits for room.
@@ -226,15 +226,10 @@ struct Inner {
     pushers: Sleepers,
     /// Receiving threads waiting for a message.
     receivers: Sleepers,
-    /// Bytes (as the queue counts them) of the last take (`usize::MAX` unless it held
-    /// small messages).
-    last_take: usize,
+    /// The last take was small messages: a receiver yields once before it parks (see
+    /// `batchwire_core::idle::small_take`).
+    yield_next: bool,
 }
-
-/// A receiver whose last take was small messages, fewer than this many bytes of them,
-/// yields its CPU once before it parks (see `IdleStrategy::idler_after`); after larger
-/// takes, or takes of larger messages, it parks at once.
-const YIELD_BELOW: usize = 16 << 10;
 
 /// The state behind a mailbox, shared between the node (which pushes) and the handle.
 pub(crate) struct MailboxQueue {
@@ -261,7 +256,7 @@ impl MailboxQueue {
                 replier: None,
                 pushers: Sleepers::default(),
                 receivers: Sleepers::default(),
-                last_take: 0,
+                yield_next: false,
             }),
             not_empty: Condvar::new(),
             not_full: Condvar::new(),
@@ -426,12 +421,7 @@ impl MailboxQueue {
         if g.q.is_empty() {
             g.bytes = 0;
         }
-        // Only a take of small messages counts (see `lane::SMALL_MESSAGE`).
-        g.last_take = if n > 0 && freed / n <= crate::io::lane::SMALL_MESSAGE {
-            freed
-        } else {
-            usize::MAX
-        };
+        g.yield_next = idle::small_take(n as u64, freed);
         n
     }
 
@@ -470,7 +460,7 @@ impl MailboxQueue {
         mut wait: TakeWait,
     ) -> Result<usize, RecvError> {
         let mut g = self.lock();
-        let mut idler = self.idle.idler_after(g.last_take < YIELD_BELOW);
+        let mut idler = self.idle.idler_after(g.yield_next);
         loop {
             if !g.q.is_empty() {
                 let n = Self::drain(&mut g, out, max);
