@@ -56,10 +56,12 @@ pub struct SendReport {
     pub start_ns: u128,
 }
 
-/// Where the sender threads wait until every one of them is ready.
+/// Where the sender threads wait until every one of them is ready. Arrivals wake only the
+/// thread that opens the gate (`arrived`), not the threads already waiting (`opened`).
 struct Gate {
     state: Mutex<(usize, Option<bool>)>,
-    cv: Condvar,
+    arrived: Condvar,
+    opened: Condvar,
 }
 
 impl Gate {
@@ -67,12 +69,12 @@ impl Gate {
     fn arrive_and_wait(&self) -> bool {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         g.0 += 1;
-        self.cv.notify_all();
+        self.arrived.notify_one();
         loop {
             if let Some(go) = g.1 {
                 return go;
             }
-            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = self.opened.wait(g).unwrap_or_else(|p| p.into_inner());
         }
     }
 
@@ -80,13 +82,13 @@ impl Gate {
     fn wait_for(&self, n: usize) {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         while g.0 < n {
-            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = self.arrived.wait(g).unwrap_or_else(|p| p.into_inner());
         }
     }
 
     fn open(&self, go: bool) {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = Some(go);
-        self.cv.notify_all();
+        self.opened.notify_all();
     }
 }
 
@@ -144,7 +146,8 @@ fn send(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     let size = a.size.max(HEADER);
     let gate = Gate {
         state: Mutex::new((0, None)),
-        cv: Condvar::new(),
+        arrived: Condvar::new(),
+        opened: Condvar::new(),
     };
     let (node_ref, gate_ref, to_ref) = (&node, &gate, &to);
     let outcome = std::thread::scope(|s| -> Result<u128, String> {

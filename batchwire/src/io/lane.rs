@@ -35,7 +35,7 @@ use batchwire_core::idle::{self, IdleStep, IdleStrategy};
 use batchwire_core::outbox::{Batch, Dest, Outbox};
 use bytes::{Bytes, BytesMut};
 
-use crate::io::wakers::{Sleepers, Wakers};
+use crate::io::wakers::{Relay, Wakers};
 
 /// Why `push` did not queue a message.
 #[derive(Debug, PartialEq, Eq)]
@@ -105,8 +105,9 @@ struct Inner {
     /// The peer is declared down: sends are refused (until it is back up).
     down: bool,
     writer_waiting: bool,
-    /// Senders waiting for room or credit (blocking sends).
-    senders: Sleepers,
+    /// Senders waiting for room or credit (blocking sends), woken one at a time while they
+    /// wait for the same thing.
+    senders: Relay<WaitKey>,
     /// Tasks waiting for room or credit (async sends), woken with `not_full`.
     room: Wakers,
     /// Bumped whenever the consumer must look up (`poke`, `close`, a bulk message); mirrored
@@ -131,6 +132,25 @@ struct Inner {
     /// it parks (see `batchwire_core::idle::small_take`).
     yield_next: bool,
     probe: u32,
+}
+
+/// What a blocked sender waits for. Senders with equal keys wait for the same condition
+/// (room in the same queue, and credit in the same mailbox), so if one of them cannot go
+/// on, none can: they are woken one at a time ([`Relay`]).
+#[derive(PartialEq)]
+struct WaitKey {
+    wants: Wants,
+    to: Name,
+}
+
+#[derive(PartialEq, Clone, Copy)]
+enum Wants {
+    /// Room in the ordinary queue, and the mailbox's credit (unless the lane charges none).
+    Ordinary,
+    /// Room in the bulk queue, and the mailbox's credit.
+    Bulk,
+    /// The mailbox's credit only (transfer-queue's charge).
+    Credit,
 }
 
 /// While senders write through, every this many-th wake-up goes to the writer instead (to
@@ -190,7 +210,7 @@ impl Lane {
                 closed: false,
                 down: false,
                 writer_waiting: false,
-                senders: Sleepers::default(),
+                senders: Relay::default(),
                 room: Wakers::default(),
                 epoch: 0,
                 direct_busy: false,
@@ -251,12 +271,13 @@ impl Lane {
         &'a self,
         g: MutexGuard<'a, Inner>,
         block: bool,
+        (wants, to): (Wants, &Name),
         ready: impl Fn(&Inner) -> Result<(), bool>,
     ) -> Result<MutexGuard<'a, Inner>, PushError> {
         if !g.closed && !g.down && ready(&g).is_ok() {
             return Ok(g);
         }
-        self.wait_for_slow(g, block, &ready)
+        self.wait_for_slow(g, block, (wants, to), &ready)
     }
 
     #[cold]
@@ -265,6 +286,7 @@ impl Lane {
         &'a self,
         mut g: MutexGuard<'a, Inner>,
         block: bool,
+        (wants, to): (Wants, &Name),
         ready: &dyn Fn(&Inner) -> Result<(), bool>,
     ) -> Result<MutexGuard<'a, Inner>, PushError> {
         let mut start = None;
@@ -286,11 +308,16 @@ impl Lane {
                 return Err(PushError::Full);
             }
             start.get_or_insert_with(Instant::now);
-            let ticket = g.senders.park();
+            g.senders.park(WaitKey {
+                wants,
+                to: to.clone(),
+            });
             g = self.not_full.wait(g).unwrap_or_else(|p| p.into_inner());
-            g.senders.woke(ticket);
+            g.senders.woke();
         }
         if let Some(t) = start {
+            // It waited and got through: the next sender waiting for the same may, too.
+            g.senders.pass_on(&self.not_full);
             self.blocked_ns
                 .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
@@ -299,7 +326,7 @@ impl Lane {
 
     /// Room or credit may have appeared: wake the senders waiting for it, threads and tasks.
     fn room_freed(&self, g: &mut Inner) {
-        g.senders.notify_all(&self.not_full);
+        g.senders.notify(&self.not_full);
         g.room.wake_all();
     }
 
@@ -338,7 +365,8 @@ impl Lane {
         let credit = self.charges_credit;
         // The mailbox's credit slot, found once under the lock and charged under it.
         let slot = std::cell::Cell::new(None);
-        let mut g = self.wait_for(g, block, |g| {
+        let wants = if bulk { Wants::Bulk } else { Wants::Ordinary };
+        let mut g = self.wait_for(g, block, (wants, m.to), |g| {
             let room = if bulk {
                 g.bulk.bytes() < self.capacity
             } else {
@@ -436,7 +464,7 @@ impl Lane {
         {
             return Err(PushError::TooLarge(max));
         }
-        let mut g = self.wait_for(g, block, |g| {
+        let mut g = self.wait_for(g, block, (Wants::Credit, m.to), |g| {
             if g.credit.admits(m.to.as_bytes()) {
                 Ok(())
             } else {
@@ -547,7 +575,7 @@ impl Lane {
     pub fn set_down(&self, down: bool) {
         let mut g = self.lock();
         g.down = down;
-        self.not_full.notify_all();
+        g.senders.notify_all(&self.not_full);
         g.room.wake_all();
     }
 
@@ -579,7 +607,7 @@ impl Lane {
         // A consumer waiting for a poke (`wait_epoch`) must look up too.
         self.bump(&mut g);
         self.not_empty.notify_all();
-        self.not_full.notify_all();
+        g.senders.notify_all(&self.not_full);
         g.room.wake_all();
     }
 
@@ -593,7 +621,7 @@ impl Lane {
         g.outbox.take(usize::MAX, usize::MAX, &mut batch, None);
         g.taken = g.pushed;
         let (bulk, in_pieces) = g.bulk.take_failed();
-        self.not_full.notify_all();
+        g.senders.notify_all(&self.not_full);
         g.room.wake_all();
         drop(g);
         let frames = batch.message_frames();

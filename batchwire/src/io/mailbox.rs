@@ -22,7 +22,7 @@ use crate::class::Class;
 use crate::error::{Error, RecvError};
 use crate::io::NameHash;
 use crate::io::flow::Held;
-use crate::io::wakers::{Sleepers, Wakers};
+use crate::io::wakers::{Relay, Sleepers, Wakers};
 use batchwire_core::call;
 use batchwire_core::codec::Name;
 use batchwire_core::frame;
@@ -222,8 +222,8 @@ struct Inner {
     room: Wakers,
     /// The way back for the requests taken from here (set by the handle that claims it).
     replier: Option<Weak<dyn Outbound>>,
-    /// Local pushers waiting for room.
-    pushers: Sleepers,
+    /// Local pushers waiting for room, woken one at a time (they all wait for the same).
+    pushers: Relay<()>,
     /// Receiving threads waiting for a message.
     receivers: Sleepers,
     /// The last take was small messages: a receiver yields once before it parks (see
@@ -254,7 +254,7 @@ impl MailboxQueue {
                 wakers: Vec::new(),
                 room: Wakers::default(),
                 replier: None,
-                pushers: Sleepers::default(),
+                pushers: Relay::default(),
                 receivers: Sleepers::default(),
                 yield_next: false,
             }),
@@ -279,13 +279,19 @@ impl MailboxQueue {
     fn push(&self, item: Item, cost: usize, wait: Option<Wait>) -> Result<(), (Item, Refused)> {
         let mut g = self.lock();
         if let Some(wait) = wait {
+            let mut waited = false;
             while g.bytes >= self.capacity && !g.closed {
                 if let Wait::No = wait {
                     return Err((item, Refused::Full));
                 }
-                let ticket = g.pushers.park();
+                g.pushers.park(());
                 g = self.not_full.wait(g).unwrap_or_else(|p| p.into_inner());
-                g.pushers.woke(ticket);
+                g.pushers.woke();
+                waited = true;
+            }
+            if waited && !g.closed {
+                // It found room after waiting: the next pusher may, too.
+                g.pushers.pass_on(&self.not_full);
             }
         }
         if g.closed {
@@ -346,7 +352,7 @@ impl MailboxQueue {
         let mut g = self.lock();
         g.closed = true;
         self.not_empty.notify_all();
-        self.not_full.notify_all();
+        g.pushers.notify_all(&self.not_full);
         g.room.wake_all();
         for w in g.wakers.drain(..) {
             w.wake();
@@ -541,7 +547,7 @@ impl MailboxQueue {
 
     /// Room was freed: wake the local pushers waiting for it, threads and tasks.
     fn room_freed(&self, g: &mut Inner) {
-        g.pushers.notify_all(&self.not_full);
+        g.pushers.notify(&self.not_full);
         g.room.wake_all();
     }
 

@@ -1,6 +1,7 @@
 //! Tasks waiting for room: async senders park their waker beside the condvar that blocking
 //! senders wait on, and whoever notifies that condvar wakes them too.
 
+use std::sync::Condvar;
 use std::task::Waker;
 
 /// The wakers of tasks waiting for one thing. A task registers on a poll that finds no
@@ -54,7 +55,7 @@ impl Sleepers {
     }
 
     /// Wake every thread parked on `cv`, if any has not been notified yet.
-    pub fn notify_all(&mut self, cv: &std::sync::Condvar) {
+    pub fn notify_all(&mut self, cv: &Condvar) {
         if self.asleep > 0 {
             self.asleep = 0;
             self.round = self.round.wrapping_add(1);
@@ -66,6 +67,98 @@ impl Sleepers {
     #[cfg(test)]
     pub fn any(&self) -> bool {
         self.asleep > 0
+    }
+}
+
+/// The threads blocked on one condvar until something they wait for is freed (a lane's
+/// senders waiting for room or credit), woken one at a time while they all wait for the
+/// same thing: a change wakes one, and a woken thread that gets what it waited for passes
+/// the turn on to the next ([`Relay::pass_on`]), so the turn travels only while there is
+/// something to take. Waking them all at each change (1000 sending threads to one
+/// mailbox, a batch taken every few hundred microseconds) woke hundreds of threads to find
+/// nothing, each with a context switch and a fight for the lock.
+///
+/// Threads that wait for the same key wait for the same condition: if the one woken cannot
+/// go on, none of them could. While the sleepers' keys differ, every change wakes them all.
+/// Kept under the same lock as the condition.
+pub(crate) struct Relay<K> {
+    /// Parked and not notified.
+    asleep: usize,
+    /// Notified and not awake yet.
+    notified: usize,
+    /// What the sleepers wait for, while it is one thing.
+    key: Option<K>,
+    /// The sleepers wait for different things.
+    mixed: bool,
+}
+
+impl<K> Default for Relay<K> {
+    fn default() -> Self {
+        Relay {
+            asleep: 0,
+            notified: 0,
+            key: None,
+            mixed: false,
+        }
+    }
+}
+
+impl<K: PartialEq> Relay<K> {
+    /// A thread is about to wait for `key`.
+    pub fn park(&mut self, key: K) {
+        if self.asleep + self.notified == 0 {
+            self.key = Some(key);
+            self.mixed = false;
+        } else if self.key.as_ref() != Some(&key) {
+            self.mixed = true;
+        }
+        self.asleep += 1;
+    }
+
+    /// A thread is awake again (notified, or for no reason: then it counts as a sleeper
+    /// woken, and a notified one still asleep is counted as such: the counts may overstate
+    /// the sleepers, causing a spare notify, never understate them).
+    pub fn woke(&mut self) {
+        if self.notified > 0 {
+            self.notified -= 1;
+        } else {
+            self.asleep = self.asleep.saturating_sub(1);
+        }
+    }
+
+    /// Something was freed: wake one sleeper (all, while they wait for different things).
+    /// While a notified one has not run yet, it is the one to look.
+    pub fn notify(&mut self, cv: &Condvar) {
+        if self.asleep == 0 {
+            return;
+        }
+        if self.mixed {
+            self.notify_all(cv);
+        } else if self.notified == 0 {
+            self.asleep -= 1;
+            self.notified += 1;
+            cv.notify_one();
+        }
+    }
+
+    /// A woken thread got what it waited for: there may be more, wake the next.
+    pub fn pass_on(&mut self, cv: &Condvar) {
+        self.notify(cv);
+    }
+
+    /// Wake every sleeper (closed, down, failed: they all must look).
+    pub fn notify_all(&mut self, cv: &Condvar) {
+        if self.asleep > 0 {
+            self.notified += self.asleep;
+            self.asleep = 0;
+            cv.notify_all();
+        }
+    }
+
+    /// Parked and not yet notified.
+    #[cfg(test)]
+    pub fn asleep(&self) -> usize {
+        self.asleep
     }
 }
 
@@ -138,5 +231,94 @@ mod tests {
         }
         // A lost wake-up would show as a 20 s timeout.
         assert_eq!(consumer.join().unwrap(), (100, 0));
+    }
+
+    #[test]
+    fn a_relay_wakes_one_while_all_wait_for_the_same_and_all_once_they_differ() {
+        let cv = Condvar::new();
+        let mut r = Relay::default();
+        r.park(1);
+        r.park(1);
+        r.park(1);
+        r.notify(&cv);
+        assert_eq!(r.asleep(), 2, "one woken");
+        r.notify(&cv);
+        assert_eq!(
+            r.asleep(),
+            2,
+            "the one notified and not yet awake is the one to look"
+        );
+        r.woke();
+        r.pass_on(&cv);
+        assert_eq!(r.asleep(), 1, "it got through: the next one");
+        r.woke();
+        // A sleeper for something else: every change now wakes them all.
+        r.park(2);
+        r.notify(&cv);
+        assert_eq!(r.asleep(), 0);
+        r.woke();
+        r.woke();
+        // Everyone is awake: the next sleeper sets the key again.
+        r.park(3);
+        r.notify(&cv);
+        assert_eq!(r.asleep(), 0);
+    }
+
+    /// Threads that each take one unit of one of two resources, freed one unit at a time:
+    /// a lost wake-up (the relay stopping while a thread could go on) shows as a thread
+    /// still waiting when every unit was freed, i.e. a 20 s timeout.
+    #[test]
+    fn a_relay_loses_no_wake_up() {
+        struct Shared {
+            free: [u32; 2],
+            relay: Relay<usize>,
+        }
+        let m = Arc::new((
+            Mutex::new(Shared {
+                free: [0, 0],
+                relay: Relay::default(),
+            }),
+            Condvar::new(),
+        ));
+        let threads: Vec<_> = (0..16)
+            .map(|i| {
+                let m = m.clone();
+                // Twelve want resource 0, four resource 1: both the one-at-a-time and the
+                // mixed case occur.
+                let key = usize::from(i >= 12);
+                std::thread::spawn(move || {
+                    let (lock, cv) = &*m;
+                    let mut g = lock.lock().unwrap();
+                    let mut waited = false;
+                    while g.free[key] == 0 {
+                        g.relay.park(key);
+                        let (g2, r) = cv.wait_timeout(g, Duration::from_secs(20)).unwrap();
+                        g = g2;
+                        g.relay.woke();
+                        assert!(!r.timed_out(), "thread {i} was never woken");
+                        waited = true;
+                    }
+                    g.free[key] -= 1;
+                    if waited {
+                        g.relay.pass_on(cv);
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+        for n in 0..16 {
+            let (lock, cv) = &*m;
+            let mut g = lock.lock().unwrap();
+            g.free[usize::from(n >= 12)] += 1;
+            g.relay.notify(cv);
+            drop(g);
+            if n % 3 == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        for t in threads {
+            t.join().expect("a waiting thread failed");
+        }
+        assert_eq!(m.0.lock().unwrap().free, [0, 0]);
     }
 }
