@@ -1053,6 +1053,47 @@ mod tests {
         assert_eq!(t.join().unwrap(), Ok(()));
     }
 
+    /// Senders blocked on credit, all for one mailbox (woken one at a time, each passing
+    /// the turn on) or for two (all woken at each change): every one of them gets through
+    /// as credit comes back. A lost wake-up shows as a sender still blocked after 20 s.
+    #[test]
+    fn senders_blocked_on_credit_are_all_woken_as_it_comes_back() {
+        for b_senders in [0, 4] {
+            let (l, _) = lane(BundlerKind::Natural, 1 << 30);
+            let l = Arc::new(l);
+            let window = l.credit_window();
+            let big = Bytes::from(vec![0; 1000]);
+            for to in ["a", "b"] {
+                while push_to(&l, to, big.clone(), false, false).is_ok() {}
+            }
+            let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let threads: Vec<_> = (0..16)
+                .map(|i| {
+                    let (l, big, done) = (l.clone(), big.clone(), done.clone());
+                    std::thread::spawn(move || {
+                        let to = if i < 16 - b_senders { "a" } else { "b" };
+                        for _ in 0..20 {
+                            push_to(&l, to, big.clone(), false, true).unwrap();
+                        }
+                        done.fetch_add(1, Ordering::SeqCst);
+                    })
+                })
+                .collect();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while done.load(Ordering::SeqCst) < 16 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+                // A quarter window back to each mailbox: only some senders can go.
+                for to in ["a", "b"] {
+                    l.grant(&[(Name::from_static(to), window / 4)]);
+                }
+            }
+            assert_eq!(done.load(Ordering::SeqCst), 16, "senders still blocked");
+            for t in threads {
+                t.join().unwrap();
+            }
+        }
+    }
+
     #[test]
     fn large_and_bulk_messages_go_in_pieces_and_their_pair_follows_them() {
         let (l, mut b) = lane(BundlerKind::Natural, 1 << 30);

@@ -79,8 +79,11 @@ impl Sleepers {
 /// nothing, each with a context switch and a fight for the lock.
 ///
 /// Threads that wait for the same key wait for the same condition: if the one woken cannot
-/// go on, none of them could. While the sleepers' keys differ, every change wakes them all.
-/// Kept under the same lock as the condition.
+/// go on, none of them could. While the sleepers' keys differ, every change wakes them all;
+/// a thread that gets through then wakes them all only if a turn was left to a woken thread
+/// (`turn`) since the last time all were woken: otherwise each sender that got through
+/// would wake every sleeper again, and a mailbox nobody reads would have its senders woken
+/// by every other sender's progress. Kept under the same lock as the condition.
 pub(crate) struct Relay<K> {
     /// Parked and not notified.
     asleep: usize,
@@ -90,6 +93,9 @@ pub(crate) struct Relay<K> {
     key: Option<K>,
     /// The sleepers wait for different things.
     mixed: bool,
+    /// A change was left to a woken thread to pass on (one was woken for it, or one
+    /// notified and not yet running was trusted with it) since all were last woken.
+    turn: bool,
 }
 
 impl<K> Default for Relay<K> {
@@ -99,6 +105,7 @@ impl<K> Default for Relay<K> {
             notified: 0,
             key: None,
             mixed: false,
+            turn: false,
         }
     }
 }
@@ -109,6 +116,7 @@ impl<K: PartialEq> Relay<K> {
         if self.asleep + self.notified == 0 {
             self.key = Some(key);
             self.mixed = false;
+            self.turn = false;
         } else if self.key.as_ref() != Some(&key) {
             self.mixed = true;
         }
@@ -134,16 +142,22 @@ impl<K: PartialEq> Relay<K> {
         }
         if self.mixed {
             self.notify_all(cv);
-        } else if self.notified == 0 {
+            return;
+        }
+        if self.notified == 0 {
             self.asleep -= 1;
             self.notified += 1;
             cv.notify_one();
         }
+        self.turn = true;
     }
 
-    /// A woken thread got what it waited for: there may be more, wake the next.
+    /// A woken thread got what it waited for: there may be more, wake the next (all,
+    /// while they wait for different things, if a turn may have been left with it).
     pub fn pass_on(&mut self, cv: &Condvar) {
-        self.notify(cv);
+        if !self.mixed || self.turn {
+            self.notify(cv);
+        }
     }
 
     /// Wake every sleeper (closed, down, failed: they all must look).
@@ -151,6 +165,7 @@ impl<K: PartialEq> Relay<K> {
         if self.asleep > 0 {
             self.notified += self.asleep;
             self.asleep = 0;
+            self.turn = false;
             cv.notify_all();
         }
     }
@@ -256,6 +271,28 @@ mod tests {
         r.park(2);
         r.notify(&cv);
         assert_eq!(r.asleep(), 0);
+        r.woke();
+        r.woke();
+        // Still mixed, and all were woken since the last turn: one getting through wakes
+        // nobody (each sleeper saw every change).
+        r.park(1);
+        r.park(2);
+        r.pass_on(&cv);
+        assert_eq!(r.asleep(), 2, "no turn was left to anyone");
+        // A change wakes them all.
+        r.notify(&cv);
+        assert_eq!(r.asleep(), 0);
+        r.woke();
+        r.woke();
+        // One at a time, then mixed: the turn left with the woken one is passed to all.
+        r.park(1);
+        r.park(1);
+        r.notify(&cv);
+        r.park(2);
+        assert_eq!(r.asleep(), 2);
+        r.woke();
+        r.pass_on(&cv);
+        assert_eq!(r.asleep(), 0, "the turn it held reaches every sleeper");
         r.woke();
         r.woke();
         // Everyone is awake: the next sleeper sets the key again.
