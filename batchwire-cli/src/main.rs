@@ -184,6 +184,11 @@ struct BenchArgs {
     /// verified on its own).
     #[arg(long)]
     duplex: bool,
+    /// fan-in: run the sending node's process on CPU 0 and the receiving one's on CPU 1,
+    /// each pinned, as on two machines (by default the scheduler places both, and 1000
+    /// sender threads share the CPUs with the receiver).
+    #[arg(long)]
+    pin: bool,
     /// The nodes' send window in bytes (`NodeConfig::unacked_bytes`; default 16 MiB), e.g.
     /// 65536 with --duplex to keep both windows full.
     #[arg(long)]
@@ -534,6 +539,11 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
             "{flag} applies to the throughput scenario: batchwire bench throughput {flag} ..."
         ));
     }
+    if a.pin && a.scenario != Some(Scenario::FanIn) {
+        return Err(
+            "--pin applies to the fan-in scenario: batchwire bench fan-in --pin ...".into(),
+        );
+    }
     if a.scenario != Some(Scenario::Roundtrip)
         && (a.batches.is_some() || a.warmup_batches.is_some())
     {
@@ -648,7 +658,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                 };
                 throughput::run(&o)
             }
-            Scenario::FanIn => fanin::run(&common, &over),
+            Scenario::FanIn => fanin::run(&common, &over, a.pin),
             Scenario::Mperf => mperf::run(&common, &over),
             Scenario::Rpc => rpc::run(&common, &over),
             Scenario::Roundtrip => roundtrip::run(&common, &over),

@@ -342,6 +342,35 @@ fn bench_fan_in_runs_every_bundler_with_a_few_threads() {
 }
 
 #[test]
+fn bench_fan_in_pins_its_processes_when_asked() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipped: --pin needs 2 CPUs");
+        return;
+    }
+    let (v, stdout) = bench(
+        "bench-fanin-pin",
+        2,
+        &[
+            "fan-in",
+            "--pin",
+            "--bundler",
+            "natural",
+            "--messages",
+            "2000",
+            "--threads",
+            "8",
+        ],
+    );
+    assert!(
+        stdout.contains("n0's process on CPU 0, n1's on CPU 1"),
+        "{stdout}"
+    );
+    let rows = check_report(&v, "fan-in");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["pinned"], "n0's process on CPU 0, n1's on CPU 1");
+}
+
+#[test]
 fn bench_mperf_runs_three_nodes() {
     let (v, stdout) = bench(
         "bench-mperf",
@@ -482,6 +511,8 @@ fn bench_refuses_what_it_cannot_do_before_running() {
     assert!(e.contains("hol runs on loopback only"), "{e}");
     let e = run(&["throughput", "--batches", "3"]);
     assert!(e.contains("apply to the roundtrip scenario"), "{e}");
+    let e = run(&["mperf", "--pin"]);
+    assert!(e.contains("--pin applies to the fan-in scenario"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

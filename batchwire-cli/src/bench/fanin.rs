@@ -22,6 +22,9 @@ use super::{
 };
 use batchwire::{Address, BundlerKind, Node, NodeConfig, RecvError};
 
+/// How `--pin` places the processes (in the table's title and the JSON's `pinned`).
+const PINNED: &str = "n0's process on CPU 0, n1's on CPU 1";
+
 /// The payload header: sequence number (u64) and sender thread (u32), little-endian.
 pub const HEADER: usize = 12;
 
@@ -48,6 +51,9 @@ pub struct WorkerArgs {
     pub bundler: BundlerKind,
     #[arg(long, default_value_t = 1)]
     pub idle_cpu_level: u8,
+    /// Run this process (every thread it starts) on this CPU only.
+    #[arg(long)]
+    pub pin_cpu: Option<usize>,
 }
 
 /// What the sending worker reports.
@@ -109,6 +115,10 @@ impl Gate {
 
 /// Run a worker role; prints its report line on stdout.
 pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
+    if let Some(cpu) = a.pin_cpu {
+        // Before the node starts: its threads, and the sender threads, inherit it.
+        pin_to_cpu(cpu)?;
+    }
     match a.role.as_str() {
         "recv" => recv(a, secret),
         "send" => send(a, secret),
@@ -247,6 +257,24 @@ fn send(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     print_result(&SendReport { start_ns })
 }
 
+/// Restrict the calling thread (and the threads it starts from now on) to CPU `cpu`.
+fn pin_to_cpu(cpu: usize) -> Result<(), String> {
+    // SAFETY: `set` is a plain bit set that lives across the call; sched_setaffinity reads
+    // `size_of::<cpu_set_t>()` bytes of it and pid 0 means the calling thread.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(format!(
+            "cannot pin to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
 /// One measured run.
 #[derive(Debug, Clone, Copy)]
 pub struct RunOutcome {
@@ -260,12 +288,22 @@ pub struct Options {
     pub sizes: Vec<usize>,
     pub messages: u64,
     pub threads: usize,
+    /// The sending process on CPU 0 and the receiving one on CPU 1 (`--pin`).
+    pub pin: bool,
 }
 
 impl Options {
     /// The full-size defaults (200,000 messages of 100 B from 1000 threads), or the quick
     /// ones; the command line overrides either.
-    pub fn resolve(c: &Common, o: &Overrides) -> Result<Options, String> {
+    pub fn resolve(c: &Common, o: &Overrides, pin: bool) -> Result<Options, String> {
+        if pin {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if cpus < 2 {
+                return Err(format!(
+                    "fan-in --pin puts the two processes on CPUs 0 and 1; this process may use {cpus}"
+                ));
+            }
+        }
         if let Some(n) = o.nodes.filter(|n| *n != 2) {
             return Err(format!(
                 "fan-in runs 2 nodes (senders on one, the mailbox on the other); --nodes {n} applies to mperf and rpc"
@@ -284,6 +322,7 @@ impl Options {
             sizes: o.sizes_or(&[100], HEADER, "fan-in")?,
             messages,
             threads,
+            pin,
         })
     }
 }
@@ -298,25 +337,25 @@ pub fn one_run(
 ) -> Result<RunOutcome, String> {
     let send_addr = super::node_addr(base_port, 0)?;
     let recv_addr = super::node_addr(base_port, 1)?;
-    let args = |role: &str, listen: SocketAddr, peer: SocketAddr| {
-        worker_args(
-            "fan-in",
-            role,
-            &[
-                ("listen", listen.to_string()),
-                ("peer", peer.to_string()),
-                ("messages", o.messages.to_string()),
-                ("threads", o.threads.to_string()),
-                ("size", size.to_string()),
-                ("bundler", bundler.name().to_string()),
-                ("idle-cpu-level", idle.to_string()),
-            ],
-        )
+    let args = |role: &str, listen: SocketAddr, peer: SocketAddr, cpu: usize| {
+        let mut flags = vec![
+            ("listen", listen.to_string()),
+            ("peer", peer.to_string()),
+            ("messages", o.messages.to_string()),
+            ("threads", o.threads.to_string()),
+            ("size", size.to_string()),
+            ("bundler", bundler.name().to_string()),
+            ("idle-cpu-level", idle.to_string()),
+        ];
+        if o.pin {
+            flags.push(("pin-cpu", cpu.to_string()));
+        }
+        worker_args("fan-in", role, &flags)
     };
     let lines = run_workers(
         &[
-            args("recv", recv_addr, send_addr),
-            args("send", send_addr, recv_addr),
+            args("recv", recv_addr, send_addr, 1),
+            args("send", send_addr, recv_addr, 0),
         ],
         Duration::from_secs(300),
     )?;
@@ -340,10 +379,10 @@ pub fn one_run(
 }
 
 /// Run the scenario: for each size, `runs` rounds of every (bundler, idle level) pair.
-pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
+pub fn run(c: &Common, ov: &Overrides, pin: bool) -> Result<Vec<BenchResult>, String> {
     c.refuse_remote("fan-in")?;
     c.require_bundlers("fan-in")?;
-    let o = Options::resolve(c, ov)?;
+    let o = Options::resolve(c, ov, pin)?;
     let combos = c.combos();
     let progress = Progress::new(
         (o.sizes.len() * c.runs * combos.len()) as u64,
@@ -382,6 +421,7 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
             .with_faults(faults[i]);
             r.messages = o.messages;
             r.threads = o.threads;
+            r.pinned = o.pin.then(|| PINNED.to_string());
             results.push(r);
         }
         print!("{}", table(&results[first..], &o, c));
@@ -397,11 +437,16 @@ fn table(rows: &[BenchResult], o: &Options, c: &Common) -> String {
     let t = super::rate_table(rows, c.runs, c.show_idle(), "MB/s");
     format!(
         "\nfan-in: {} x {} B from {} threads on n0 to ONE mailbox on n1, received one message per call; \
-         msgs/s from the threads' release to the last delivery, median of {} alternating runs\n{}",
+         msgs/s from the threads' release to the last delivery, median of {} alternating runs{}\n{}",
         o.messages,
         first.size,
         o.threads,
         c.runs,
+        if o.pin {
+            format!(" ({PINNED})")
+        } else {
+            String::new()
+        },
         t.render()
     )
 }

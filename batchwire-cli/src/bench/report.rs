@@ -75,6 +75,10 @@ pub struct BenchResult {
     /// loopback.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<String>,
+    /// Where the node processes ran when pinned to CPUs (`fan-in --pin`); `None` when the
+    /// scheduler placed them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<String>,
 }
 
 impl BenchResult {
@@ -114,6 +118,7 @@ impl BenchResult {
             p99_us: None,
             p999_us: None,
             link: None,
+            pinned: None,
         }
     }
 
