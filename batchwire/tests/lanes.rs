@@ -399,3 +399,98 @@ fn a_large_message_to_a_dropped_mailbox_is_reported_and_its_credit_returns() {
     let e = inbox.recv_timeout(T).unwrap();
     assert_eq!(check(&e.payload), 99);
 }
+
+/// Many threads blocked on two mailboxes' credit (small budgets, slow readers) while the
+/// sender's connections break every few milliseconds: blocked senders are woken as credit
+/// comes back (one at a time for one mailbox, all while they wait for different ones), and
+/// every message arrives once, in order per sending thread.
+#[test]
+fn many_senders_blocked_on_credit_survive_connection_breaks() {
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| {
+            c.mailbox_bytes(32 << 10)
+                .reconnect(Duration::from_millis(5), Duration::from_millis(20))
+        })
+        .collect();
+    let nodes = start(cfgs);
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let boxes = [b.mailbox("one").unwrap(), b.mailbox("two").unwrap()];
+    const THREADS: u64 = 24;
+    const EACH: u64 = 200;
+    // Threads 0..18 send to "one", 18..24 to "two".
+    let target = |t: u64| usize::from(t >= 18);
+    let msg = |t: u64, k: u64| {
+        let mut v = vec![0u8; 300];
+        v[..8].copy_from_slice(&t.to_le_bytes());
+        v[8..16].copy_from_slice(&k.to_le_bytes());
+        Bytes::from(v)
+    };
+    let stop = AtomicBool::new(false);
+    let breaks = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let t0 = Instant::now();
+            while !stop.load(Ordering::Relaxed) && t0.elapsed() < T {
+                std::thread::sleep(Duration::from_millis(7));
+                breaks.fetch_add(a.break_connections() as u64, Ordering::Relaxed);
+            }
+        });
+        for t in 0..THREADS {
+            let to = boxes[target(t)].address();
+            s.spawn(move || {
+                for k in 0..EACH {
+                    a.send(&to, msg(t, k)).unwrap();
+                }
+            });
+        }
+        let readers: Vec<_> = (0..2)
+            .map(|i| {
+                let mb = &boxes[i];
+                let stop = &stop;
+                s.spawn(move || {
+                    let senders = (0..THREADS).filter(|t| target(*t) == i).count() as u64;
+                    let mut next = vec![0u64; THREADS as usize];
+                    for n in 0..senders * EACH {
+                        let e = mb.recv_timeout(T).unwrap_or_else(|e| {
+                            stop.store(true, Ordering::Relaxed);
+                            panic!("mailbox {i}, message {n}: {e}")
+                        });
+                        let t = u64::from_le_bytes(e.payload[..8].try_into().unwrap());
+                        let k = u64::from_le_bytes(e.payload[8..16].try_into().unwrap());
+                        assert_eq!(target(t), i, "to the wrong mailbox");
+                        assert_eq!(
+                            k, next[t as usize],
+                            "thread {t}: lost, duplicated or reordered"
+                        );
+                        next[t as usize] += 1;
+                        // Slow readers: the 32 KiB budgets run out and senders block.
+                        if n % 64 == 0 {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for r in readers {
+            r.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    for mb in &boxes {
+        assert!(
+            mb.recv_timeout(Duration::from_millis(200)).is_err(),
+            "a duplicate"
+        );
+    }
+    assert!(
+        breaks.load(Ordering::Relaxed) > 3,
+        "too few breaks to mean anything"
+    );
+    let st = a.stats();
+    assert!(
+        st.peers[0].credit_stalls > 0,
+        "no sender ever waited for credit"
+    );
+    assert_eq!(st.peers[0].send_failed, 0);
+}
