@@ -29,7 +29,7 @@
 //! - **Values from the peer are checked**: a grant for more than was charged is clamped and
 //!   counted ([`SendCredit::mismatched`]); entries are bounded in number.
 
-use crate::codec::{Name, NameMap};
+use crate::codec::{Name, NameMap, bytes_eq};
 use crate::frame::{Credit, MAX_CREDIT_ENTRIES, Sync};
 
 /// The window a sender assumes for every mailbox of a peer until the peer's first SYNC.
@@ -102,11 +102,12 @@ impl SendCredit {
 
     /// The slot of `to`: the last one used first (a stream to one mailbox asks once per
     /// message, and hashes nothing).
+    #[inline]
     fn lookup(&self, to: &[u8]) -> Option<usize> {
         if self
             .slots
             .get(self.last)
-            .is_some_and(|s| s.0.as_bytes() == to)
+            .is_some_and(|s| bytes_eq(s.0.as_bytes(), to))
         {
             return Some(self.last);
         }

@@ -247,7 +247,7 @@ impl<T: Keyed + Clone> Index<T> {
         // At most half the slots are set, so this ends; bounded anyway.
         for _ in 0..self.slots.len() {
             let p = self.slots[i].get()?;
-            if p.key() == name {
+            if batchwire_core::codec::bytes_eq(p.key(), name) {
                 return Some(p);
             }
             i = (i + 1) & self.mask;
