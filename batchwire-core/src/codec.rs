@@ -264,7 +264,7 @@ impl Name {
 // Equality, order and hash are the bytes' (as `Borrow<[u8]>` requires), whatever the
 // representation.
 impl PartialEq for Name {
-    #[inline]
+    #[inline(always)]
     fn eq(&self, other: &Name) -> bool {
         bytes_eq(self.as_bytes(), other.as_bytes())
     }

@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 
-use crate::codec::{Codec, DecodeError, Name, Reader};
+use crate::codec::{Codec, DecodeError, Name, Reader, bytes_eq};
 use crate::header::{HEADER_LEN, KIND_MESSAGES, MESSAGE_OVERHEAD, SEQ_OFFSET, begin, finish};
 
 /// One message as carried in a MESSAGES frame.
@@ -113,7 +113,7 @@ fn one_mailbox(b: &[u8], count: u32) -> bool {
         };
         match first {
             None => first = Some(s.to),
-            Some(f) if b[f.0..f.1] != b[s.to.0..s.to.1] => return false,
+            Some(f) if !bytes_eq(&b[f.0..f.1], &b[s.to.0..s.to.1]) => return false,
             Some(_) => {}
         }
         pos = s.end;
@@ -194,7 +194,7 @@ impl Codec for MessageList {
         for _ in 0..count {
             let s = check_message(&body, pos, prev.as_ref())?;
             let f = *first_to.get_or_insert(s.to);
-            one_run = one_run && body[f.0..f.1] == body[s.to.0..s.to.1];
+            one_run = one_run && bytes_eq(&body[f.0..f.1], &body[s.to.0..s.to.1]);
             pos = s.end;
             prev = Some(s);
         }
