@@ -331,6 +331,7 @@ pub struct NameHash;
 
 impl std::hash::BuildHasher for NameHash {
     type Hasher = Fnv;
+    #[inline]
     fn build_hasher(&self) -> Fnv {
         Fnv(0xcbf2_9ce4_8422_2325)
     }
@@ -339,10 +340,13 @@ impl std::hash::BuildHasher for NameHash {
 /// The hasher of [`NameHash`].
 pub struct Fnv(u64);
 
+// Inlined: the peer index and every name map hash a name per message, from other crates.
 impl std::hash::Hasher for Fnv {
+    #[inline]
     fn finish(&self) -> u64 {
         self.0
     }
+    #[inline]
     fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
             self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
