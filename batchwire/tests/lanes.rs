@@ -32,6 +32,16 @@ fn check(p: &[u8]) -> u64 {
     k
 }
 
+/// Break `a`'s connections every 7 ms until `stop`, counting the breaks; bounded in time
+/// too, so a failing receiver does not leave it running.
+fn break_until(a: &batchwire::Node, stop: &AtomicBool, breaks: &AtomicU64) {
+    let t0 = Instant::now();
+    while !stop.load(Ordering::Relaxed) && t0.elapsed() < T {
+        std::thread::sleep(Duration::from_millis(7));
+        breaks.fetch_add(a.break_connections() as u64, Ordering::Relaxed);
+    }
+}
+
 fn bad_events(rx: &std::sync::mpsc::Receiver<Event>) -> Vec<Event> {
     rx.try_iter()
         .filter(|e| {
@@ -236,14 +246,7 @@ fn pieces_survive_connection_breaks_exactly_once() {
     const N: u64 = 600;
     let len = |k: u64| [10usize, 50_000, 300, 200_000][k as usize % 4];
     std::thread::scope(|s| {
-        s.spawn(|| {
-            let t0 = Instant::now();
-            // Bounded in time too, so a failing receiver does not leave this running.
-            while !stop.load(Ordering::Relaxed) && t0.elapsed() < T {
-                std::thread::sleep(Duration::from_millis(7));
-                breaks.fetch_add(a.break_connections() as u64, Ordering::Relaxed);
-            }
-        });
+        s.spawn(|| break_until(a, &stop, &breaks));
         s.spawn(|| {
             for k in 0..N {
                 a.send(&inbox.address(), payload(k, len(k))).unwrap();
@@ -429,13 +432,7 @@ fn many_senders_blocked_on_credit_survive_connection_breaks() {
     let stop = AtomicBool::new(false);
     let breaks = AtomicU64::new(0);
     std::thread::scope(|s| {
-        s.spawn(|| {
-            let t0 = Instant::now();
-            while !stop.load(Ordering::Relaxed) && t0.elapsed() < T {
-                std::thread::sleep(Duration::from_millis(7));
-                breaks.fetch_add(a.break_connections() as u64, Ordering::Relaxed);
-            }
-        });
+        s.spawn(|| break_until(a, &stop, &breaks));
         for t in 0..THREADS {
             let to = boxes[target(t)].address();
             s.spawn(move || {
