@@ -97,8 +97,7 @@ impl IdleStrategy {
     }
 
     /// An idler for a consumer whose last take was small (`small`, see [`small_take`]):
-    /// where this strategy
-    /// would park at once (level 1), it yields once first. Whoever runs meanwhile (often
+    /// where this strategy would park at once (level 1), it yields once first. Whoever runs meanwhile (often
     /// the producer, on a 2-core machine) may queue more, which is then taken without a
     /// wake-up and in a larger batch; still no CPU once idle, since the next step parks.
     /// After a large take the consumer parks at once (a yield there cost 1 KB streams).

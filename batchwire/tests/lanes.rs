@@ -32,6 +32,18 @@ fn check(p: &[u8]) -> u64 {
     k
 }
 
+/// Nodes "a" and "b", set up by `tweak`, that reconnect within milliseconds (for
+/// [`break_until`]).
+fn breakable_pair(
+    tweak: impl Fn(batchwire::NodeConfig) -> batchwire::NodeConfig,
+) -> Vec<batchwire::Node> {
+    let cfgs = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| tweak(c).reconnect(Duration::from_millis(5), Duration::from_millis(20)))
+        .collect();
+    start(cfgs)
+}
+
 /// Break `a`'s connections every 7 ms until `stop`, counting the breaks; bounded in time
 /// too, so a failing receiver does not leave it running.
 fn break_until(a: &batchwire::Node, stop: &AtomicBool, breaks: &AtomicU64) {
@@ -230,14 +242,7 @@ fn an_unread_mailbox_holds_back_only_its_senders() {
 /// fragment size stream: each arrives once, whole, in order.
 #[test]
 fn pieces_survive_connection_breaks_exactly_once() {
-    let cfgs: Vec<_> = mesh(&["a", "b"])
-        .into_iter()
-        .map(|c| {
-            c.fragment_bytes(16 << 10)
-                .reconnect(Duration::from_millis(5), Duration::from_millis(20))
-        })
-        .collect();
-    let nodes = start(cfgs);
+    let nodes = breakable_pair(|c| c.fragment_bytes(16 << 10));
     let (a, b) = (&nodes[0], &nodes[1]);
     let inbox = b.mailbox("inbox").unwrap();
     let bev = b.events();
@@ -409,14 +414,7 @@ fn a_large_message_to_a_dropped_mailbox_is_reported_and_its_credit_returns() {
 /// every message arrives once, in order per sending thread.
 #[test]
 fn many_senders_blocked_on_credit_survive_connection_breaks() {
-    let cfgs: Vec<_> = mesh(&["a", "b"])
-        .into_iter()
-        .map(|c| {
-            c.mailbox_bytes(32 << 10)
-                .reconnect(Duration::from_millis(5), Duration::from_millis(20))
-        })
-        .collect();
-    let nodes = start(cfgs);
+    let nodes = breakable_pair(|c| c.mailbox_bytes(32 << 10));
     let (a, b) = (&nodes[0], &nodes[1]);
     let boxes = [b.mailbox("one").unwrap(), b.mailbox("two").unwrap()];
     const THREADS: u64 = 24;

@@ -1,5 +1,9 @@
-//! Tasks waiting for room: async senders park their waker beside the condvar that blocking
-//! senders wait on, and whoever notifies that condvar wakes them too.
+//! Who waits, and how they are woken: tasks waiting for room ([`Wakers`]: async senders
+//! park their waker beside the condvar that blocking senders wait on, and whoever notifies
+//! that condvar wakes them too); threads asleep on a condvar, woken with one notify per
+//! burst of changes ([`Sleepers`], a mailbox's receivers); and blocked senders, woken one
+//! at a time while they wait for the same thing ([`Relay`], a lane's senders and a
+//! mailbox's local pushers).
 
 use std::sync::Condvar;
 use std::task::Waker;
