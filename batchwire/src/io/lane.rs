@@ -440,7 +440,10 @@ impl Lane {
         let mut g = self.lock();
         g.direct = batch;
         g.direct_busy = false;
-        if g.writer_waiting {
+        // Only if something queued meanwhile (a parked writer that found the lane busy
+        // waits for this): waking it for nothing would put its run between this sender
+        // and its write, which is most of what writing through saves.
+        if g.writer_waiting && !g.outbox.is_empty() {
             self.not_empty.notify_one();
         }
     }
