@@ -13,7 +13,7 @@ use futures_core::Stream;
 use crate::address::Address;
 use crate::class::Class;
 use crate::error::{Error, RecvError};
-use crate::io::mailbox::{Envelope, MailboxQueue, Outbound};
+use crate::io::mailbox::{Envelope, Leader, MailboxQueue, Outbound};
 use crate::io::runtime::Runtime;
 use crate::send::SendFuture;
 
@@ -31,6 +31,8 @@ impl Mailbox {
     pub(crate) fn new(queue: Arc<MailboxQueue>, rt: Arc<Runtime>) -> Mailbox {
         let out: Arc<dyn Outbound> = rt.clone();
         queue.set_replier(Arc::downgrade(&out));
+        let leader: Arc<dyn Leader> = rt.clone();
+        queue.set_leader(Arc::downgrade(&leader));
         Mailbox { queue, rt }
     }
 

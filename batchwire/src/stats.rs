@@ -16,6 +16,9 @@ pub(crate) struct PeerCounters {
     pub writes: AtomicU64,
     /// Of `writes`, those a sending thread made itself (write-through).
     pub writes_through: AtomicU64,
+    /// Reads made by an application thread waiting for a reply or a message (leading),
+    /// not the reader thread.
+    pub reads_led: AtomicU64,
     pub send_failed: AtomicU64,
     pub messages_received: AtomicU64,
     pub bytes_received: AtomicU64,
@@ -104,6 +107,11 @@ pub struct PeerStats {
     /// Of `writes`, those the sending thread made itself because the writer was idle and
     /// nothing was queued (write-through: no thread hand-off for a lone message).
     pub writes_through: u64,
+    /// Reads of this peer's connection made by an application thread while it waited for
+    /// the reply to its request or for a message in its mailbox (leading: the bytes were
+    /// in its hands at once, with no wake-up by the reader thread), rather than by the
+    /// connection's reader thread.
+    pub reads_led: u64,
     /// Most bytes ever waiting in the outbound queue.
     pub queue_high_water: u64,
     /// Total time senders spent blocked on the full outbound queue (or used-up credit), in
@@ -160,6 +168,7 @@ impl PeerCounters {
             flushes_timer: f(2),
             flushes_single: f(3),
             writes_through: self.writes_through.load(Relaxed),
+            reads_led: self.reads_led.load(Relaxed),
             messages_per_write_histogram: self
                 .per_write
                 .iter()
@@ -360,7 +369,7 @@ impl std::fmt::Display for NodeStats {
         for p in &self.peers {
             writeln!(
                 f,
-                "  {:<12} {:<4} sent {} msgs / {} B in {} frames, {} writes ({} through; {:.1} msgs/write; flushes drained {} size {} timer {} single {}), recv {} msgs / {} B in {} frames, queue high-water {} B, senders blocked {} us, failed {}, undeliverable at peer {}, protocol violations {}",
+                "  {:<12} {:<4} sent {} msgs / {} B in {} frames, {} writes ({} through; {:.1} msgs/write; flushes drained {} size {} timer {} single {}), recv {} msgs / {} B in {} frames ({} reads led), queue high-water {} B, senders blocked {} us, failed {}, undeliverable at peer {}, protocol violations {}",
                 p.peer,
                 if p.connected { "up" } else { "down" },
                 p.messages_sent,
@@ -376,6 +385,7 @@ impl std::fmt::Display for NodeStats {
                 p.messages_received,
                 p.bytes_received,
                 p.frames_received,
+                p.reads_led,
                 p.queue_high_water,
                 p.blocked_us,
                 p.send_failed,

@@ -256,3 +256,68 @@ fn the_pending_table_is_bounded_and_100k_dropped_request_futures_leave_nothing()
         "{s:?}"
     );
 }
+
+/// Blocking callers read their own replies (leading: `reads_led`) when no one else
+/// is reading the connection, and calls from many threads at once all get their own
+/// answers while the caller's connections break every 7 ms and come back: a caller that
+/// was reading a connection that broke leaves it to its reader thread, which reports it.
+#[test]
+fn callers_read_their_own_replies_and_calls_survive_connections_breaking_under_them() {
+    let cfgs = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.reconnect(Duration::from_millis(5), Duration::from_millis(20)))
+        .collect();
+    let nodes = start(cfgs);
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = serve(b.mailbox("echo").unwrap(), stop.clone());
+    let to = Address::new("b", "echo").unwrap();
+    let t = Duration::from_secs(20);
+    for i in 0..200u32 {
+        let q = format!("one {i}");
+        let r = a.request(&to, q.clone(), t).unwrap();
+        assert_eq!(r.payload, q.chars().rev().collect::<String>().as_bytes());
+    }
+    let by_caller = |n: &batchwire::Node| n.stats().peers.iter().map(|p| p.reads_led).sum::<u64>();
+    assert!(
+        by_caller(a) > 0,
+        "one caller at a time reads its own replies"
+    );
+
+    let breaking = AtomicBool::new(true);
+    let breaks = std::sync::atomic::AtomicU64::new(0);
+    let t0 = Instant::now();
+    thread::scope(|s| {
+        s.spawn(|| {
+            while breaking.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(60) {
+                thread::sleep(Duration::from_millis(7));
+                breaks.fetch_add(a.break_connections() as u64, Ordering::Relaxed);
+            }
+        });
+        let callers: Vec<_> = (0..8)
+            .map(|c| {
+                let to = &to;
+                s.spawn(move || {
+                    for i in 0..150u32 {
+                        let q = format!("caller {c} call {i}");
+                        let r = a.request(to, q.clone(), t).unwrap_or_else(|e| {
+                            panic!("caller {c} call {i}: {e}");
+                        });
+                        assert_eq!(r.payload, q.chars().rev().collect::<String>().as_bytes());
+                    }
+                })
+            })
+            .collect();
+        for c in callers {
+            c.join().unwrap();
+        }
+        breaking.store(false, Ordering::Relaxed);
+    });
+    assert!(
+        breaks.load(Ordering::Relaxed) > 0,
+        "connections broke meanwhile"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(60));
+    stop.store(true, Ordering::Relaxed);
+    assert!(echo.join().unwrap() >= 200 + 8 * 150);
+}

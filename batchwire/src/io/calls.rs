@@ -287,6 +287,19 @@ impl Calls {
         }
     }
 
+    /// Whether any call is in the table (waiting, or answered and not yet taken).
+    pub fn any_pending(&self) -> bool {
+        !self.lock().slots.is_empty()
+    }
+
+    /// Whether call `id` has its answer (or is gone: taken, timed out, failed).
+    pub fn is_answered(&self, id: u64) -> bool {
+        !matches!(
+            self.lock().slots.get(&id).map(|s| &s.state),
+            Some(State::Waiting(_))
+        )
+    }
+
     /// The caller gave up on call `id` (dropped its future, or its send failed): forget it.
     pub fn cancel(&self, id: u64) {
         let mut t = self.lock();

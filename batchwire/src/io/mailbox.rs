@@ -222,6 +222,14 @@ struct Inner {
     room: Wakers,
     /// The way back for the requests taken from here (set by the handle that claims it).
     replier: Option<Weak<dyn Outbound>>,
+    /// Who may read a connection for a receiver with nothing to take (set with the
+    /// replier; see [`Leader`]).
+    leader: Option<Weak<dyn Leader>>,
+    /// A receiver is reading a connection while it waits: a push signals `wake_fd`.
+    leading: bool,
+    /// The node the last message from another node came from: the connection a waiting
+    /// receiver reads, since its next message most likely comes on it too.
+    last_from: Option<Name>,
     /// Local pushers waiting for room, woken one at a time (they all wait for the same).
     pushers: Relay<()>,
     /// Receiving threads waiting for a message.
@@ -241,7 +249,47 @@ pub(crate) struct MailboxQueue {
     idle: IdleStrategy,
     /// Whether a `Mailbox` handle owns this queue (declared mailboxes start unclaimed).
     pub claimed: std::sync::atomic::AtomicBool,
+    /// What a pusher signals while a receiver leads (an eventfd, made at the first lead;
+    /// `None` where there is none to make).
+    wake_fd: std::sync::OnceLock<Option<Arc<std::os::fd::OwnedFd>>>,
 }
+
+/// What a receiver with nothing to take may do instead of parking: read the connection to
+/// node `peer` itself until `done()`, `until`, or the connection ends, waking also when
+/// the file descriptor `wake` is readable (a push). Returns false, at once, if it could
+/// not (no such connection, or someone else reads it). The node's runtime does it; see
+/// `Reader::lead`.
+pub(crate) trait Leader: Send + Sync {
+    fn lead_for(
+        &self,
+        peer: &Name,
+        wake: &Arc<std::os::fd::OwnedFd>,
+        done: &dyn Fn() -> bool,
+        until: Instant,
+    ) -> bool;
+}
+
+thread_local! {
+    /// This thread woke a receiver that waited for a mailbox (see [`MailboxQueue::lead`]).
+    static HANDED_ON: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Make the eventfd `fd` readable (a receiver leading wakes; see [`Leader`]).
+pub(crate) fn signal(fd: &std::os::fd::OwnedFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: write(2) of 8 bytes from a live stack buffer to an eventfd kept open by the
+    // borrow. It fails only if the counter would overflow, when it is readable anyway.
+    let _ = unsafe {
+        libc::write(
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            one.as_ptr().cast(),
+            one.len(),
+        )
+    };
+}
+
+/// How far ahead a receiver that waits without a deadline reads before it looks again.
+const LEAD_AHEAD: Duration = Duration::from_secs(60);
 
 impl MailboxQueue {
     pub fn new(name: Name, capacity: usize, idle: IdleStrategy) -> Self {
@@ -254,6 +302,9 @@ impl MailboxQueue {
                 wakers: Vec::new(),
                 room: Wakers::default(),
                 replier: None,
+                leader: None,
+                leading: false,
+                last_from: None,
                 pushers: Relay::default(),
                 receivers: Sleepers::default(),
                 yield_next: false,
@@ -263,6 +314,7 @@ impl MailboxQueue {
             capacity,
             idle,
             claimed: std::sync::atomic::AtomicBool::new(false),
+            wake_fd: std::sync::OnceLock::new(),
         }
     }
 
@@ -298,10 +350,28 @@ impl MailboxQueue {
             return Err((item, Refused::Closed));
         }
         g.bytes += cost;
+        let remote = match &item {
+            Item::Run { from, .. } => Some(from),
+            Item::One(e, Some(_)) => Some(&e.from.node),
+            Item::One(_, None) => None,
+        };
+        if let Some(from) = remote
+            && g.last_from.as_ref() != Some(from)
+        {
+            g.last_from = Some(from.clone());
+        }
         g.q.push_back(item);
         // Wake only what is asleep, once per burst: a notify is a syscall even with nobody
         // waiting, and a receiver that was woken takes everything queued when it runs.
+        if g.receivers.any() {
+            // A receiver of another mailbox that leads lets go of the connection: this
+            // mailbox's receiver, busier, leads it next time it waits.
+            HANDED_ON.set(true);
+        }
         g.receivers.notify_all(&self.not_empty);
+        if g.leading {
+            self.signal_leader();
+        }
         for w in g.wakers.drain(..) {
             w.wake();
         }
@@ -352,6 +422,9 @@ impl MailboxQueue {
         let mut g = self.lock();
         g.closed = true;
         self.not_empty.notify_all();
+        if g.leading {
+            self.signal_leader();
+        }
         g.pushers.notify_all(&self.not_full);
         g.room.wake_all();
         for w in g.wakers.drain(..) {
@@ -362,6 +435,84 @@ impl MailboxQueue {
     /// Requests taken from here reply through `out`.
     pub fn set_replier(&self, out: Weak<dyn Outbound>) {
         self.lock().replier = Some(out);
+    }
+
+    /// A receiver with nothing to take may read a connection through `leader`.
+    pub fn set_leader(&self, leader: Weak<dyn Leader>) {
+        self.lock().leader = Some(leader);
+    }
+
+    /// The eventfd pushes signal while a receiver leads (made once; `None` if it cannot
+    /// be made, and then no receiver leads).
+    fn wake_fd(&self) -> Option<&Arc<std::os::fd::OwnedFd>> {
+        self.wake_fd
+            .get_or_init(|| {
+                #[cfg(target_os = "linux")]
+                {
+                    // SAFETY: eventfd(2) takes no pointers; a descriptor it returns is
+                    // new and owned by nothing else, so `OwnedFd` may close it.
+                    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+                    if fd >= 0 {
+                        use std::os::fd::FromRawFd;
+                        // SAFETY: see above.
+                        return Some(Arc::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }));
+                    }
+                }
+                None
+            })
+            .as_ref()
+    }
+
+    /// A push while a receiver leads: make its eventfd readable.
+    fn signal_leader(&self) {
+        if let Some(fd) = self.wake_fd() {
+            signal(fd);
+        }
+    }
+
+    /// With nothing to take: read the connection the last message came on until one comes
+    /// (see [`Leader`]), instead of parking. Call with the lock, which it gives back, with
+    /// whether it led.
+    fn lead<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, Inner>,
+        left: Option<Duration>,
+    ) -> (MutexGuard<'a, Inner>, bool) {
+        if g.leading {
+            return (g, false);
+        }
+        let Some(leader) = g.leader.as_ref().and_then(Weak::upgrade) else {
+            return (g, false);
+        };
+        let (Some(peer), Some(wake)) = (g.last_from.clone(), self.wake_fd()) else {
+            return (g, false);
+        };
+        g.leading = true;
+        drop(g);
+        HANDED_ON.set(false);
+        let done = || {
+            if HANDED_ON.get() {
+                return true;
+            }
+            let g = self.lock();
+            !g.q.is_empty() || g.closed
+        };
+        let until = Instant::now() + left.unwrap_or(LEAD_AHEAD);
+        let led = leader.lead_for(&peer, wake, &done, until);
+        let mut g = self.lock();
+        g.leading = false;
+        // No push signals it any more (they look at `leading` under the lock): empty it.
+        let mut buf = [0u8; 8];
+        // SAFETY: read(2) into a live 8-byte stack buffer from our own non-blocking
+        // eventfd; EAGAIN (nothing signalled) is fine.
+        let _ = unsafe {
+            libc::read(
+                std::os::fd::AsRawFd::as_raw_fd(&**wake),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        (g, led)
     }
 
     /// Move up to `max` messages from the queue to `out`, giving the requests among them
@@ -495,6 +646,14 @@ impl MailboxQueue {
                     g = self.lock();
                 }
                 IdleStep::Park => {
+                    // Read a connection meanwhile, if it can, then look again; so too if
+                    // it could not but something came while it tried (a push saw it
+                    // leading, so signalled it rather than waking a sleeper).
+                    let led;
+                    (g, led) = self.lead(g, left);
+                    if led || !g.q.is_empty() || g.closed {
+                        continue;
+                    }
                     let ticket = g.receivers.park();
                     g = match left {
                         None => self.not_empty.wait(g).unwrap_or_else(|p| p.into_inner()),
@@ -836,5 +995,91 @@ mod tests {
         );
         assert_eq!(r, Err(RecvError::Timeout));
         assert_eq!(q.take(&mut out, 1, None), Err(RecvError::Empty));
+    }
+
+    /// A leader for tests: `act` runs in place of reading a connection.
+    struct FakeLeader<F>(F);
+
+    impl<F: Fn(&Arc<std::os::fd::OwnedFd>, Instant) -> bool + Send + Sync> Leader for FakeLeader<F> {
+        fn lead_for(
+            &self,
+            _peer: &Name,
+            wake: &Arc<std::os::fd::OwnedFd>,
+            _done: &dyn Fn() -> bool,
+            until: Instant,
+        ) -> bool {
+            (self.0)(wake, until)
+        }
+    }
+
+    fn leading_queue(leader: &Arc<dyn Leader>) -> Arc<MailboxQueue> {
+        let q = Arc::new(q(1 << 20));
+        q.set_leader(Arc::downgrade(leader));
+        q.lock().last_from = Some(Name::from_static("peer"));
+        q
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_message_pushed_while_a_receiver_tried_to_lead_is_taken_not_slept_on() {
+        // The receiver found nothing and tried to lead; meanwhile a push came (it saw the
+        // receiver leading, so it signalled the eventfd rather than waking a sleeper), and
+        // then the lead failed (someone else had the turn). The receiver must not park.
+        let slot: Arc<std::sync::OnceLock<Arc<MailboxQueue>>> = Arc::default();
+        let s2 = slot.clone();
+        let leader: Arc<dyn Leader> =
+            Arc::new(FakeLeader(move |_: &Arc<std::os::fd::OwnedFd>, _| {
+                s2.get().unwrap().push_one(env(7), false).unwrap();
+                false
+            }));
+        let q = leading_queue(&leader);
+        slot.set(q.clone()).ok().unwrap();
+        let t0 = Instant::now();
+        let mut got = Vec::new();
+        q.take_within(&mut got, 10, Duration::from_secs(5)).unwrap();
+        assert_eq!(got[0].payload[0], 7);
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        assert!(!q.lock().leading);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_receiver_that_leads_is_woken_by_a_push_from_elsewhere() {
+        // The leader waits on the eventfd as `Reader::lead` would (with the socket).
+        let leader: Arc<dyn Leader> = Arc::new(FakeLeader(
+            |wake: &Arc<std::os::fd::OwnedFd>, until: Instant| {
+                use std::os::fd::AsRawFd;
+                let mut p = libc::pollfd {
+                    fd: wake.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: poll(2) on one pollfd on this stack frame; the fd is open (borrowed).
+                let ms = until.saturating_duration_since(Instant::now()).as_millis() as i32;
+                unsafe { libc::poll(&mut p, 1, ms.max(1)) };
+                true
+            },
+        ));
+        let q = leading_queue(&leader);
+        let q2 = q.clone();
+        let pusher = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            q2.push_one(env(9), false).unwrap();
+        });
+        let t0 = Instant::now();
+        let mut got = Vec::new();
+        q.take_within(&mut got, 10, Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(got[0].payload[0], 9);
+        assert!(
+            t0.elapsed() < Duration::from_secs(4),
+            "woken by the eventfd"
+        );
+        pusher.join().unwrap();
+        // The eventfd was emptied: a second wait with nothing pushed times out.
+        let t1 = Instant::now();
+        let r = q.take_within(&mut got, 10, Duration::from_millis(50));
+        assert!(matches!(r, Err(RecvError::Timeout)), "{r:?}");
+        assert!(t1.elapsed() >= Duration::from_millis(50));
     }
 }

@@ -13,9 +13,19 @@
 //! between two frames with the delivery turn, so that the snapshot covers exactly the
 //! messages below its sequence number. What was delivered is committed to the session;
 //! the rest comes again on the next connection and is delivered then, exactly once.
+//!
+//! On plain TCP the reader thread is not the only one that reads: what it reads into and
+//! how far it got sit behind the connection's read turn (`Conn::read_turn`), and an
+//! application thread waiting for a reply or a message may take the turn and read the
+//! connection itself ("leading", [`Reader::lead`]); everything above holds for whichever
+//! thread has the turn. The reader thread waits for the socket without the turn, and alone
+//! tears the connection down, whoever found that it ended.
 
+use std::io::ErrorKind;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
 
 use batchwire_core::call;
 use batchwire_core::codec::{Name, NameMap};
@@ -28,13 +38,21 @@ use tracing::warn;
 use crate::address::Address;
 use crate::error::Error;
 use crate::event::Event;
-use crate::io::conn::{Conn, LinkError};
+use crate::io::conn::{Conn, LinkError, ReadSide, RecvRing};
 use crate::io::events::Events;
 use crate::io::flow::Held;
 use crate::io::lane::Lane;
 use crate::io::mailbox::{Envelope, MailboxQueue, Mailboxes};
 use crate::io::members::Members;
 use crate::io::peer::Peer;
+
+/// How long a caller that leads waits for its socket before it looks whether its call
+/// ended some other way (see [`Reader::lead`]).
+const LEAD_RECHECK: Duration = Duration::from_millis(5);
+
+/// How often in a row the reader thread finds a caller leading before it queues for the
+/// read turn (see `read_until_end`).
+const LOOKS: u32 = 4;
 
 /// What a reader uses.
 pub(crate) struct Reader<'a> {
@@ -56,31 +74,220 @@ impl Reader<'_> {
         // Where credit stands, as of what was delivered before this connection: the first
         // thing this side says on it (after RESUME).
         self.snapshot();
+        *self.conn.read_turn() = Some(ReadSide {
+            ring: RecvRing::new(buf, self.read_bytes),
+            // Nothing read yet: the first read looks without waiting (see below).
+            drained: true,
+            idle_said: true,
+            ended: None,
+        });
+        let r = self.read_until_end();
+        // No caller leads a connection whose reader stopped.
+        *self.conn.read_turn() = None;
+        r
+    }
+
+    /// The reader thread's loop: with the read turn, act on what was read and read more.
+    /// It waits in `recv(2)` (holding the turn) only if the last read filled its buffer,
+    /// so more is surely on its way, or if no caller could lead anyway (TLS). Otherwise it
+    /// looks without waiting and, if nothing is there, waits for the socket **without the
+    /// turn**, so that a caller waiting for a reply may take it meanwhile (see
+    /// [`Reader::lead`]). A caller that leads returns the turn once its reply is in, and
+    /// leaves in `ended` how the connection ended if it found out.
+    fn read_until_end(&self) -> Result<(), LinkError> {
         let mut cache: Option<Arc<MailboxQueue>> = None;
-        let mut drained = false;
-        let mut ring = RecvRing::new(buf, self.read_bytes);
+        let mut missed = 0;
         loop {
-            let buf = ring.buf();
-            while let Some(frame) = frame::decode(buf, self.max_frame)? {
-                self.peer.stats.frames_received.fetch_add(1, Relaxed);
-                if self.handle(frame, &mut cache)? {
-                    return Ok(());
+            let mut turn = match self.conn.try_read_turn() {
+                Some(t) => t,
+                // A caller leads. Woken by the same bytes as it was, this thread looks
+                // again instead of queueing for the turn: the caller reads them at once,
+                // so the socket is soon empty and this thread sleeps in `poll` without
+                // having to be woken when the caller is done (that wake-up preempted the
+                // caller just as it had its reply). Past a few looks (the caller is busy
+                // reading a stream), it queues for the turn.
+                None if missed < LOOKS => {
+                    missed += 1;
+                    std::thread::yield_now();
+                    self.wait_readable(None, None)?;
+                    continue;
+                }
+                None => self.conn.read_turn(),
+            };
+            missed = 0;
+            let Some(side) = turn.as_mut() else {
+                return Err(LinkError::Eof);
+            };
+            if let Some(end) = side.ended.take() {
+                return end;
+            }
+            if self.act(side, &mut cache)? {
+                return Ok(());
+            }
+            let wait = !side.drained || !self.leadable();
+            if !self.read_once(side, wait)? {
+                drop(turn);
+                self.wait_readable(None, None)?;
+            }
+        }
+    }
+
+    /// With the read turn: act on every whole frame read. Returns true on GOODBYE.
+    fn act(
+        &self,
+        side: &mut ReadSide,
+        cache: &mut Option<Arc<MailboxQueue>>,
+    ) -> Result<bool, LinkError> {
+        let buf = side.ring.buf();
+        while let Some(frame) = frame::decode(buf, self.max_frame)? {
+            self.peer.stats.frames_received.fetch_add(1, Relaxed);
+            if self.handle(frame, cache)? {
+                return Ok(true);
+            }
+        }
+        // The last read took all there was: about to wait, so acknowledge now if a
+        // sender may be waiting for it (the session decides).
+        if side.drained && !side.idle_said {
+            side.idle_said = true;
+            self.peer.session(|s, _| s.handle_idle(self.conn.id));
+        }
+        Ok(false)
+    }
+
+    /// With the read turn: read once, waiting for bytes if `wait`. Returns false if there
+    /// were none (only without `wait`).
+    fn read_once(&self, side: &mut ReadSide, wait: bool) -> Result<bool, LinkError> {
+        let n = match read_more(&self.conn.link, side.ring.room(), self.read_bytes, wait) {
+            Ok(0) => return Err(LinkError::Eof),
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock && !wait => return Ok(false),
+            Err(e) if e.kind() == ErrorKind::Interrupted => return Ok(true),
+            Err(e) => return Err(e.into()),
+        };
+        side.drained = n < self.read_bytes;
+        side.idle_said = false;
+        self.peer.stats.bytes_received.fetch_add(n as u64, Relaxed);
+        self.peer
+            .session(|s, now| s.handle_heard(now, self.conn.id));
+        Ok(true)
+    }
+
+    /// Whether callers may lead this connection: plain TCP (a TLS link's reads go through
+    /// rustls, whose state its reader thread keeps to itself).
+    fn leadable(&self) -> bool {
+        #[cfg(unix)]
+        return self.conn.link.plain_fd().is_some();
+        #[cfg(not(unix))]
+        return false;
+    }
+
+    /// Wait until the socket has something to read (or has ended, or failed), or `wake`
+    /// is readable, at most `limit` if given. Only for a leadable link.
+    fn wait_readable(&self, limit: Option<Duration>, wake: Option<i32>) -> std::io::Result<()> {
+        #[cfg(unix)]
+        if let Some(fd) = self.conn.link.plain_fd() {
+            let ms = limit.map_or(-1, |d| d.as_micros().div_ceil(1000).min(60_000) as i32);
+            let p = |fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let mut fds = [p(fd), p(wake.unwrap_or(-1))];
+            // SAFETY: poll(2) on pollfds that live on this stack frame (a negative fd is
+            // ignored); the socket is the link's, open while `self.conn` is borrowed, and
+            // `wake` is open while its owner waits here.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != ErrorKind::Interrupted {
+                    return Err(e);
                 }
             }
-            // The last read took all there was: about to wait, so acknowledge now if a
-            // sender may be waiting for it (the session decides).
-            if drained {
-                self.peer.session(|s, _| s.handle_idle(self.conn.id));
-            }
-            let n = read_more(&self.conn.link, ring.room(), self.read_bytes)?;
-            if n == 0 {
-                return Err(LinkError::Eof);
-            }
-            drained = n < self.read_bytes;
-            self.peer.stats.bytes_received.fetch_add(n as u64, Relaxed);
-            self.peer
-                .session(|s, now| s.handle_heard(now, self.conn.id));
+            return Ok(());
         }
+        let _ = (limit, wake);
+        Ok(())
+    }
+
+    /// **Leading**: an application thread that waits for something that will most likely
+    /// come on this connection reads the connection itself while it waits, if no one holds
+    /// the read turn, instead of being woken by the reader thread once that has read it: a
+    /// caller waiting for its reply (`Runtime::request`), or a receiver waiting for a
+    /// message in its mailbox (`MailboxQueue::lead`; `wake`, a file descriptor that a push
+    /// to the mailbox makes readable, wakes it for messages that come another way). On a
+    /// machine with idle CPUs each hand-off costs a wake-up of a sleeping CPU, about half
+    /// a loopback round trip; an rpc call had two (`docs/compare-v7-rpc.txt`).
+    ///
+    /// The thread acts on everything it reads exactly as the reader thread would (every
+    /// frame, for every mailbox and every waiting caller), never waits for a consumer
+    /// (delivery does not), and keeps the turn until `done()`, `until`, or the connection
+    /// ends. It waits for the socket at most [`LEAD_RECHECK`] at a time, so that a wait
+    /// ended some other way (the peer declared down, shutdown) is seen soon. The reader
+    /// thread waits for the turn meanwhile, and takes back what the thread leaves: how the
+    /// connection ended, if it did (the thread shuts the socket's read side so the reader
+    /// thread wakes to report it), and any part of a frame read.
+    ///
+    /// Returns whether it led (false, at once, if the turn was taken or the connection is
+    /// not plain TCP: a TLS link's reads go through rustls, which its reader keeps).
+    pub fn lead(
+        &self,
+        done: &dyn Fn() -> bool,
+        until: Instant,
+        wake: Option<&Arc<OwnedFd>>,
+    ) -> bool {
+        if !self.leadable() {
+            return false;
+        }
+        let Some(mut turn) = self.conn.try_read_turn() else {
+            return false;
+        };
+        let Some(side) = turn.as_mut() else {
+            return false;
+        };
+        // A receiver leading can be asked for the turn (see `Runtime::request`).
+        struct Leading<'a>(&'a Conn, bool);
+        impl Drop for Leading<'_> {
+            fn drop(&mut self) {
+                if self.1 {
+                    self.0.set_lead_wake(None);
+                }
+            }
+        }
+        let _leading = Leading(self.conn, wake.is_some());
+        if wake.is_some() {
+            self.conn.set_lead_wake(wake.cloned());
+        }
+        let wake_fd = wake.map(|w| std::os::fd::AsRawFd::as_raw_fd(&**w));
+        let mut cache: Option<Arc<MailboxQueue>> = None;
+        let end = loop {
+            if side.ended.is_some() || self.conn.is_closed() {
+                return true;
+            }
+            match self.act(side, &mut cache) {
+                Ok(false) => {}
+                Ok(true) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+            let now = Instant::now();
+            if done() || now >= until {
+                return true;
+            }
+            match self.read_once(side, false) {
+                Ok(true) => {
+                    self.peer.stats.reads_led.fetch_add(1, Relaxed);
+                }
+                Ok(false) => {
+                    let limit = (until - now).min(LEAD_RECHECK);
+                    if let Err(e) = self.wait_readable(Some(limit), wake_fd) {
+                        break Err(e.into());
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        side.ended = Some(end);
+        let _ = self.conn.link.shutdown(std::net::Shutdown::Read);
+        true
     }
 
     /// Take a SYNC snapshot between two deliveries.
@@ -417,77 +624,13 @@ impl Reader<'_> {
 /// bytes are not zeroed first. (Zeroing `want` bytes before every read cost a pass over
 /// 64 KiB per read, whatever arrived: 113 of the receiving process's 673 instructions per
 /// 100 B message under callgrind.) TLS reads through rustls into initialized memory.
-/// A reader's receive buffers. Frames are split off the current buffer and their messages
-/// handed out as slices of it, so a buffer is free again only once the application has
-/// dropped every message cut from it. Letting `BytesMut::reserve` allocate a new one
-/// whenever the current one is still shared (nearly always, at speed) cost a fresh block
-/// from the allocator per read, which it took from and gave back to the kernel: page faults
-/// and `madvise` were a tenth of the reader's time at 10 KB messages. Instead the reader
-/// keeps up to [`RETIRED`] full buffers and takes one back once its messages are gone.
-/// Memory: at most `RETIRED + 1` blocks of `4 x read_bytes` (at most 1 MiB, or one read if
-/// that is larger) per connection, plus blocks the application still holds messages of
-/// (those it frees itself).
-struct RecvRing {
-    cur: BytesMut,
-    retired: std::collections::VecDeque<BytesMut>,
-    block: usize,
-    want: usize,
-}
-
-/// Full receive buffers kept per connection to be reused.
-const RETIRED: usize = 4;
-
-impl RecvRing {
-    fn new(mut cur: BytesMut, want: usize) -> Self {
-        // Four reads per block, but no block over 1 MiB beyond one read (a large
-        // `read_bytes` must not multiply the memory a connection keeps).
-        let block = want.saturating_mul(4).min(want.max(1 << 20));
-        if cur.capacity() - cur.len() < want {
-            cur.reserve(block);
-        }
-        RecvRing {
-            cur,
-            retired: Default::default(),
-            block,
-            want,
-        }
-    }
-
-    /// The bytes read and not yet decoded.
-    fn buf(&mut self) -> &mut BytesMut {
-        &mut self.cur
-    }
-
-    /// The current buffer, with room for `want` more bytes: if it has none and its
-    /// messages are still held, the unread tail (at most part of one frame) moves to a
-    /// retired buffer whose messages are all dropped, or to a new one.
-    fn room(&mut self) -> &mut BytesMut {
-        // Room left, or every message cut from the buffer is gone (light load): in place,
-        // so an idle connection keeps touching the same few pages.
-        if self.cur.capacity() - self.cur.len() >= self.want || self.cur.try_reclaim(self.want) {
-            return &mut self.cur;
-        }
-        let need = self.cur.len() + self.want;
-        let reuse = (0..self.retired.len()).find(|&i| self.retired[i].try_reclaim(need));
-        let mut next = match reuse {
-            Some(i) => self.retired.remove(i).unwrap_or_default(),
-            None => BytesMut::with_capacity(need.max(self.block)),
-        };
-        next.extend_from_slice(&self.cur);
-        let mut old = std::mem::replace(&mut self.cur, next);
-        old.clear();
-        if self.retired.len() == RETIRED {
-            self.retired.pop_front();
-        }
-        self.retired.push_back(old);
-        &mut self.cur
-    }
-}
-
+/// Without `wait`, a plain link's read returns `WouldBlock` at once if nothing is there (a
+/// TLS link always waits).
 pub(crate) fn read_more(
     link: &crate::io::link::Link,
     buf: &mut BytesMut,
     want: usize,
+    wait: bool,
 ) -> std::io::Result<usize> {
     let len = buf.len();
     #[cfg(unix)]
@@ -495,11 +638,12 @@ pub(crate) fn read_more(
         buf.reserve(want);
         let spare = buf.spare_capacity_mut();
         let n = spare.len().min(want);
+        let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
         // SAFETY: recv(2) writes at most `n` bytes through a raw pointer into the spare
         // capacity (no reference to uninitialized memory is made) and returns how many it
         // wrote; exactly those are then counted as initialized by `set_len`. The fd is the
         // link's socket, open for as long as `link` is borrowed.
-        let r = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), n, 0) };
+        let r = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), n, flags) };
         if r < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -525,56 +669,6 @@ mod tests {
     use std::io::Write;
     use std::net::{TcpListener, TcpStream};
     use std::time::{Duration, Instant};
-
-    #[test]
-    fn a_receive_buffer_is_taken_back_once_its_messages_are_dropped_and_a_tail_moves_along() {
-        // Reads of 1000 bytes into blocks of 4000.
-        let mut ring = RecvRing::new(BytesMut::new(), 1000);
-        ring.room().extend_from_slice(&[7u8; 3500]);
-        let first = ring.buf().as_ptr();
-        // A message the application keeps; 500 bytes of a frame left unread.
-        let kept = ring.buf().split_to(3000).freeze();
-        // No room for another read: the tail moves to a new buffer (the first is shared).
-        let b = ring.room();
-        assert_ne!(b.as_ptr(), first);
-        assert_eq!(&b[..], &[7u8; 500][..], "the unread tail moved along");
-        assert_eq!(ring.retired.len(), 1);
-        // Fill the second buffer too, while the application still holds `kept`...
-        ring.buf().extend_from_slice(&[8u8; 3000]);
-        let second = ring.buf().split_to(3400).freeze();
-        let _ = ring.room();
-        assert!(
-            ring.buf().as_ptr() != first,
-            "not taken back while a message lives"
-        );
-        assert_eq!(&ring.buf()[..], &[8u8; 100][..]);
-        // ...then it drops both. The current buffer's messages are gone too (light load):
-        // it is reused in place, the tail moved to its front.
-        drop((kept, second));
-        let third = ring.buf().as_ptr();
-        ring.buf().extend_from_slice(&[9u8; 3500]);
-        drop(ring.buf().split_to(3550));
-        let b = ring.room();
-        assert_eq!(b.as_ptr(), third, "reused in place");
-        assert_eq!(&b[..], &[9u8; 50][..]);
-        // Under load (a message of the current buffer still held) the next change takes
-        // the oldest retired buffer back instead of allocating.
-        ring.buf().extend_from_slice(&[3u8; 3000]);
-        let held = ring.buf().split_to(3040).freeze();
-        let b = ring.room();
-        assert_eq!(b.as_ptr(), first, "the oldest retired buffer is reused");
-        assert_eq!(&b[..], &[3u8; 10][..]);
-        assert_eq!(ring.retired.len(), 2);
-        assert_eq!(ring.retired[1].as_ptr(), unsafe { third.add(3040) });
-        drop(held);
-        // Kept: at most RETIRED full buffers.
-        for _ in 0..20 {
-            let b = ring.room();
-            b.extend_from_slice(&[1u8; 3990]);
-            let _keep_shared = b.split_to(3990).freeze();
-        }
-        assert!(ring.retired.len() <= RETIRED);
-    }
 
     /// Decode the frames the writer would send for the flow.
     fn flow_output(peer: &Peer) -> Vec<Frame> {
@@ -670,5 +764,208 @@ mod tests {
         assert!(reader.join().unwrap().is_err());
         let (_, resume) = peer.session(|s, now| s.handle_connect(now, 1));
         assert_eq!(resume.next, 5, "every message and piece was committed");
+    }
+    /// A reader thread on one end of a loopback pair, with mailbox "inbox"; the test
+    /// writes to the other end.
+    struct Rig {
+        theirs: TcpStream,
+        peer: Arc<Peer>,
+        conn: Arc<Conn>,
+        mailboxes: Mailboxes,
+        events: Events,
+        mb: Arc<MailboxQueue>,
+        reader: Option<std::thread::JoinHandle<Result<(), LinkError>>>,
+    }
+
+    impl Rig {
+        fn new() -> Rig {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let theirs = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (ours, _) = l.accept().unwrap();
+            let peer = testing::peer(SessionConfig::default());
+            let conn = testing::connect(&peer, Link::Plain(ours));
+            let mailboxes = Mailboxes::default();
+            let name = Name::from_static("inbox");
+            let mb = mailboxes.get_or_insert(&name, || {
+                MailboxQueue::new(name.clone(), 1000, IdleStrategy::default())
+            });
+            let events = Events::new(16);
+            let (p, c, m, e) = (
+                peer.clone(),
+                conn.clone(),
+                mailboxes.clone(),
+                events.clone(),
+            );
+            let reader = std::thread::spawn(move || reader_of(&p, &c, &m, &e).run(BytesMut::new()));
+            // Until the reader thread reads (its read state is installed) and has let go
+            // of the turn (it waits for the socket).
+            let t0 = Instant::now();
+            while !conn.try_read_turn().is_some_and(|t| t.is_some()) {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "the reader never started"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Rig {
+                theirs,
+                peer,
+                conn,
+                mailboxes,
+                events,
+                mb,
+                reader: Some(reader),
+            }
+        }
+
+        fn reader(&self) -> Reader<'_> {
+            reader_of(&self.peer, &self.conn, &self.mailboxes, &self.events)
+        }
+
+        /// Message `seq` to the inbox, as a frame.
+        fn send(&mut self, seq: u64) {
+            let mut list = MessageList::from_messages(&[Message {
+                to: Name::from_static("inbox"),
+                from: Name::from_static("x"),
+                payload: Bytes::from(seq.to_le_bytes().to_vec()),
+            }]);
+            list.first_seq = seq;
+            let mut out = Vec::new();
+            Frame::Messages(list).encode(&mut out);
+            self.theirs.write_all(&out).unwrap();
+        }
+
+        fn wait_len(&self, n: usize) {
+            let t0 = Instant::now();
+            while self.mb.len() < n && t0.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(self.mb.len(), n);
+        }
+
+        fn join(&mut self) -> Result<(), LinkError> {
+            self.reader.take().unwrap().join().unwrap()
+        }
+    }
+
+    fn reader_of<'a>(
+        peer: &'a Peer,
+        conn: &'a Conn,
+        mailboxes: &'a Mailboxes,
+        events: &'a Events,
+    ) -> Reader<'a> {
+        Reader {
+            peer,
+            conn,
+            mailboxes,
+            events,
+            shared: None,
+            max_frame: 1 << 20,
+            max_payload: 1 << 20,
+            read_bytes: 1 << 16,
+            members: None,
+        }
+    }
+
+    #[test]
+    fn a_caller_that_leads_reads_for_everyone_until_its_answer_then_the_reader_goes_on() {
+        let mut rig = Rig::new();
+        let ahead = Duration::from_secs(10);
+        // Messages 0 and 1 come while a caller leads, waiting for two in the inbox.
+        let mut theirs = rig.theirs.try_clone().unwrap();
+        let sender = std::thread::spawn(move || {
+            for seq in 0..2u64 {
+                std::thread::sleep(Duration::from_millis(30));
+                let mut list = MessageList::from_messages(&[Message {
+                    to: Name::from_static("inbox"),
+                    from: Name::from_static("x"),
+                    payload: Bytes::from(seq.to_le_bytes().to_vec()),
+                }]);
+                list.first_seq = seq;
+                let mut out = Vec::new();
+                Frame::Messages(list).encode(&mut out);
+                theirs.write_all(&out).unwrap();
+            }
+        });
+        let t0 = Instant::now();
+        let mb = rig.mb.clone();
+        assert!(rig.reader().lead(&|| mb.len() >= 2, t0 + ahead, None));
+        assert_eq!(rig.mb.len(), 2);
+        assert!(t0.elapsed() < ahead / 2, "it left when its answer was in");
+        assert!(rig.peer.stats.reads_led.load(Relaxed) >= 1);
+        sender.join().unwrap();
+        // The turn is back with the reader thread: it reads what comes next.
+        let by_caller = rig.peer.stats.reads_led.load(Relaxed);
+        rig.send(2);
+        rig.wait_len(3);
+        assert_eq!(rig.peer.stats.reads_led.load(Relaxed), by_caller);
+        // A caller whose answer is in already does not wait; one that finds no answer
+        // leaves at its deadline.
+        rig.reader().lead(&|| true, Instant::now() + ahead, None);
+        assert_eq!(rig.peer.stats.reads_led.load(Relaxed), by_caller);
+        let t1 = Instant::now();
+        assert!(
+            rig.reader()
+                .lead(&|| false, t1 + Duration::from_millis(30), None)
+        );
+        assert!(t1.elapsed() >= Duration::from_millis(30));
+        assert!(t1.elapsed() < ahead / 2);
+        let mut got = Vec::new();
+        rig.mb.take(&mut got, 10, None).unwrap();
+        let seqs: Vec<u64> = got
+            .iter()
+            .map(|e| u64::from_le_bytes(e.payload[..8].try_into().unwrap()))
+            .collect();
+        assert_eq!(seqs, [0, 1, 2], "each once, in order");
+        rig.conn.close();
+        assert!(rig.join().is_err());
+    }
+
+    #[test]
+    fn a_bad_frame_or_a_goodbye_read_by_a_leading_caller_ends_the_connection_through_its_reader() {
+        // A frame that claims 1 GiB: the caller stops leading at once, and the reader
+        // thread reports the violation as its own.
+        let mut rig = Rig::new();
+        let mut theirs = rig.theirs.try_clone().unwrap();
+        let bad = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            theirs.write_all(&[0xff; 64]).unwrap();
+        });
+        let t0 = Instant::now();
+        let until = t0 + Duration::from_secs(10);
+        rig.reader().lead(&|| false, until, None);
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "not held until the deadline"
+        );
+        bad.join().unwrap();
+        let end = rig.join();
+        assert!(
+            end.as_ref().is_err_and(|e| e.is_violation()),
+            "the reader reports it: {end:?}"
+        );
+        // Nobody leads a connection whose reader stopped.
+        assert!(
+            !rig.reader()
+                .lead(&|| false, Instant::now() + Duration::from_secs(1), None)
+        );
+
+        // GOODBYE, read by a caller: the reader thread ends cleanly.
+        let mut rig = Rig::new();
+        rig.send(0);
+        let mut theirs = rig.theirs.try_clone().unwrap();
+        let bye = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            let mut out = Vec::new();
+            Frame::Goodbye.encode(&mut out);
+            theirs.write_all(&out).unwrap();
+        });
+        let t0 = Instant::now();
+        rig.reader()
+            .lead(&|| false, t0 + Duration::from_secs(10), None);
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        bye.join().unwrap();
+        assert!(rig.join().is_ok(), "a goodbye");
+        assert_eq!(rig.mb.len(), 1);
     }
 }

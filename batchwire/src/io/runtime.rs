@@ -40,11 +40,12 @@ use crate::io::dial::{Dialers, run_joiner};
 use crate::io::events::Events;
 use crate::io::lane::{Lane, Outgoing, PushError, Pushed};
 use crate::io::link::TlsConfigs;
-use crate::io::mailbox::{Envelope, MailboxQueue, Mailboxes, Outbound, Refused};
+use crate::io::mailbox::{Envelope, Leader, MailboxQueue, Mailboxes, Outbound, Refused};
 use crate::io::members::{MemberStats, Members};
 use crate::io::membership::{MembersCtx, run_members};
 use crate::io::peer::{ConnWatch, Peer, PeerCtx};
 use crate::io::peers::Peers;
+use crate::io::read::Reader;
 use crate::io::setup::Setup;
 use crate::io::shutdown::Shutdown;
 use crate::io::threads::Threads;
@@ -626,11 +627,61 @@ impl Runtime {
         let deadline = Instant::now() + timeout;
         let (id, from) =
             self.begin_request(to, deadline, Waiter::Thread(std::thread::current()))?;
+        self.ask_for_turn(&to.node);
         if let Err(e) = self.send(&from, to, payload, Class::Ordinary, true) {
             self.ctx.calls.forget(id);
             return Err(e);
         }
+        self.lead_for_reply(to, id, deadline);
         self.ctx.calls.wait(id, deadline)
+    }
+
+    /// Read the connection the reply will come on while waiting for it, if no one else
+    /// is reading it (see `Reader::lead`): the reply is then in this thread's hands when
+    /// it arrives, with no wake-up by the reader thread in between.
+    fn lead_for_reply(&self, to: &Address, id: u64, deadline: Instant) {
+        self.lead_on(&to.node, &|| self.ctx.calls.is_answered(id), deadline, None);
+    }
+
+    /// Before a call: a receiver reading the connection its reply will come on (leading
+    /// while it waits for a mailbox) is asked to let go, so that the caller can read its
+    /// reply itself. Receivers do not lead while calls wait (see `lead_for`).
+    fn ask_for_turn(&self, node: &Name) {
+        let wake = self
+            .peers
+            .with(node.as_bytes(), |p| p.and_then(|p| p.current()))
+            .and_then(|c| c.lead_wake());
+        if let Some(w) = wake {
+            crate::io::mailbox::signal(&w);
+        }
+    }
+
+    /// Lead the current connection to node `node` (see `Reader::lead`).
+    fn lead_on(
+        &self,
+        node: &Name,
+        done: &dyn Fn() -> bool,
+        until: Instant,
+        wake: Option<&Arc<std::os::fd::OwnedFd>>,
+    ) -> bool {
+        let Some(peer) = self.peers.with(node.as_bytes(), |p| p.cloned()) else {
+            return false;
+        };
+        let Some(conn) = peer.current() else {
+            return false;
+        };
+        Reader {
+            peer: &peer,
+            conn: &conn,
+            mailboxes: &self.mailboxes,
+            events: &self.events,
+            shared: self.shared_lane.as_deref(),
+            max_frame: self.config.max_frame(),
+            max_payload: self.config.max_payload as u64,
+            read_bytes: self.config.read_bytes,
+            members: self.members.as_ref(),
+        }
+        .lead(done, until, wake)
     }
 
     /// The queue of mailbox `name`, new or declared; fails if a handle owns it already.
@@ -847,6 +898,25 @@ impl Runtime {
         self.writers.join_all();
         self.events.close();
         info!(node = %self.name, "shut down");
+    }
+}
+
+/// A receiver waiting on one of this node's mailboxes leads a connection (see
+/// `MailboxQueue::lead`).
+impl Leader for Runtime {
+    /// Not while calls wait for their answers: their callers read (see `ask_for_turn`).
+    fn lead_for(
+        &self,
+        peer: &Name,
+        wake: &Arc<std::os::fd::OwnedFd>,
+        done: &dyn Fn() -> bool,
+        until: Instant,
+    ) -> bool {
+        let calls = &self.ctx.calls;
+        if calls.any_pending() {
+            return false;
+        }
+        self.lead_on(peer, &|| done() || calls.any_pending(), until, Some(wake))
     }
 }
 

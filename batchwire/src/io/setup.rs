@@ -565,7 +565,7 @@ fn read_small(
     if link.set_deadline(deadline).is_err() {
         return Err(timed_out);
     }
-    match read_more(link, buf, 512) {
+    match read_more(link, buf, 512, true) {
         Ok(0) => Err(LinkError::Eof),
         Ok(_) => Ok(()),
         Err(e)

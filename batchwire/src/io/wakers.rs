@@ -68,7 +68,6 @@ impl Sleepers {
     }
 
     /// Whether a thread is parked and not yet notified.
-    #[cfg(test)]
     pub fn any(&self) -> bool {
         self.asleep > 0
     }
