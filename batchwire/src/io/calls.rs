@@ -287,11 +287,6 @@ impl Calls {
         }
     }
 
-    /// Whether any call is in the table (waiting, or answered and not yet taken).
-    pub fn any_pending(&self) -> bool {
-        !self.lock().slots.is_empty()
-    }
-
     /// Whether call `id` has its answer (or is gone: taken, timed out, failed).
     pub fn is_answered(&self, id: u64) -> bool {
         !matches!(

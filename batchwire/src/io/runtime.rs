@@ -638,9 +638,15 @@ impl Runtime {
 
     /// Read the connection the reply will come on while waiting for it, if no one else
     /// is reading it (see `Reader::lead`): the reply is then in this thread's hands when
-    /// it arrives, with no wake-up by the reader thread in between.
+    /// it arrives, with no wake-up by the reader thread in between. Only the node's one
+    /// call in flight leads: with several, one caller would read for all the others (and
+    /// keep the turn until its own reply, even while preempted), which cost 4 nodes x 16
+    /// callers at 1 KB 40% of their calls; the reader thread serves them better.
     fn lead_for_reply(&self, to: &Address, id: u64, deadline: Instant) {
-        self.lead_on(&to.node, &|| self.ctx.calls.is_answered(id), deadline, None);
+        let calls = &self.ctx.calls;
+        if calls.pending() == 1 {
+            self.lead_on(&to.node, &|| calls.is_answered(id), deadline, None);
+        }
     }
 
     /// Before a call: a receiver reading the connection its reply will come on (leading
@@ -913,10 +919,10 @@ impl Leader for Runtime {
         until: Instant,
     ) -> bool {
         let calls = &self.ctx.calls;
-        if calls.any_pending() {
+        if calls.pending() > 0 {
             return false;
         }
-        self.lead_on(peer, &|| done() || calls.any_pending(), until, Some(wake))
+        self.lead_on(peer, &|| done() || calls.pending() > 0, until, Some(wake))
     }
 }
 
