@@ -228,8 +228,12 @@ struct Inner {
     /// A receiver is reading a connection while it waits: a push signals `wake_fd`.
     leading: bool,
     /// The node the last message from another node came from: the connection a waiting
-    /// receiver reads, since its next message most likely comes on it too.
+    /// receiver reads, since its next message most likely comes on it too...
     last_from: Option<Name>,
+    /// ...if the last [`ONE_SOURCE`] did (pushes from it in a row). Messages from several
+    /// nodes at once are better left to their readers: a receiver reading one connection
+    /// would be woken through its eventfd for the others' (mperf, 4 nodes, 100 B: 0.70x).
+    same_from: u32,
     /// Local pushers waiting for room, woken one at a time (they all wait for the same).
     pushers: Relay<()>,
     /// Receiving threads waiting for a message.
@@ -288,6 +292,9 @@ pub(crate) fn signal(fd: &std::os::fd::OwnedFd) {
     };
 }
 
+/// Pushes in a row from one node before a receiver of the mailbox leads its connection.
+const ONE_SOURCE: u32 = 16;
+
 /// How far ahead a receiver that waits without a deadline reads before it looks again.
 const LEAD_AHEAD: Duration = Duration::from_secs(60);
 
@@ -305,6 +312,7 @@ impl MailboxQueue {
                 leader: None,
                 leading: false,
                 last_from: None,
+                same_from: 0,
                 pushers: Relay::default(),
                 receivers: Sleepers::default(),
                 yield_next: false,
@@ -355,10 +363,13 @@ impl MailboxQueue {
             Item::One(e, Some(_)) => Some(&e.from.node),
             Item::One(_, None) => None,
         };
-        if let Some(from) = remote
-            && g.last_from.as_ref() != Some(from)
-        {
-            g.last_from = Some(from.clone());
+        if let Some(from) = remote {
+            if g.last_from.as_ref() == Some(from) {
+                g.same_from = g.same_from.saturating_add(1);
+            } else {
+                g.last_from = Some(from.clone());
+                g.same_from = 0;
+            }
         }
         g.q.push_back(item);
         // Wake only what is asleep, once per burst: a notify is a syscall even with nobody
@@ -478,7 +489,7 @@ impl MailboxQueue {
         mut g: MutexGuard<'a, Inner>,
         left: Option<Duration>,
     ) -> (MutexGuard<'a, Inner>, bool) {
-        if g.leading {
+        if g.leading || g.same_from < ONE_SOURCE {
             return (g, false);
         }
         let Some(leader) = g.leader.as_ref().and_then(Weak::upgrade) else {
@@ -1015,7 +1026,11 @@ mod tests {
     fn leading_queue(leader: &Arc<dyn Leader>) -> Arc<MailboxQueue> {
         let q = Arc::new(q(1 << 20));
         q.set_leader(Arc::downgrade(leader));
-        q.lock().last_from = Some(Name::from_static("peer"));
+        {
+            let mut g = q.lock();
+            g.last_from = Some(Name::from_static("peer"));
+            g.same_from = ONE_SOURCE;
+        }
         q
     }
 
