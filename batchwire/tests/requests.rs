@@ -321,3 +321,57 @@ fn callers_read_their_own_replies_and_calls_survive_connections_breaking_under_t
     stop.store(true, Ordering::Relaxed);
     assert!(echo.join().unwrap() >= 200 + 8 * 150);
 }
+
+/// The process's voluntary context switches so far (every thread's), from /proc.
+#[cfg(target_os = "linux")]
+fn voluntary_switches() -> u64 {
+    let mut n = 0;
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let s = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        for l in s.lines() {
+            if let Some(v) = l.strip_prefix("voluntary_ctxt_switches:") {
+                n += v.trim().parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    n
+}
+
+/// A server thread that reads its connection while it waits (leading, after answering
+/// calls one at a time) sleeps like a parked one once the calls stop: no periodic wake-ups.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_receiver_that_leads_uses_no_cpu_while_idle() {
+    let nodes = start(mesh(&["a", "b"]));
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let stop = Arc::new(AtomicBool::new(false));
+    // The server waits in recv without a timeout, as a real one would.
+    let mb = b.mailbox("echo").unwrap();
+    let stop2 = stop.clone();
+    let server = thread::spawn(move || {
+        while let Ok(e) = mb.recv() {
+            if stop2.load(Ordering::Relaxed) {
+                break;
+            }
+            let _ = e.reply(e.payload.clone());
+        }
+    });
+    let to = Address::new("b", "echo").unwrap();
+    for i in 0..100u32 {
+        a.request(&to, format!("{i}"), Duration::from_secs(10))
+            .unwrap();
+    }
+    let led = |n: &batchwire::Node| n.stats().peers.iter().map(|p| p.reads_led).sum::<u64>();
+    assert!(led(b) > 0, "the server read requests itself");
+    thread::sleep(Duration::from_millis(300));
+    let before = voluntary_switches();
+    thread::sleep(Duration::from_secs(1));
+    let woke = voluntary_switches() - before;
+    // Both nodes' threads, idle for a second: the tickers' rounds and little else. A
+    // leader looking again every few milliseconds would add hundreds.
+    assert!(woke < 150, "{woke} wake-ups in an idle second");
+    stop.store(true, Ordering::Relaxed);
+    let _ = a.send(&Address::new("b", "echo").unwrap(), "bye");
+    drop(nodes);
+    server.join().unwrap();
+}

@@ -221,8 +221,9 @@ impl Reader<'_> {
     /// The thread acts on everything it reads exactly as the reader thread would (every
     /// frame, for every mailbox and every waiting caller), never waits for a consumer
     /// (delivery does not), and keeps the turn until `done()`, `until`, or the connection
-    /// ends. It waits for the socket at most [`LEAD_RECHECK`] at a time, so that a wait
-    /// ended some other way (the peer declared down, shutdown) is seen soon. The reader
+    /// ends. A caller waits for the socket at most [`LEAD_RECHECK`] at a time, so that a
+    /// call ended some other way (the peer declared down, shutdown) is seen soon; a
+    /// receiver is woken for all that through `wake`. The reader
     /// thread waits for the turn meanwhile, and takes back what the thread leaves: how the
     /// connection ended, if it did (the thread shuts the socket's read side so the reader
     /// thread wakes to report it), and any part of a frame read.
@@ -277,7 +278,13 @@ impl Reader<'_> {
                     self.peer.stats.reads_led.fetch_add(1, Relaxed);
                 }
                 Ok(false) => {
-                    let limit = (until - now).min(LEAD_RECHECK);
+                    // A receiver is woken through `wake` for everything else it waits for
+                    // (a push, its mailbox closing): it sleeps until `until`, using no CPU
+                    // while idle. A caller looks again every LEAD_RECHECK.
+                    let limit = match wake {
+                        Some(_) => until - now,
+                        None => (until - now).min(LEAD_RECHECK),
+                    };
                     if let Err(e) = self.wait_readable(Some(limit), wake_fd) {
                         break Err(e.into());
                     }
