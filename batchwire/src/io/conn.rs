@@ -39,6 +39,9 @@ pub(crate) struct Conn {
     /// While a receiver waiting for a mailbox leads (see `read.rs`): what wakes it, so
     /// that a caller about to wait for a reply on this connection can ask for the turn.
     lead_wake: Mutex<Option<Arc<OwnedFd>>>,
+    /// Tries to lead, ever: while they go on, the reader thread waits for the socket
+    /// without the turn rather than in `recv(2)` with it (see `read.rs`).
+    pub lead_tries: std::sync::atomic::AtomicU32,
 }
 
 /// A connection's read state, with the read turn.
@@ -63,6 +66,7 @@ impl Conn {
             carry: Mutex::new(Vec::new()),
             read: Mutex::new(None),
             lead_wake: Mutex::new(None),
+            lead_tries: std::sync::atomic::AtomicU32::new(0),
         }
     }
 

@@ -50,6 +50,10 @@ use crate::io::peer::Peer;
 /// ended some other way (see [`Reader::lead`]).
 const LEAD_RECHECK: Duration = Duration::from_millis(5);
 
+/// Reads by the reader thread with no one trying to lead, after which it waits for the
+/// socket in `recv(2)`, with the turn (see `read_until_end`).
+const QUIET_READS: u32 = 64;
+
 /// How often in a row the reader thread finds a caller leading before it queues for the
 /// read turn (see `read_until_end`).
 const LOOKS: u32 = 4;
@@ -88,15 +92,22 @@ impl Reader<'_> {
     }
 
     /// The reader thread's loop: with the read turn, act on what was read and read more.
-    /// It waits in `recv(2)` (holding the turn) only if the last read filled its buffer,
-    /// so more is surely on its way, or if no caller could lead anyway (TLS). Otherwise it
-    /// looks without waiting and, if nothing is there, waits for the socket **without the
-    /// turn**, so that a caller waiting for a reply may take it meanwhile (see
-    /// [`Reader::lead`]). A caller that leads returns the turn once its reply is in, and
-    /// leaves in `ended` how the connection ended if it found out.
+    /// If a thread tried to lead within its last [`QUIET_READS`] reads
+    /// (`Conn::lead_tries`), and the last read took all there was, it looks without
+    /// waiting and, if nothing is there, waits for the socket **without the turn**, so that
+    /// a thread waiting for a reply or a message may take it meanwhile (see
+    /// [`Reader::lead`]). Otherwise (a stream, or no one leads, or TLS) it waits in
+    /// `recv(2)` with the turn, one system call per wait rather than three (the hol
+    /// streams were 4-9% slower with three); a thread that then tries to lead finds the
+    /// turn taken (its wait goes as before, with a hand-off), and the reader thread leaves
+    /// the turn free from its next read on. A thread that leads
+    /// returns the turn once it has what it waited for, and leaves in `ended` how the
+    /// connection ended if it found out.
     fn read_until_end(&self) -> Result<(), LinkError> {
         let mut cache: Option<Arc<MailboxQueue>> = None;
         let mut missed = 0;
+        // Lead tries seen, and reads since they last moved.
+        let (mut seen, mut quiet) = (0u32, 0u32);
         loop {
             let mut turn = match self.conn.try_read_turn() {
                 Some(t) => t,
@@ -124,8 +135,14 @@ impl Reader<'_> {
             if self.act(side, &mut cache)? {
                 return Ok(());
             }
-            let wait = !side.drained || !self.leadable();
-            if !self.read_once(side, wait)? {
+            let tries = self.conn.lead_tries.load(Relaxed);
+            if tries != seen {
+                (seen, quiet) = (tries, 0);
+            }
+            let wait = !side.drained || !self.leadable() || quiet >= QUIET_READS;
+            if self.read_once(side, wait)? {
+                quiet = quiet.saturating_add(1);
+            } else {
                 drop(turn);
                 self.wait_readable(None, None)?;
             }
@@ -239,6 +256,8 @@ impl Reader<'_> {
         if !self.leadable() {
             return false;
         }
+        // Even if the turn is taken: the reader thread then leaves it free next time.
+        self.conn.lead_tries.fetch_add(1, Relaxed);
         let Some(mut turn) = self.conn.try_read_turn() else {
             return false;
         };
@@ -804,17 +823,7 @@ mod tests {
                 events.clone(),
             );
             let reader = std::thread::spawn(move || reader_of(&p, &c, &m, &e).run(BytesMut::new()));
-            // Until the reader thread reads (its read state is installed) and has let go
-            // of the turn (it waits for the socket).
-            let t0 = Instant::now();
-            while !conn.try_read_turn().is_some_and(|t| t.is_some()) {
-                assert!(
-                    t0.elapsed() < Duration::from_secs(10),
-                    "the reader never started"
-                );
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Rig {
+            let rig = Rig {
                 theirs,
                 peer,
                 conn,
@@ -822,6 +831,21 @@ mod tests {
                 events,
                 mb,
                 reader: Some(reader),
+            };
+            // Until the reader thread reads (its read state is installed) and has let go
+            // of the turn (it waits for the socket).
+            rig.wait_free();
+            rig
+        }
+
+        fn wait_free(&self) {
+            let t0 = Instant::now();
+            while !self.conn.try_read_turn().is_some_and(|t| t.is_some()) {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "the turn stays taken"
+                );
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
 
@@ -908,7 +932,7 @@ mod tests {
         assert_eq!(rig.peer.stats.reads_led.load(Relaxed), by_caller);
         // A caller whose answer is in already does not wait; one that finds no answer
         // leaves at its deadline.
-        rig.reader().lead(&|| true, Instant::now() + ahead, None);
+        assert!(rig.reader().lead(&|| true, Instant::now() + ahead, None));
         assert_eq!(rig.peer.stats.reads_led.load(Relaxed), by_caller);
         let t1 = Instant::now();
         assert!(
@@ -917,13 +941,28 @@ mod tests {
         );
         assert!(t1.elapsed() >= Duration::from_millis(30));
         assert!(t1.elapsed() < ahead / 2);
+        // Once no one has tried to lead for QUIET_READS reads (a stream), the reader
+        // thread waits in recv(2) with the turn: a caller finds it taken. Its try makes
+        // the reader thread leave the turn free again from its next read on.
+        let mut next = 3u64;
+        for _ in 0..=QUIET_READS {
+            rig.send(next);
+            next += 1;
+            rig.wait_len(next as usize);
+        }
+        assert!(!rig.reader().lead(&|| true, Instant::now() + ahead, None));
+        rig.send(next);
+        next += 1;
+        rig.wait_len(next as usize);
+        rig.wait_free();
+        assert!(rig.reader().lead(&|| true, Instant::now() + ahead, None));
         let mut got = Vec::new();
-        rig.mb.take(&mut got, 10, None).unwrap();
+        rig.mb.take(&mut got, 1000, None).unwrap();
         let seqs: Vec<u64> = got
             .iter()
             .map(|e| u64::from_le_bytes(e.payload[..8].try_into().unwrap()))
             .collect();
-        assert_eq!(seqs, [0, 1, 2], "each once, in order");
+        assert_eq!(seqs, (0..next).collect::<Vec<_>>(), "each once, in order");
         rig.conn.close();
         assert!(rig.join().is_err());
     }
