@@ -342,6 +342,27 @@ fn voluntary_switches(pick: impl Fn(&str) -> bool) -> u64 {
     n
 }
 
+/// CPU time (user + system, clock ticks) so far of this process's threads whose name
+/// `pick` chooses, from /proc.
+#[cfg(target_os = "linux")]
+fn cpu_ticks(pick: impl Fn(&str) -> bool) -> u64 {
+    let mut n = 0;
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !pick(comm.trim()) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // After "pid (comm) ": state is field 3, utime 14, stime 15.
+        let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.len() > 12 {
+            n += f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
+        }
+    }
+    n
+}
+
 /// A server thread that reads its connection while it waits (leading, after answering
 /// calls one at a time) sleeps like a parked one once the calls stop: no periodic wake-ups.
 #[cfg(target_os = "linux")]
@@ -375,9 +396,12 @@ fn a_receiver_that_leads_uses_no_cpu_while_idle() {
     assert!(led(b) > 0, "the server read requests itself");
     let ours = |name: &str| name == "q-server" || name.contains("q7") || name.contains("q8");
     thread::sleep(Duration::from_millis(300));
-    let before = voluntary_switches(ours);
+    let (before, ticks) = (voluntary_switches(ours), cpu_ticks(ours));
     thread::sleep(Duration::from_secs(1));
     let woke = voluntary_switches(ours) - before;
+    let used = cpu_ticks(ours) - ticks;
+    // A thread spinning would use about 100 ticks (1 s) while switching little.
+    assert!(used < 20, "{used} ticks of CPU in an idle second");
     // Both nodes' threads, idle for a second: the tickers' rounds and little else. A
     // leader looking again every few milliseconds would add hundreds.
     assert!(woke < 150, "{woke} wake-ups in an idle second");

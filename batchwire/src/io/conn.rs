@@ -32,9 +32,10 @@ pub(crate) struct Conn {
     /// connection. Touched only with the peer's write turn.
     carry: Mutex<Vec<Bytes>>,
     /// The read turn (plain TCP): what was read and not yet acted on, and how far reading
-    /// got. Taken by whoever reads: the connection's reader thread, or a caller waiting for
-    /// a reply on it that found the turn free (see `read.rs`, "leading"). `None` until the
-    /// reader thread starts reading (after its first SYNC snapshot) and once it stopped.
+    /// got. Taken by whoever reads: the connection's reader thread, or an application
+    /// thread waiting for a reply or a message on it that found the turn free (see
+    /// `read.rs`, "leading"). `None` until the reader thread starts reading (after its
+    /// first SYNC snapshot) and once it stopped.
     read: Mutex<Option<ReadSide>>,
     /// While a receiver waiting for a mailbox leads (see `read.rs`): what wakes it, so
     /// that a caller about to wait for a reply on this connection can ask for the turn.
@@ -115,8 +116,8 @@ impl Conn {
             .is_empty()
     }
 
-    /// Close both directions: the reader's read and the writer's write fail at once, and
-    /// a reader waiting for room in a mailbox gives up within its recheck.
+    /// Close both directions: the reader's read (and a leader's) and the writer's write
+    /// fail at once.
     pub fn close(&self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
             let _ = self.link.shutdown(std::net::Shutdown::Both);

@@ -305,6 +305,20 @@ const LONE_BYTES: usize = 64 << 10;
 /// Pushes in a row from one node before a receiver of the mailbox leads its connection.
 const ONE_SOURCE: u32 = 16;
 
+/// Make the eventfd `fd` unreadable again (it counts signals; one read takes them all).
+pub(crate) fn drain(fd: &std::os::fd::OwnedFd) {
+    let mut buf = [0u8; 8];
+    // SAFETY: read(2) into a live 8-byte stack buffer from a non-blocking eventfd kept
+    // open by the borrow; EAGAIN (nothing signalled) is fine.
+    let _ = unsafe {
+        libc::read(
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+}
+
 /// How far ahead a receiver that waits without a deadline reads before it looks again.
 const LEAD_AHEAD: Duration = Duration::from_secs(60);
 
@@ -524,16 +538,7 @@ impl MailboxQueue {
         let mut g = self.lock();
         g.leading = false;
         // No push signals it any more (they look at `leading` under the lock): empty it.
-        let mut buf = [0u8; 8];
-        // SAFETY: read(2) into a live 8-byte stack buffer from our own non-blocking
-        // eventfd; EAGAIN (nothing signalled) is fine.
-        let _ = unsafe {
-            libc::read(
-                std::os::fd::AsRawFd::as_raw_fd(&**wake),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
+        drain(wake);
         (g, led)
     }
 

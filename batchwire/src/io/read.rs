@@ -18,7 +18,8 @@
 //! how far it got sit behind the connection's read turn (`Conn::read_turn`), and an
 //! application thread waiting for a reply or a message may take the turn and read the
 //! connection itself ("leading", [`Reader::lead`]); everything above holds for whichever
-//! thread has the turn. The reader thread waits for the socket without the turn, and alone
+//! thread has the turn. While threads try to lead, the reader thread waits for the socket
+//! without the turn (otherwise in `recv(2)` with it, see `read_until_end`), and it alone
 //! tears the connection down, whoever found that it ended.
 
 use std::io::ErrorKind;
@@ -47,8 +48,10 @@ use crate::io::members::Members;
 use crate::io::peer::Peer;
 
 /// How long a caller that leads waits for its socket before it looks whether its call
-/// ended some other way (see [`Reader::lead`]).
+/// ended some other way (see [`Reader::lead`]); then twice as long each time, up to
+/// `LEAD_RECHECK_MAX`.
 const LEAD_RECHECK: Duration = Duration::from_millis(5);
+const LEAD_RECHECK_MAX: Duration = Duration::from_millis(80);
 
 /// Reads by the reader thread with no one trying to lead, after which it waits for the
 /// socket in `recv(2)`, with the turn (see `read_until_end`).
@@ -129,22 +132,32 @@ impl Reader<'_> {
             let Some(side) = turn.as_mut() else {
                 return Err(LinkError::Eof);
             };
-            if let Some(end) = side.ended.take() {
-                return end;
-            }
-            if self.act(side, &mut cache)? {
-                return Ok(());
-            }
-            let tries = self.conn.lead_tries.load(Relaxed);
-            if tries != seen {
-                (seen, quiet) = (tries, 0);
-            }
-            let wait = !side.drained || !self.leadable() || quiet >= QUIET_READS;
-            if self.read_once(side, wait)? {
-                quiet = quiet.saturating_add(1);
-            } else {
-                drop(turn);
-                self.wait_readable(None, None)?;
+            let step = (|| {
+                if let Some(end) = side.ended.take() {
+                    return Err(end);
+                }
+                if self.act(side, &mut cache).map_err(Err)? {
+                    return Err(Ok(()));
+                }
+                let tries = self.conn.lead_tries.load(Relaxed);
+                if tries != seen {
+                    (seen, quiet) = (tries, 0);
+                }
+                let wait = !side.drained || !self.leadable() || quiet >= QUIET_READS;
+                self.read_once(side, wait).map_err(Err)
+            })();
+            match step {
+                Ok(true) => quiet = quiet.saturating_add(1),
+                Ok(false) => {
+                    drop(turn);
+                    self.wait_readable(None, None)?;
+                }
+                // The end, found here or by a leader: no one leads from now on (cleared
+                // with the turn still held, so no thread slips in before `run` does).
+                Err(end) => {
+                    *turn = None;
+                    return end;
+                }
             }
         }
     }
@@ -199,8 +212,9 @@ impl Reader<'_> {
     }
 
     /// Wait until the socket has something to read (or has ended, or failed), or `wake`
-    /// is readable, at most `limit` if given. Only for a leadable link.
-    fn wait_readable(&self, limit: Option<Duration>, wake: Option<i32>) -> std::io::Result<()> {
+    /// is readable, at most `limit` if given. Only for a leadable link. Returns whether
+    /// `wake` is readable.
+    fn wait_readable(&self, limit: Option<Duration>, wake: Option<i32>) -> std::io::Result<bool> {
         #[cfg(unix)]
         if let Some(fd) = self.conn.link.plain_fd() {
             let ms = limit.map_or(-1, |d| d.as_micros().div_ceil(1000).min(60_000) as i32);
@@ -219,11 +233,12 @@ impl Reader<'_> {
                 if e.kind() != ErrorKind::Interrupted {
                     return Err(e);
                 }
+                return Ok(false);
             }
-            return Ok(());
+            return Ok(wake.is_some() && fds[1].revents != 0);
         }
         let _ = (limit, wake);
-        Ok(())
+        Ok(false)
     }
 
     /// **Leading**: an application thread that waits for something that will most likely
@@ -240,13 +255,15 @@ impl Reader<'_> {
     /// (delivery does not), and keeps the turn until `done()`, `until`, or the connection
     /// ends. A caller waits for the socket at most [`LEAD_RECHECK`] at a time, so that a
     /// call ended some other way (the peer declared down, shutdown) is seen soon; a
-    /// receiver is woken for all that through `wake`. The reader
-    /// thread waits for the turn meanwhile, and takes back what the thread leaves: how the
-    /// connection ended, if it did (the thread shuts the socket's read side so the reader
-    /// thread wakes to report it), and any part of a frame read.
+    /// receiver is woken for all that through `wake`. The reader thread meanwhile looks at
+    /// the socket a few times ([`LOOKS`]), then waits for the turn, and takes back what
+    /// the thread leaves: how the connection ended, if it did (the thread shuts the
+    /// socket's read side so the reader thread wakes to report it), and any part of a
+    /// frame read.
     ///
-    /// Returns whether it led (false, at once, if the turn was taken or the connection is
-    /// not plain TCP: a TLS link's reads go through rustls, which its reader keeps).
+    /// Returns whether it held the turn and waited with it: false, at once, if the turn
+    /// was taken, the connection ended or is not plain TCP (a TLS link's reads go through
+    /// rustls, which its reader keeps).
     pub fn lead(
         &self,
         done: &dyn Fn() -> bool,
@@ -279,9 +296,12 @@ impl Reader<'_> {
         }
         let wake_fd = wake.map(|w| std::os::fd::AsRawFd::as_raw_fd(&**w));
         let mut cache: Option<Arc<MailboxQueue>> = None;
+        let mut recheck = LEAD_RECHECK;
         let end = loop {
             if side.ended.is_some() || self.conn.is_closed() {
-                return true;
+                // Nothing to lead: a receiver parks instead (the next connection's reader
+                // wakes it), rather than come back here until the reader tears down.
+                return false;
             }
             match self.act(side, &mut cache) {
                 Ok(false) => {}
@@ -297,15 +317,34 @@ impl Reader<'_> {
                     self.peer.stats.reads_led.fetch_add(1, Relaxed);
                 }
                 Ok(false) => {
+                    // The socket is empty now: acknowledge if a sender may be waiting for
+                    // it, as the reader thread does before it waits.
+                    side.drained = true;
+                    if !side.idle_said {
+                        side.idle_said = true;
+                        self.peer.session(|s, _| s.handle_idle(self.conn.id));
+                    }
                     // A receiver is woken through `wake` for everything else it waits for
-                    // (a push, its mailbox closing): it sleeps until `until`, using no CPU
-                    // while idle. A caller looks again every LEAD_RECHECK.
+                    // (a push, its mailbox closing, a call asking for the turn): it sleeps
+                    // until `until`, using no CPU while idle. A caller looks again after
+                    // LEAD_RECHECK, then twice as long each time, up to LEAD_RECHECK_MAX.
                     let limit = match wake {
                         Some(_) => until - now,
-                        None => (until - now).min(LEAD_RECHECK),
+                        None => (until - now).min(recheck),
                     };
-                    if let Err(e) = self.wait_readable(Some(limit), wake_fd) {
-                        break Err(e.into());
+                    recheck = (recheck * 2).min(LEAD_RECHECK_MAX);
+                    match self.wait_readable(Some(limit), wake_fd) {
+                        // Empty the eventfd before `done()` is asked again: left readable,
+                        // every poll would return at once (a push another receiver of the
+                        // mailbox took, a late request for the turn). Whoever signals
+                        // changed what `done()` reads first, so nothing is missed.
+                        Ok(true) => {
+                            if let Some(w) = wake {
+                                crate::io::mailbox::drain(w);
+                            }
+                        }
+                        Ok(false) => {}
+                        Err(e) => break Err(e.into()),
                     }
                 }
                 Err(e) => break Err(e),
@@ -1013,5 +1052,42 @@ mod tests {
         bye.join().unwrap();
         assert!(rig.join().is_ok(), "a goodbye");
         assert_eq!(rig.mb.len(), 1);
+    }
+
+    /// This thread's CPU time.
+    fn thread_cpu() -> Duration {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime(2) writes one timespec on this stack frame.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+        Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_receiver_leading_whose_eventfd_was_signalled_for_nothing_sleeps_not_spins() {
+        // A push that another receiver took, or a late request for the turn: the eventfd
+        // is readable but there is nothing for this one. It must empty it and sleep.
+        let rig = Rig::new();
+        // SAFETY: eventfd(2) takes no pointers; the new descriptor is owned here.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        use std::os::fd::FromRawFd;
+        // SAFETY: see above.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        crate::io::mailbox::signal(&wake);
+        let (t0, cpu0) = (Instant::now(), thread_cpu());
+        assert!(
+            rig.reader()
+                .lead(&|| false, t0 + Duration::from_millis(300), Some(&wake))
+        );
+        let (wall, cpu) = (t0.elapsed(), thread_cpu() - cpu0);
+        assert!(wall >= Duration::from_millis(300), "{wall:?}");
+        assert!(
+            cpu < Duration::from_millis(100),
+            "spun: {cpu:?} of CPU in {wall:?}"
+        );
     }
 }
