@@ -745,16 +745,10 @@ mod tests {
 
     #[test]
     fn a_reader_never_waits_for_a_full_mailbox_and_credit_goes_back_as_it_is_read() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut theirs = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (ours, _) = l.accept().unwrap();
-        let peer = testing::peer(SessionConfig::default());
-        let conn = testing::connect(&peer, Link::Plain(ours));
-        let mailboxes = Mailboxes::default();
+        // A mailbox of 10 bytes.
+        let mut rig = Rig::with_capacity(10);
+        let (peer, mb) = (rig.peer.clone(), rig.mb.clone());
         let name = Name::from_static("inbox");
-        let mb = mailboxes.get_or_insert(&name, || {
-            MailboxQueue::new(name.clone(), 10, IdleStrategy::default())
-        });
         // Three frames of one message each, and one piece of a message in two pieces:
         // the mailbox is full after the first, and all of it is handed over at once.
         let mut out = Vec::new();
@@ -781,23 +775,7 @@ mod tests {
             })
             .encode(&mut out);
         }
-        theirs.write_all(&out).unwrap();
-        let events = Events::new(16);
-        let (p, c, m) = (peer.clone(), conn.clone(), mailboxes.clone());
-        let reader = std::thread::spawn(move || {
-            Reader {
-                peer: &p,
-                conn: &c,
-                mailboxes: &m,
-                events: &events,
-                shared: None,
-                max_frame: 1 << 20,
-                max_payload: 1 << 20,
-                read_bytes: 1 << 16,
-                members: None,
-            }
-            .run(BytesMut::new())
-        });
+        rig.theirs.write_all(&out).unwrap();
         let t0 = Instant::now();
         while mb.len() < 4 && t0.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(5));
@@ -825,11 +803,12 @@ mod tests {
             matches!(&grants[..], [Frame::Credit(c)] if c.grants == [(name.clone(), charged)]),
             "{grants:?}"
         );
-        conn.close();
-        assert!(reader.join().unwrap().is_err());
+        rig.conn.close();
+        assert!(rig.join().is_err());
         let (_, resume) = peer.session(|s, now| s.handle_connect(now, 1));
         assert_eq!(resume.next, 5, "every message and piece was committed");
     }
+
     /// A reader thread on one end of a loopback pair, with mailbox "inbox"; the test
     /// writes to the other end.
     struct Rig {
@@ -844,6 +823,10 @@ mod tests {
 
     impl Rig {
         fn new() -> Rig {
+            Rig::with_capacity(1000)
+        }
+
+        fn with_capacity(capacity: usize) -> Rig {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             let theirs = TcpStream::connect(l.local_addr().unwrap()).unwrap();
             let (ours, _) = l.accept().unwrap();
@@ -852,7 +835,7 @@ mod tests {
             let mailboxes = Mailboxes::default();
             let name = Name::from_static("inbox");
             let mb = mailboxes.get_or_insert(&name, || {
-                MailboxQueue::new(name.clone(), 1000, IdleStrategy::default())
+                MailboxQueue::new(name.clone(), capacity, IdleStrategy::default())
             });
             let events = Events::new(16);
             let (p, c, m, e) = (
@@ -892,17 +875,9 @@ mod tests {
             reader_of(&self.peer, &self.conn, &self.mailboxes, &self.events)
         }
 
-        /// Message `seq` to the inbox, as a frame.
+        /// Message `seq` to the inbox.
         fn send(&mut self, seq: u64) {
-            let mut list = MessageList::from_messages(&[Message {
-                to: Name::from_static("inbox"),
-                from: Name::from_static("x"),
-                payload: Bytes::from(seq.to_le_bytes().to_vec()),
-            }]);
-            list.first_seq = seq;
-            let mut out = Vec::new();
-            Frame::Messages(list).encode(&mut out);
-            self.theirs.write_all(&out).unwrap();
+            self.theirs.write_all(&inbox_frame(seq)).unwrap();
         }
 
         fn wait_len(&self, n: usize) {
@@ -916,6 +891,19 @@ mod tests {
         fn join(&mut self) -> Result<(), LinkError> {
             self.reader.take().unwrap().join().unwrap()
         }
+    }
+
+    /// Message `seq` (its payload: `seq`) to the inbox, as a frame numbered `seq`.
+    fn inbox_frame(seq: u64) -> Vec<u8> {
+        let mut list = MessageList::from_messages(&[Message {
+            to: Name::from_static("inbox"),
+            from: Name::from_static("x"),
+            payload: Bytes::from(seq.to_le_bytes().to_vec()),
+        }]);
+        list.first_seq = seq;
+        let mut out = Vec::new();
+        Frame::Messages(list).encode(&mut out);
+        out
     }
 
     fn reader_of<'a>(
@@ -946,15 +934,7 @@ mod tests {
         let sender = std::thread::spawn(move || {
             for seq in 0..2u64 {
                 std::thread::sleep(Duration::from_millis(30));
-                let mut list = MessageList::from_messages(&[Message {
-                    to: Name::from_static("inbox"),
-                    from: Name::from_static("x"),
-                    payload: Bytes::from(seq.to_le_bytes().to_vec()),
-                }]);
-                list.first_seq = seq;
-                let mut out = Vec::new();
-                Frame::Messages(list).encode(&mut out);
-                theirs.write_all(&out).unwrap();
+                theirs.write_all(&inbox_frame(seq)).unwrap();
             }
         });
         let t0 = Instant::now();
