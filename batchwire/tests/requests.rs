@@ -410,3 +410,49 @@ fn a_receiver_that_leads_uses_no_cpu_while_idle() {
     drop(nodes);
     server.join().unwrap();
 }
+
+/// Four server threads on one mailbox (a pool): whichever of them leads, calls one at a
+/// time are all answered, each with its own payload, and once they stop the pool uses no
+/// CPU. (The eventfd left readable by a push that another receiver took is covered in
+/// `read.rs`'s unit tests, where it is made to happen.)
+#[cfg(target_os = "linux")]
+#[test]
+fn a_pool_of_receivers_on_one_mailbox_answers_every_call_and_then_rests() {
+    let nodes = start(mesh(&["p5", "p6"]));
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let mb = Arc::new(b.mailbox("pool").unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let servers: Vec<_> = (0..4)
+        .map(|i| {
+            let (mb, stop) = (mb.clone(), stop.clone());
+            thread::Builder::new()
+                .name(format!("p-server-{i}"))
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok(e) = mb.recv_timeout(Duration::from_secs(5)) {
+                            let _ = e.reply(e.payload.clone());
+                        }
+                    }
+                })
+                .unwrap()
+        })
+        .collect();
+    let to = Address::new("p6", "pool").unwrap();
+    for i in 0..300u32 {
+        let q = format!("{i}");
+        let r = a.request(&to, q.clone(), Duration::from_secs(10)).unwrap();
+        assert_eq!(r.payload, q.as_bytes());
+    }
+    let ours =
+        |name: &str| name.starts_with("p-server") || name.contains("p5") || name.contains("p6");
+    thread::sleep(Duration::from_millis(300));
+    let ticks = cpu_ticks(ours);
+    thread::sleep(Duration::from_secs(1));
+    let used = cpu_ticks(ours) - ticks;
+    assert!(used < 20, "{used} ticks of CPU in an idle second");
+    stop.store(true, Ordering::Relaxed);
+    drop(nodes);
+    for s in servers {
+        s.join().unwrap();
+    }
+}
