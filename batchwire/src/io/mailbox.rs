@@ -508,20 +508,22 @@ impl MailboxQueue {
 
     /// With nothing to take: read the connection the last message came on until one comes
     /// (see [`Leader`]), instead of parking. Call with the lock, which it gives back, with
-    /// whether it led.
+    /// whether it led and whether it stopped because it woke another waiting receiver
+    /// (then this one parks for the rest of its wait, and the other, busier, leads when it
+    /// waits next).
     fn lead<'a>(
         &'a self,
         mut g: MutexGuard<'a, Inner>,
         left: Option<Duration>,
-    ) -> (MutexGuard<'a, Inner>, bool) {
+    ) -> (MutexGuard<'a, Inner>, bool, bool) {
         if g.leading || !g.lone || g.same_from < ONE_SOURCE {
-            return (g, false);
+            return (g, false, false);
         }
         let Some(leader) = g.leader.as_ref().and_then(Weak::upgrade) else {
-            return (g, false);
+            return (g, false, false);
         };
         let (Some(peer), Some(wake)) = (g.last_from.clone(), self.wake_fd()) else {
-            return (g, false);
+            return (g, false, false);
         };
         g.leading = true;
         drop(g);
@@ -539,7 +541,7 @@ impl MailboxQueue {
         g.leading = false;
         // No push signals it any more (they look at `leading` under the lock): empty it.
         drain(wake);
-        (g, led)
+        (g, led, HANDED_ON.get())
     }
 
     /// Move up to `max` messages from the queue to `out`, giving the requests among them
@@ -646,6 +648,8 @@ impl MailboxQueue {
     ) -> Result<usize, RecvError> {
         let mut g = self.lock();
         let mut idler = self.idle.idler_after(g.yield_next);
+        // Cleared once this wait handed a message on to another receiver (see `lead`).
+        let mut may_lead = true;
         loop {
             if !g.q.is_empty() {
                 let n = Self::drain(&mut g, out, max);
@@ -677,10 +681,13 @@ impl MailboxQueue {
                     // Read a connection meanwhile, if it can, then look again; so too if
                     // it could not but something came while it tried (a push saw it
                     // leading, so signalled it rather than waking a sleeper).
-                    let led;
-                    (g, led) = self.lead(g, left);
-                    if led || !g.q.is_empty() || g.closed {
-                        continue;
+                    if may_lead {
+                        let (led, handed);
+                        (g, led, handed) = self.lead(g, left);
+                        may_lead = !handed;
+                        if led || !g.q.is_empty() || g.closed {
+                            continue;
+                        }
                     }
                     let ticket = g.receivers.park();
                     g = match left {
