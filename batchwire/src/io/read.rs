@@ -114,11 +114,11 @@ impl Reader<'_> {
         loop {
             let mut turn = match self.conn.try_read_turn() {
                 Some(t) => t,
-                // A caller leads. Woken by the same bytes as it was, this thread looks
-                // again instead of queueing for the turn: the caller reads them at once,
+                // A thread leads. Woken by the same bytes as it was, this thread looks
+                // again instead of queueing for the turn: the leader reads them at once,
                 // so the socket is soon empty and this thread sleeps in `poll` without
-                // having to be woken when the caller is done (that wake-up preempted the
-                // caller just as it had its reply). Past a few looks (the caller is busy
+                // having to be woken when the leader is done (that wake-up preempted the
+                // leader just as it had its reply). Past a few looks (the leader is busy
                 // reading a stream), it queues for the turn.
                 None if missed < LOOKS => {
                     missed += 1;
@@ -175,13 +175,18 @@ impl Reader<'_> {
                 return Ok(true);
             }
         }
-        // The last read took all there was: about to wait, so acknowledge now if a
-        // sender may be waiting for it (the session decides).
+        self.say_idle(side);
+        Ok(false)
+    }
+
+    /// With the read turn: if the last read took all there was, about to wait, so
+    /// acknowledge now if a sender may be waiting for it (the session decides); once per
+    /// read.
+    fn say_idle(&self, side: &mut ReadSide) {
         if side.drained && !side.idle_said {
             side.idle_said = true;
             self.peer.session(|s, _| s.handle_idle(self.conn.id));
         }
-        Ok(false)
     }
 
     /// With the read turn: read once, waiting for bytes if `wait`. Returns false if there
@@ -320,10 +325,7 @@ impl Reader<'_> {
                     // The socket is empty now: acknowledge if a sender may be waiting for
                     // it, as the reader thread does before it waits.
                     side.drained = true;
-                    if !side.idle_said {
-                        side.idle_said = true;
-                        self.peer.session(|s, _| s.handle_idle(self.conn.id));
-                    }
+                    self.say_idle(side);
                     // A receiver is woken through `wake` for everything else it waits for
                     // (a push, its mailbox closing, a call asking for the turn): it sleeps
                     // until `until`, using no CPU while idle. A caller looks again after
