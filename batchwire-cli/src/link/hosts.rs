@@ -530,11 +530,15 @@ mod tests {
         (got - want).abs() <= want * tolerance
     }
 
-    #[test]
-    fn the_round_trip_time_is_the_setting() {
-        let Some(h) = hosts("rtt=40ms,rate=50mbit") else {
-            return;
-        };
+    /// How many times a timing test may measure. A busy machine (this test runs beside
+    /// others, and the emulator is a thread of this process) only ever makes the link look
+    /// slower, never faster: so the emulator's limit is checked on every try, and its
+    /// accuracy on the best of a few.
+    const TRIES: usize = 3;
+
+    /// The median of 21 one-byte TCP ping-pongs through a fresh link with `spec`.
+    fn median_ping(spec: &str) -> Option<Duration> {
+        let h = hosts(spec)?;
         let server = h
             .run_in(1, || {
                 let l = TcpListener::bind((host_ip(1), PORT)).unwrap();
@@ -565,18 +569,34 @@ mod tests {
             .unwrap();
         let rtt = client.join().unwrap();
         server.join().unwrap();
-        eprintln!("link rtt=40ms: median TCP ping-pong {rtt:?}");
-        assert!(
-            within(rtt.as_secs_f64(), 0.040, 0.10),
-            "median RTT {rtt:?}, set 40 ms"
-        );
+        Some(rtt)
     }
 
     #[test]
-    fn a_bulk_tcp_transfer_runs_at_the_rate() {
-        let Some(h) = hosts("rtt=10ms,rate=40mbit") else {
-            return;
-        };
+    fn the_round_trip_time_is_the_setting() {
+        let mut tries = Vec::new();
+        for _ in 0..TRIES {
+            let Some(rtt) = median_ping("rtt=40ms,rate=50mbit") else {
+                return;
+            };
+            eprintln!("link rtt=40ms: median TCP ping-pong {rtt:?}");
+            // Never shorter than the setting, however idle the machine.
+            assert!(
+                rtt.as_secs_f64() >= 0.040 * 0.98,
+                "median RTT {rtt:?} is below the 40 ms set"
+            );
+            tries.push(rtt);
+            if within(rtt.as_secs_f64(), 0.040, 0.10) {
+                return;
+            }
+        }
+        panic!("median RTT {tries:?} in {TRIES} tries, set 40 ms (10% allowed)");
+    }
+
+    /// TCP goodput through a fresh link with `spec`: the bytes received from the second to
+    /// the third second of a bulk transfer (the first is slow start), per second.
+    fn bulk_goodput(spec: &str) -> Option<f64> {
+        let h = hosts(spec)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
         let receiver = h
@@ -616,16 +636,33 @@ mod tests {
             .unwrap();
         let goodput = receiver.join().unwrap();
         sender.join().unwrap();
-        eprintln!(
-            "link rate=40mbit (5 MB/s): TCP goodput {:.3} MB/s",
-            goodput / 1e6
-        );
-        // 40 Mbit/s is 5 MB/s of IP packets; TCP carries 1448 bytes in each 1500.
-        assert!(
-            within(goodput, 5e6, 0.10),
-            "goodput {:.2} MB/s, link 5 MB/s",
-            goodput / 1e6
-        );
+        Some(goodput)
+    }
+
+    #[test]
+    fn a_bulk_tcp_transfer_runs_at_the_rate() {
+        let mut tries = Vec::new();
+        for _ in 0..TRIES {
+            let Some(goodput) = bulk_goodput("rtt=10ms,rate=40mbit") else {
+                return;
+            };
+            eprintln!(
+                "link rate=40mbit (5 MB/s): TCP goodput {:.3} MB/s",
+                goodput / 1e6
+            );
+            // 40 Mbit/s is 5 MB/s of IP packets; TCP carries 1448 bytes in each 1500, so
+            // goodput never passes the rate, however idle the machine.
+            assert!(
+                goodput <= 5e6 * 1.02,
+                "goodput {:.2} MB/s is above the 5 MB/s link",
+                goodput / 1e6
+            );
+            tries.push(goodput / 1e6);
+            if within(goodput, 5e6, 0.10) {
+                return;
+            }
+        }
+        panic!("goodput {tries:.2?} MB/s in {TRIES} tries, link 5 MB/s (10% allowed)");
     }
 
     #[test]
