@@ -54,6 +54,7 @@ pub const DEFAULTS: &str = r#"# batchwire node configuration (TOML). Every key i
 # frame_bytes = 65536               # target size of one MESSAGES frame (at most 1 MiB)
 # fragment_bytes = 65536            # larger messages go in pieces of this size (at most 1 MiB)
 # bulk_inflight_bytes = 131072      # pieces in flight per peer
+# bulk_stream_bytes = 2097152       # ... once bulk has had the connection to itself
 # read_bytes = 65536                # one read call
 # unacked_bytes = 16777216          # the send window per peer
 
@@ -237,6 +238,7 @@ mod tests {
         assert_eq!(f.node.name.as_deref(), Some("a"));
         assert_eq!(f.node.mailbox_bytes, Some(16 << 20));
         assert_eq!(f.node.bulk_inflight_bytes, Some(128 << 10));
+        assert_eq!(f.node.bulk_stream_bytes, Some(2 << 20));
         assert!(f.node.tls.is_some());
         let dir = std::env::temp_dir().join(format!("bw-nodefile-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -37,6 +37,7 @@ fn cfg() -> SessionConfig {
         heartbeat_interval: 100 * MS,
         peer_timeout: Duration::from_secs(60),
         bulk_inflight: 4 << 10,
+        bulk_stream: 16 << 10,
         ..SessionConfig::default()
     }
 }
@@ -166,8 +167,11 @@ impl Node {
         self.bulk_high = self.bulk_high.max(self.s.bulk_bytes());
         let u = self.s.unwritten(self.id);
         let mut written = 0;
-        for c in &u.chunks {
-            if w.bytes.len() >= w.cap {
+        for (i, c) in u.chunks.iter().enumerate() {
+            // A piece is two chunks (its head, then its data) with the same end: never
+            // stop between them (a writer goes on with the rest of a partial write).
+            let continues = i > 0 && u.ends[i] == u.ends[i - 1];
+            if w.bytes.len() >= w.cap && !continues {
                 break;
             }
             w.bytes.extend_from_slice(c);
@@ -392,6 +396,56 @@ fn small_messages_go_between_the_pieces_of_a_large_one() {
     );
     assert!(
         a.bulk_high <= cfg().bulk_inflight + PIECE + 128,
+        "bulk held at once: {}",
+        a.bulk_high
+    );
+}
+
+#[test]
+fn bulk_alone_gets_the_stream_budget_until_an_ordinary_message_comes() {
+    let t0 = Instant::now();
+    let mut a = Node::new(1, 1 << 20, &[], t0);
+    let mut b = Node::new(2, 1 << 20, &["big", "small"], t0);
+    let (mut ab, mut ba) = wires(8 << 10);
+    connect(&mut a, &mut b, t0);
+    let big = payload(0, 256 << 10);
+    let mut now = t0;
+    // Run until the large message is in (bounded in steps).
+    let mut finish = |a: &mut Node, b: &mut Node, now: &mut Instant, small: bool| {
+        let mut k = 0;
+        loop {
+            assert!(
+                *now < t0 + Duration::from_secs(20),
+                "the large message arrived"
+            );
+            *now += MS;
+            if small {
+                assert!(a.send("small", "ping", payload(k, 32), false));
+                k += 1;
+            }
+            step(a, b, &mut ab, &mut ba, *now);
+            b.consume("small", 100);
+            if let Some((_, p)) = b.consume("big", 1).pop() {
+                assert_eq!(p, big, "reassembled whole");
+                return;
+            }
+        }
+    };
+    // Alone: past the small budget, within the stream budget.
+    assert!(a.send("big", "bulk", big.clone(), false));
+    finish(&mut a, &mut b, &mut now, false);
+    let (small, stream) = (cfg().bulk_inflight, cfg().bulk_stream);
+    assert!(
+        a.bulk_high > small + PIECE + 128 && a.bulk_high <= stream + PIECE + 128,
+        "bulk held at once: {} (budgets {small} and {stream})",
+        a.bulk_high
+    );
+    // With a small message in every step: the small budget from the first one on.
+    a.bulk_high = 0;
+    assert!(a.send("big", "bulk", big.clone(), false));
+    finish(&mut a, &mut b, &mut now, true);
+    assert!(
+        a.bulk_high <= small + PIECE + 128,
         "bulk held at once: {}",
         a.bulk_high
     );

@@ -64,9 +64,14 @@ pub struct SessionConfig {
     /// Declare the peer down when nothing was heard for this long (while listening), or
     /// when it was unreachable for this long.
     pub peer_timeout: Duration,
-    /// Most bytes of pieces (the bulk lane) held unacknowledged: ordinary messages and
-    /// control frames never wait behind more bulk data than this.
+    /// Most bytes of pieces (the bulk lane) held unacknowledged while ordinary messages
+    /// flow: they never wait behind more bulk data than this.
     pub bulk_inflight: usize,
+    /// Most bytes of pieces held unacknowledged once bulk has the connection to itself:
+    /// after this many bytes of pieces were held with no ordinary message held between
+    /// them. The first ordinary message held brings the budget back to `bulk_inflight`.
+    /// At most `bulk_inflight` means one budget.
+    pub bulk_stream: usize,
 }
 
 impl Default for SessionConfig {
@@ -80,6 +85,7 @@ impl Default for SessionConfig {
             heartbeat_interval: Duration::from_millis(500),
             peer_timeout: Duration::from_secs(3),
             bulk_inflight: 128 << 10,
+            bulk_stream: 2 << 20,
         }
     }
 }
@@ -155,6 +161,9 @@ pub struct Session {
     paused: u32,
     unacked_messages: u64,
     unacked_bytes: usize,
+    /// Bytes of pieces held since the last ordinary message was (see
+    /// [`Session::bulk_room`]).
+    bulk_alone: usize,
     ack_deadline: Option<Instant>,
     ack_due: bool,
     heartbeat_due: bool,
@@ -185,6 +194,7 @@ impl Session {
             paused: 0,
             unacked_messages: 0,
             unacked_bytes: 0,
+            bulk_alone: 0,
             ack_deadline: None,
             ack_due: false,
             heartbeat_due: false,
@@ -230,13 +240,27 @@ impl Session {
         self.send.bytes() - self.send.bulk_bytes() >= self.cfg.unacked_bytes
     }
 
-    /// Whether another piece may be held: the bulk bytes held are below `bulk_inflight`.
+    /// Whether another piece may be held: the bulk bytes held are below the bulk budget.
     /// That budget is the bulk lane's own, beside the ordinary window, so a flood of
     /// ordinary messages cannot starve bulk (it keeps `bulk_inflight` in flight per
     /// acknowledgement round trip), and ordinary messages never queue behind more than
-    /// `bulk_inflight` bytes of pieces.
+    /// `bulk_inflight` bytes of pieces. Once `bulk_stream` bytes of pieces went with no
+    /// ordinary message between them, nothing is waiting behind bulk: the budget is
+    /// `bulk_stream` until the next ordinary message is held (a small budget stopped a
+    /// stream of large messages for an acknowledgement round trip every 128 KiB: 0.2-0.4
+    /// GB/s against 1.3 GB/s with 1 MiB on loopback).
     pub fn bulk_room(&self) -> bool {
-        self.send.bulk_bytes() < self.cfg.bulk_inflight
+        self.send.bulk_bytes() < self.bulk_budget()
+    }
+
+    /// The bulk budget now (see [`Session::bulk_room`]).
+    pub fn bulk_budget(&self) -> usize {
+        let stream = self.cfg.bulk_stream.max(self.cfg.bulk_inflight);
+        if self.bulk_alone >= stream {
+            stream
+        } else {
+            self.cfg.bulk_inflight
+        }
     }
 
     /// Bytes of pieces held (see [`Session::bulk_room`]).
@@ -491,6 +515,7 @@ impl Session {
     /// Number encoded MESSAGES frames (each with its message count) and hold them until
     /// acknowledged (or, unsequenced, until written). Returns the message count.
     pub fn hold(&mut self, frames: &[(&[u8], u32)]) -> u64 {
+        self.bulk_alone = 0;
         self.send.hold(frames)
     }
 
@@ -498,6 +523,7 @@ impl Session {
     /// instead of being copied, and the batch gets a free one back (see
     /// [`SendWindow::hold_batch`]).
     pub fn hold_batch(&mut self, batch: &mut crate::outbox::Batch) -> u64 {
+        self.bulk_alone = 0;
         self.send.hold_batch(batch)
     }
 
@@ -510,6 +536,7 @@ impl Session {
             return Err(PieceRefused::Restart);
         }
         let seq = self.send.hold_piece(p);
+        self.bulk_alone = self.bulk_alone.saturating_add(p.len);
         let id = if p.is_first() {
             seq
         } else {

@@ -75,6 +75,8 @@ pub struct NodeFile {
     pub fragment_bytes: Option<usize>,
     /// [`NodeConfig::bulk_inflight_bytes`].
     pub bulk_inflight_bytes: Option<usize>,
+    /// [`NodeConfig::bulk_stream_bytes`].
+    pub bulk_stream_bytes: Option<usize>,
     /// [`NodeConfig::read_bytes`].
     pub read_bytes: Option<usize>,
     /// [`NodeConfig::unacked_bytes`].
@@ -181,6 +183,7 @@ impl NodeFile {
             frame_bytes => frame_bytes,
             fragment_bytes => fragment_bytes,
             bulk_inflight_bytes => bulk_inflight_bytes,
+            bulk_stream_bytes => bulk_stream_bytes,
             read_bytes => read_bytes,
             unacked_bytes => unacked_bytes,
             max_peers => max_peers,

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::frame;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -18,6 +18,7 @@ fn cfg() -> SessionConfig {
         heartbeat_interval: 100 * MS,
         peer_timeout: 600 * MS,
         bulk_inflight: 4096,
+        bulk_stream: 4096,
     }
 }
 
@@ -671,4 +672,75 @@ fn a_peer_that_stops_reading_and_talking_is_declared_down_others_are_not() {
     assert!(xy.events.iter().any(is_down));
     assert!(!xz.events.iter().any(is_down), "{:?}", xz.events);
     assert_eq!(z.got, (0..1000).collect::<Vec<_>>());
+}
+
+#[test]
+fn bulk_gets_the_stream_budget_once_it_has_had_the_connection_to_itself() {
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.bulk_inflight = 1000;
+    c.bulk_stream = 4000;
+    let mut s = Session::new(c, t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    let payload = Bytes::from(vec![7u8; 100 * 500]);
+    let (mut offset, mut msg, mut held) = (0, None, 0u64);
+    // Hold the next piece of 500 bytes of one large message.
+    let mut piece = |s: &mut Session, held: &mut u64| {
+        let p = Piece {
+            serial: 1,
+            to: Name::from_static("to"),
+            from: Name::from_static("from"),
+            payload: payload.clone(),
+            offset,
+            len: 500,
+            id: msg,
+        };
+        msg = Some(s.hold_piece(&p).unwrap());
+        offset += 500;
+        *held += 1;
+    };
+    // Write and acknowledge everything held.
+    let ack = |s: &mut Session, held: u64| {
+        let u = s.unwritten(id);
+        if let Some(end) = u.ends.last() {
+            s.mark_written(t0, id, u.generation, *end);
+        }
+        s.handle_ack(t0, id, held).unwrap();
+        assert_eq!(s.bulk_bytes(), 0);
+    };
+    // At first the small budget: two pieces fill it.
+    piece(&mut s, &mut held);
+    assert!(s.bulk_room());
+    piece(&mut s, &mut held);
+    assert!(!s.bulk_room(), "1000 bytes in flight, budget 1000");
+    ack(&mut s, held);
+    // 4000 bytes of pieces with no ordinary message between them: the stream budget.
+    for _ in 0..6 {
+        assert_eq!(s.bulk_budget(), 1000);
+        piece(&mut s, &mut held);
+        ack(&mut s, held);
+    }
+    assert_eq!(s.bulk_budget(), 4000);
+    for i in 0..8 {
+        assert!(s.bulk_room(), "{i} pieces in flight, budget 4000");
+        piece(&mut s, &mut held);
+    }
+    assert!(!s.bulk_room(), "4000 bytes in flight");
+    // An ordinary message: the small budget at once, for what is held next.
+    hold(&mut s, 0..1);
+    held += 1;
+    assert_eq!(s.bulk_budget(), 1000);
+    assert!(!s.bulk_room());
+    ack(&mut s, held);
+    assert!(s.bulk_room());
+    piece(&mut s, &mut held);
+    piece(&mut s, &mut held);
+    assert!(!s.bulk_room(), "1000 bytes in flight, budget 1000 again");
+    // A stream budget at most the small one is the small one.
+    let mut c = cfg();
+    c.bulk_inflight = 1000;
+    c.bulk_stream = 10;
+    let s = Session::new(c, t0);
+    assert_eq!(s.bulk_budget(), 1000);
 }
