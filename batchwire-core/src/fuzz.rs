@@ -2,15 +2,16 @@
 //! so every `cargo test` covers them. They feed arbitrary bytes to the code that reads what
 //! a peer sends; the only failure is a panic (or, under a fuzzer, a hang or huge allocation).
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 use super::codec::{Name, NameMap};
 use super::credit::{RecvCredit, SendCredit};
-use super::frame::{self, Frame};
+use super::frame::{self, Fragment, Frame};
 use super::handshake::{Handshake, HandshakeConfig, Role};
 use super::outbox::{Batch, Outbox};
 use super::reassembly::{MAX_PARTIAL, Reassembly};
 use super::reliable::{RecvWindow, SendWindow};
+use super::session::ConnId;
 
 /// The limit the targets decode with: small, so a fuzzer finds the limit checks.
 const MAX_FRAME: usize = 64 << 10;
@@ -43,8 +44,34 @@ pub fn frames(data: &[u8]) {
     ob.take(usize::MAX, usize::MAX, &mut batch, None);
     sw.hold(&batch.message_frames());
     sw.unwritten();
+    let conn = ConnId::new(1);
+    let mut pieces = 0u32;
     // Each iteration consumes at least one frame header, so this ends.
-    while let Ok(Some(f)) = frame::decode(&mut buf, MAX_FRAME) {
+    loop {
+        // A piece's fields read before its data has all come agree with the whole frame
+        // (or are refused exactly when the whole frame is).
+        if let Ok(Some(n)) = frame::check(&buf, MAX_FRAME) {
+            let head = frame::fragment_head(&buf[..n - 1], MAX_FRAME);
+            let whole = frame::decode(&mut BytesMut::from(&buf[..n]), MAX_FRAME);
+            match (head, whole) {
+                (Ok(Some(h)), Ok(Some(Frame::Fragment(f)))) => {
+                    assert_eq!(
+                        h.piece,
+                        Fragment {
+                            data: Bytes::new(),
+                            ..f.clone()
+                        }
+                    );
+                    assert_eq!((h.data_len, h.frame_len()), (f.data.len(), n));
+                }
+                (Ok(Some(h)), other) => panic!("fields {h:?} of a frame that is {other:?}"),
+                (Err(e), Ok(f)) => panic!("fields refused ({e}) of a frame that is {f:?}"),
+                _ => {}
+            }
+        }
+        let Ok(Some(f)) = frame::decode(&mut buf, MAX_FRAME) else {
+            break;
+        };
         let (next, base) = (rw.next(), sw.base());
         match f {
             Frame::Messages(list) => {
@@ -68,7 +95,30 @@ pub fn frames(data: &[u8]) {
                     continue;
                 }
                 fed += f.data.len();
-                if reas.add(&f, keep).is_err() {
+                // Every other piece as a reader that reads its data in place, in two parts
+                // (if reassembly has room for it there; else as read whole).
+                pieces += 1;
+                let head = frame::FragmentHead {
+                    piece: Fragment {
+                        data: Bytes::new(),
+                        ..f.clone()
+                    },
+                    head_len: 0,
+                    data_len: f.data.len(),
+                };
+                let cut = f.data.len() / 2;
+                let added = match reas.direct_room(&head, 0, conn) {
+                    Some((dst, left)) if pieces.is_multiple_of(2) => {
+                        assert_eq!(left, f.data.len());
+                        dst.extend_from_slice(&f.data[..cut]);
+                        let (dst, left) = reas.direct_room(&head, cut, conn).expect("room");
+                        assert_eq!(left, f.data.len() - cut);
+                        dst.extend_from_slice(&f.data[cut..]);
+                        reas.add_direct(&head, conn)
+                    }
+                    _ => reas.add(&f, keep),
+                };
+                if added.is_err() {
                     continue;
                 }
                 assert!(reas.len() <= MAX_PARTIAL);

@@ -1,10 +1,17 @@
 //! Reassembly of messages sent in pieces (FRAGMENT frames), per peer.
 //!
 //! Pieces arrive in sequence (the session has already dropped duplicates), each message's
-//! in order, possibly interleaved with other traffic. A message's pieces are copied into one
-//! buffer that grows as they come (never more than the message's announced length, and never
-//! allocated ahead for a length a peer merely announced); the whole payload is handed out
-//! when the last piece is in. Memory is bounded: at most [`MAX_PARTIAL`] messages in pieces
+//! in order, possibly interleaved with other traffic. A message's pieces go into one buffer
+//! that grows as they come (never past the message's announced length, and never more than
+//! [`LOOKAHEAD`] or the bytes received so far, whichever is more, ahead of the data: a
+//! length a peer merely announced is not allocated); the whole payload is handed out,
+//! without a copy, when the last piece is in.
+//!
+//! A piece after the first can be read **straight into that buffer** ([`Reassembly::direct_room`],
+//! then [`Reassembly::add_direct`]): a reader that has a FRAGMENT frame's fields but not
+//! yet its data ([`crate::frame::fragment_head`]) reads the data there instead of into its
+//! receive buffer, so the payload is not copied on the way in. Bytes past what was received
+//! are such a read in progress; every other change to the message drops them first. Memory is bounded: at most [`MAX_PARTIAL`] messages in pieces
 //! per peer, each at most the node's `max_payload`, and every byte counts against the
 //! destination mailbox's credit as it arrives.
 //!
@@ -19,10 +26,16 @@
 use bytes::Bytes;
 
 use crate::codec::Name;
-use crate::frame::Fragment;
+use crate::frame::{Fragment, FragmentHead, fragment_charge};
+use crate::session::ConnId;
 
 /// Most messages in pieces at once, per peer (a batchwire sender has one at a time).
 pub const MAX_PARTIAL: usize = 4;
+
+/// How far a message's buffer may grow ahead of its data, at least: with 64 KiB pieces a
+/// message of up to 1 MiB gets its whole buffer with its first piece, so it is never
+/// reallocated (and copied) as it grows.
+pub const LOOKAHEAD: usize = 1 << 20;
 
 /// Pieces that do not add up: a protocol violation (the connection is closed).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,8 +60,10 @@ struct Partial {
     from: Name,
     total: u64,
     received: u64,
-    /// The data so far (empty if the message is not kept).
+    /// The data so far (empty if the message is not kept); past `received`, a direct read
+    /// in progress, by the connection `direct_by`.
     buf: Vec<u8>,
+    direct_by: Option<ConnId>,
     keep: bool,
     /// Credit charged so far.
     charged: u64,
@@ -115,7 +130,64 @@ impl Reassembly {
     /// Add a piece (not a duplicate: the session skipped those). `keep`: whether to keep
     /// the data, for a first piece (later pieces follow the first).
     pub fn add(&mut self, f: &Fragment, keep: bool) -> Result<Added, ReassemblyError> {
-        let charge = f.charge();
+        self.add_piece(f, Data::Here(&f.data), keep)
+    }
+
+    /// Room for piece `h`'s data straight in its message's buffer, for a reader of
+    /// connection `by`: the buffer and how many bytes of the piece are still to come, to be
+    /// appended (at most that many). `read`: how many the caller appended already (0
+    /// starts the read, dropping any other in progress). `None` if the piece cannot go
+    /// there: a first piece, a message not kept, or not the next piece of a message being
+    /// reassembled (the caller then reads the frame whole and [`Reassembly::add`] says
+    /// what is wrong), or, with `read` above 0, the message changed meanwhile (another
+    /// connection of the peer took over: the caller's is stale).
+    pub fn direct_room(
+        &mut self,
+        h: &FragmentHead,
+        read: usize,
+        by: ConnId,
+    ) -> Option<(&mut Vec<u8>, usize)> {
+        let f = &h.piece;
+        if f.is_first() || read > h.data_len {
+            return None;
+        }
+        let p = self.partial.iter_mut().find(|p| {
+            p.id == f.id
+                && p.keep
+                && p.received == f.offset
+                && p.total == f.total
+                && p.to == f.to
+                && p.from == f.from
+        })?;
+        let start = p.received as usize;
+        if read == 0 {
+            p.buf.truncate(start);
+            p.direct_by = Some(by);
+        } else if p.direct_by != Some(by) || p.buf.len() != start + read {
+            return None;
+        }
+        grow(&mut p.buf, start + h.data_len, p.total);
+        Some((&mut p.buf, h.data_len - read))
+    }
+
+    /// Add piece `h`, whose data connection `by` read into its message's buffer
+    /// ([`Reassembly::direct_room`]).
+    pub fn add_direct(&mut self, h: &FragmentHead, by: ConnId) -> Result<Added, ReassemblyError> {
+        self.add_piece(&h.piece, Data::InPlace(h.data_len, by), true)
+    }
+
+    fn add_piece(
+        &mut self,
+        f: &Fragment,
+        data: Data,
+        keep: bool,
+    ) -> Result<Added, ReassemblyError> {
+        let len = match data {
+            Data::Here(b) => b.len(),
+            Data::InPlace(n, _) => n,
+        };
+        let charge = fragment_charge(f.offset, len, &f.to, &f.from);
+        let is_last = f.offset + len as u64 == f.total;
         if f.id < self.floor && !self.partial.iter().any(|p| p.id == f.id) {
             // A piece of a message the peer gave up: dropped (`keeps` said so).
             return Ok(Added::Partial);
@@ -124,11 +196,15 @@ impl Reassembly {
             if self.partial.iter().any(|p| p.id == f.id) {
                 return Err(ReassemblyError::Duplicate { id: f.id });
             }
-            if f.is_last() {
+            if is_last {
+                let payload = match data {
+                    Data::Here(b) if keep => b.clone(),
+                    _ => Bytes::new(),
+                };
                 return Ok(Added::Complete {
                     to: f.to.clone(),
                     from: f.from.clone(),
-                    payload: if keep { f.data.clone() } else { Bytes::new() },
+                    payload,
                     kept: keep,
                     charged: charge,
                 });
@@ -143,6 +219,7 @@ impl Reassembly {
                 total: f.total,
                 received: 0,
                 buf: Vec::new(),
+                direct_by: None,
                 keep,
                 charged: 0,
             });
@@ -162,19 +239,42 @@ impl Reassembly {
             i
         };
         let p = &mut self.partial[i];
-        if p.keep {
-            // Grow with what arrived (doubling, capped at the message's length): never ahead
-            // of the data for a length a peer only announced.
-            let need = p.buf.len() + f.data.len();
-            if need > p.buf.capacity() {
-                let want = (p.buf.capacity() * 2).max(need).min(p.total as usize);
-                p.buf.reserve_exact(want - p.buf.len());
+        let start = p.received as usize;
+        match data {
+            Data::Here(b) => {
+                // A direct read that did not finish (its connection ended) is dropped.
+                p.buf.truncate(start);
+                p.direct_by = None;
+                if p.keep {
+                    grow(&mut p.buf, start + b.len(), p.total);
+                    p.buf.extend_from_slice(b);
+                }
             }
-            p.buf.extend_from_slice(&f.data);
+            Data::InPlace(n, by) => {
+                if p.direct_by != Some(by) {
+                    // Another connection's read (or none): left as it is.
+                    return Err(ReassemblyError::OutOfOrder {
+                        id: f.id,
+                        expected: p.received,
+                        got: f.offset,
+                    });
+                }
+                p.direct_by = None;
+                if !p.keep || p.buf.len() != start + n {
+                    // Not what `direct_room` handed out: the caller's mistake, not the
+                    // peer's; nothing is committed.
+                    p.buf.truncate(start);
+                    return Err(ReassemblyError::OutOfOrder {
+                        id: f.id,
+                        expected: p.received,
+                        got: f.offset,
+                    });
+                }
+            }
         }
-        p.received += f.data.len() as u64;
+        p.received += len as u64;
         p.charged += charge;
-        if !f.is_last() {
+        if !is_last {
             return Ok(Added::Partial);
         }
         let p = self.partial.swap_remove(i);
@@ -213,6 +313,28 @@ impl Reassembly {
         self.floor = 0;
         out
     }
+}
+
+/// A piece's data: in the frame read, or already in its message's buffer.
+#[derive(Clone, Copy)]
+enum Data<'a> {
+    Here(&'a Bytes),
+    /// This many bytes, read by this connection.
+    InPlace(usize, ConnId),
+}
+
+/// Make room in a message's buffer for `need` bytes (at most `total`): doubling, and at
+/// least [`LOOKAHEAD`] ahead, never past the message's length.
+fn grow(buf: &mut Vec<u8>, need: usize, total: u64) {
+    if need <= buf.capacity() {
+        return;
+    }
+    let total = usize::try_from(total).unwrap_or(usize::MAX);
+    let want = (buf.capacity() * 2)
+        .max(need.saturating_add(LOOKAHEAD))
+        .min(total)
+        .max(need);
+    buf.reserve_exact(want - buf.len());
 }
 
 #[cfg(test)]
@@ -337,12 +459,22 @@ mod tests {
     }
 
     #[test]
-    fn a_buffer_never_grows_past_the_announced_length_or_ahead_of_the_data() {
+    fn a_buffer_never_grows_past_the_announced_length_or_far_ahead_of_the_data() {
         let mut r = Reassembly::default();
         let mut first = pieces(0, 100, 10)[0].clone();
         first.total = 1 << 40;
         r.add(&first, true).unwrap();
-        assert!(r.partial[0].buf.capacity() < 1 << 20);
+        assert!(r.partial[0].buf.capacity() <= 10 + LOOKAHEAD);
+        // Past the lookahead, at most doubling what arrived.
+        let big = 8 * LOOKAHEAD;
+        let mut r = Reassembly::default();
+        for p in pieces(0, big, 64 << 10) {
+            r.add(&p, true).unwrap();
+            if let Some(p) = r.partial.first() {
+                let got = p.received as usize;
+                assert!(p.buf.capacity() <= (2 * got).max(got + LOOKAHEAD));
+            }
+        }
         let mut r = Reassembly::default();
         for p in pieces(0, 1000, 7) {
             r.add(&p, true).unwrap();
@@ -350,6 +482,141 @@ mod tests {
                 assert!(p.buf.capacity() <= 1000);
             }
         }
+    }
+
+    const C1: ConnId = ConnId::for_tests(1);
+    const C2: ConnId = ConnId::for_tests(2);
+
+    /// The head of piece `f`, as a reader sees it before the data.
+    fn head(f: &Fragment) -> FragmentHead {
+        FragmentHead {
+            piece: Fragment {
+                data: Bytes::new(),
+                ..f.clone()
+            },
+            head_len: 0,
+            data_len: f.data.len(),
+        }
+    }
+
+    /// Read piece `f` straight into its message's buffer, `step` bytes at a time.
+    fn direct(r: &mut Reassembly, f: &Fragment, step: usize) -> Result<Added, ReassemblyError> {
+        let h = head(f);
+        let mut read = 0;
+        while read < f.data.len() {
+            let (buf, left) = r.direct_room(&h, read, C1).expect("room");
+            assert_eq!(left, f.data.len() - read);
+            let n = left.min(step);
+            buf.extend_from_slice(&f.data[read..read + n]);
+            read += n;
+        }
+        r.add_direct(&h, C1)
+    }
+
+    #[test]
+    fn pieces_read_straight_into_the_buffer_make_the_same_message() {
+        let ps = pieces(10, 1000, 300);
+        let mut r = Reassembly::default();
+        assert!(
+            r.direct_room(&head(&ps[0]), 0, C1).is_none(),
+            "a first piece"
+        );
+        r.add(&ps[0], true).unwrap();
+        let addr = r.partial[0].buf.as_ptr();
+        assert_eq!(direct(&mut r, &ps[1], 7).unwrap(), Added::Partial);
+        assert_eq!(r.add(&ps[2], true).unwrap(), Added::Partial, "mixed");
+        let Added::Complete {
+            payload, charged, ..
+        } = direct(&mut r, &ps[3], 1000).unwrap()
+        else {
+            panic!("complete")
+        };
+        let whole: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+        assert_eq!(&payload[..], &whole[..]);
+        assert_eq!(payload.as_ptr(), addr, "one buffer, never moved");
+        assert_eq!(charged as usize, message_len(&n("inbox"), &n("big"), 1000));
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn direct_room_is_only_for_the_next_piece_of_a_kept_message() {
+        let ps = pieces(10, 1000, 300);
+        let mut r = Reassembly::default();
+        assert!(
+            r.direct_room(&head(&ps[1]), 0, C1).is_none(),
+            "never started"
+        );
+        r.add(&ps[0], true).unwrap();
+        assert!(
+            r.direct_room(&head(&ps[2]), 0, C1).is_none(),
+            "not the next"
+        );
+        let mut other = head(&ps[1]);
+        other.piece.to = n("elsewhere");
+        assert!(r.direct_room(&other, 0, C1).is_none(), "another mailbox");
+        let mut r2 = Reassembly::default();
+        r2.add(&ps[0], false).unwrap();
+        assert!(r2.direct_room(&head(&ps[1]), 0, C1).is_none(), "not kept");
+        // Committing what was not handed out commits nothing.
+        assert!(r.add_direct(&head(&ps[1]), C1).is_err());
+        assert_eq!(direct(&mut r, &ps[1], 50).unwrap(), Added::Partial);
+    }
+
+    #[test]
+    fn an_unfinished_direct_read_is_dropped_when_the_piece_comes_again() {
+        let ps = pieces(10, 1000, 300);
+        let mut r = Reassembly::default();
+        r.add(&ps[0], true).unwrap();
+        // Half of piece 1 read in place, then the connection broke.
+        let h = head(&ps[1]);
+        let (buf, _) = r.direct_room(&h, 0, C1).unwrap();
+        buf.extend_from_slice(&[0xee; 150]);
+        // Its stale reader cannot go on once the message moved on...
+        assert_eq!(r.add(&ps[1], true).unwrap(), Added::Partial, "resent whole");
+        assert!(r.direct_room(&h, 150, C1).is_none());
+        // ...and the message is exactly the data.
+        for p in &ps[2..3] {
+            r.add(p, true).unwrap();
+        }
+        let Added::Complete { payload, .. } = direct(&mut r, &ps[3], 13).unwrap() else {
+            panic!("complete")
+        };
+        let whole: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+        assert_eq!(&payload[..], &whole[..]);
+        // A direct read abandoned before any byte, restarted: fine too.
+        let mut r = Reassembly::default();
+        r.add(&ps[0], true).unwrap();
+        let (buf, _) = r.direct_room(&h, 0, C1).unwrap();
+        buf.extend_from_slice(&[0xee; 10]);
+        assert_eq!(direct(&mut r, &ps[1], 300).unwrap(), Added::Partial);
+        assert_eq!(r.bytes(), 600);
+    }
+
+    #[test]
+    fn a_connection_that_starts_a_direct_read_takes_it_over_from_another() {
+        let ps = pieces(10, 1000, 300);
+        let mut r = Reassembly::default();
+        r.add(&ps[0], true).unwrap();
+        let h = head(&ps[1]);
+        // C1 reads 100 bytes of piece 1; C2 (a newer connection) starts it again.
+        let (buf, _) = r.direct_room(&h, 0, C1).unwrap();
+        buf.extend_from_slice(&ps[1].data[..100]);
+        let (buf, _) = r.direct_room(&h, 0, C2).unwrap();
+        buf.extend_from_slice(&ps[1].data[..100]);
+        // C1 can neither go on (even at a matching length) nor commit, and trying leaves
+        // C2's read alone: C2 goes on from where it was.
+        assert!(r.direct_room(&h, 100, C1).is_none());
+        assert!(r.add_direct(&h, C1).is_err());
+        let (buf, left) = r.direct_room(&h, 100, C2).unwrap();
+        assert_eq!(left, 200);
+        buf.extend_from_slice(&ps[1].data[100..]);
+        assert_eq!(r.add_direct(&h, C2).unwrap(), Added::Partial);
+        r.add(&ps[2], true).unwrap();
+        let Added::Complete { payload, .. } = r.add(&ps[3], true).unwrap() else {
+            panic!("complete")
+        };
+        let whole: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+        assert_eq!(&payload[..], &whole[..]);
     }
 
     #[test]

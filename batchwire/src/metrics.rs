@@ -13,6 +13,7 @@
 //! | `batchwire_frames_sent_total`, `_received_total` | counter | node, peer |
 //! | `batchwire_writes_total`, `batchwire_writes_through_total` (made by a sending thread) | counter | node, peer |
 //! | `batchwire_reads_led_total` (made by an application thread waiting for a reply or a message) | counter | node, peer |
+//! | `batchwire_piece_bytes_in_place_total` (pieces read straight into their message's buffer) | counter | node, peer |
 //! | `batchwire_flushes_total` | counter | node, peer, reason (drained, size, timer, single) |
 //! | `batchwire_resent_total`, `batchwire_acked_total` | counter | node, peer |
 //! | `batchwire_connects_total` | counter | node, peer |
@@ -86,6 +87,10 @@ impl NodeStats {
             c("batchwire_credit_stalls_total", p.credit_stalls);
             c("batchwire_writes_through_total", p.writes_through);
             c("batchwire_reads_led_total", p.reads_led);
+            c(
+                "batchwire_piece_bytes_in_place_total",
+                p.piece_bytes_in_place,
+            );
             for (reason, v) in [
                 ("drained", p.flushes_drained),
                 ("size", p.flushes_size),

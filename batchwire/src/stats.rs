@@ -19,6 +19,8 @@ pub(crate) struct PeerCounters {
     /// Reads made by an application thread waiting for a reply or a message (leading),
     /// not the reader thread.
     pub reads_led: AtomicU64,
+    /// Bytes of pieces read straight into their message's reassembly buffer.
+    pub piece_bytes_in_place: AtomicU64,
     pub send_failed: AtomicU64,
     pub messages_received: AtomicU64,
     pub bytes_received: AtomicU64,
@@ -112,6 +114,10 @@ pub struct PeerStats {
     /// in its hands at once, with no wake-up by the reader thread), rather than by the
     /// connection's reader thread.
     pub reads_led: u64,
+    /// Bytes of large messages' pieces read from the socket straight into the message's
+    /// reassembly buffer (not copied there from the receive buffer); the first piece of
+    /// each message and pieces read whole with what came before them are copied once.
+    pub piece_bytes_in_place: u64,
     /// Most bytes ever waiting in the outbound queue.
     pub queue_high_water: u64,
     /// Total time senders spent blocked on the full outbound queue (or used-up credit), in
@@ -169,6 +175,7 @@ impl PeerCounters {
             flushes_single: f(3),
             writes_through: self.writes_through.load(Relaxed),
             reads_led: self.reads_led.load(Relaxed),
+            piece_bytes_in_place: self.piece_bytes_in_place.load(Relaxed),
             messages_per_write_histogram: self
                 .per_write
                 .iter()

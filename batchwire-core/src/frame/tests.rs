@@ -93,6 +93,81 @@ fn a_fragment_head_and_its_data_make_the_frame() {
 }
 
 #[test]
+fn a_fragment_head_is_read_from_any_prefix_that_holds_its_fields() {
+    let f = Fragment {
+        seq: 9,
+        id: 4,
+        total: 100,
+        offset: 40,
+        to: n("inbox"),
+        from: n("sender"),
+        data: Bytes::from_static(b"0123456789"),
+    };
+    let mut v = Vec::new();
+    Frame::Fragment(f.clone()).encode(&mut v);
+    let head_len = v.len() - f.data.len();
+    for p in 0..=v.len() {
+        let got = fragment_head(&v[..p], MAX).unwrap();
+        if p < head_len || p == v.len() {
+            assert_eq!(got, None, "prefix {p}");
+            continue;
+        }
+        let h = got.unwrap_or_else(|| panic!("prefix {p}"));
+        assert_eq!(h.head_len, head_len);
+        assert_eq!(h.data_len, 10);
+        assert_eq!(h.frame_len(), v.len());
+        assert_eq!(
+            h.piece,
+            Fragment {
+                data: Bytes::new(),
+                ..f.clone()
+            }
+        );
+        assert_eq!(h.charge(), f.charge());
+        assert!(!h.is_last());
+    }
+    // Another kind, or a whole frame: not its business.
+    let mut ack = Vec::new();
+    Frame::Ack(5).encode(&mut ack);
+    assert_eq!(fragment_head(&ack[..ack.len() - 1], MAX), Ok(None));
+}
+
+#[test]
+fn a_fragment_head_is_refused_as_decode_refuses_the_whole_frame() {
+    let frame = |seq, id, total, offset, data: &'static [u8]| {
+        let mut v = Vec::new();
+        Frame::Fragment(Fragment {
+            seq,
+            id,
+            total,
+            offset,
+            to: n("m"),
+            from: n("s"),
+            data: Bytes::from_static(data),
+        })
+        .encode(&mut v);
+        v
+    };
+    for v in [
+        frame(2, 1, 3, 2, b"ab"),     // past the end of the message
+        frame(2, 2, 9, 1, b"ab"),     // a later piece that is its own id
+        frame(2, 5, 9, 1, b"ab"),     // an id from the future
+        frame(1, 1, 9, 0, b"abcdef"), // fine
+    ] {
+        let whole = decode(&mut BytesMut::from(&v[..]), MAX).map(|_| ());
+        let head = fragment_head(&v[..v.len() - 1], MAX).map(|_| ());
+        assert_eq!(head, whole);
+    }
+    // A length past the limit is refused before anything else.
+    let mut v = frame(1, 1, 9, 0, b"abcdef");
+    v[..4].copy_from_slice(&(MAX as u32 + 1).to_le_bytes());
+    assert!(matches!(
+        fragment_head(&v, MAX),
+        Err(FrameError::TooLarge { .. })
+    ));
+}
+
+#[test]
 fn pieces_charge_exactly_what_the_whole_message_would() {
     let (to, from) = (n("inbox"), n("sender"));
     let total = 1000u64;

@@ -14,6 +14,11 @@ impl ConnId {
     pub(crate) fn new(n: u64) -> ConnId {
         ConnId(n)
     }
+
+    #[cfg(test)]
+    pub(crate) const fn for_tests(n: u64) -> ConnId {
+        ConnId(n)
+    }
 }
 
 /// Why a peer was declared down.

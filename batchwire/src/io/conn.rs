@@ -55,6 +55,20 @@ pub(crate) struct ReadSide {
     /// How the connection ended, found by a caller leading: the reader thread, the one
     /// that tears connections down, returns it as if it had found it.
     pub ended: Option<Result<(), LinkError>>,
+    /// A piece whose data is being read straight into its message's buffer (the ring
+    /// holds nothing of it): reads go there until it is whole.
+    pub piece: Option<InPlace>,
+    /// How much the next read into the ring asks for, if not `read_bytes`: up to the end
+    /// of a piece (and the next frame's fields), so that a piece after it can be read in
+    /// place (see `read.rs`).
+    pub next_read: Option<usize>,
+}
+
+/// A piece being read in place (see `read.rs`): its fields, and how much of its data
+/// is in its message's buffer.
+pub(crate) struct InPlace {
+    pub head: batchwire_core::frame::FragmentHead,
+    pub read: usize,
 }
 
 impl Conn {

@@ -4,7 +4,12 @@
 //! at most one wake-up), and **never wait for a consumer**: each is charged to its
 //! mailbox's credit for this peer (see `batchwire_core::credit`), which the sender
 //! respected, so it fits. A peer that sends past its credit broke the protocol. Pieces of
-//! large messages are reassembled (each charged as it arrives) and delivered whole.
+//! large messages are reassembled (each charged as it arrives) and delivered whole. On
+//! plain TCP a piece whose fields have arrived but not yet (at least [`IN_PLACE_MIN`]
+//! bytes of) its data is read **in place**: the rest of its data goes from the socket
+//! straight into its message's reassembly buffer (`Reassembly::direct_room`), not through
+//! the receive buffer, so a large message is not copied on the way in (only its first
+//! piece, which starts the buffer, and what arrived with a piece's fields are).
 //!
 //! The reader also applies what the peer says about credit toward *its* mailboxes: CREDIT
 //! grants and SYNC recounts go to this peer's lane, where senders wait for them. And it
@@ -30,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use batchwire_core::call;
 use batchwire_core::codec::{Name, NameMap};
-use batchwire_core::frame::{self, Fragment, Frame, MessageList, Sync};
+use batchwire_core::frame::{self, Fragment, FragmentHead, Frame, MessageList, Sync};
 use batchwire_core::handshake::HandshakeError;
 use batchwire_core::reassembly::Added;
 use bytes::{Bytes, BytesMut};
@@ -39,7 +44,7 @@ use tracing::warn;
 use crate::address::Address;
 use crate::error::Error;
 use crate::event::Event;
-use crate::io::conn::{Conn, LinkError, ReadSide, RecvRing};
+use crate::io::conn::{Conn, InPlace, LinkError, ReadSide, RecvRing};
 use crate::io::events::Events;
 use crate::io::flow::Held;
 use crate::io::lane::Lane;
@@ -60,6 +65,16 @@ const QUIET_READS: u32 = 64;
 /// How often in a row the reader thread finds a caller leading before it queues for the
 /// read turn (see `read_until_end`).
 const LOOKS: u32 = 4;
+
+/// A piece with at least this many bytes of data still to come is read in place (below
+/// it, the copy costs less than the extra read).
+const IN_PLACE_MIN: usize = 8 << 10;
+
+/// A read into the receive buffer that ends a piece asks for this much more: the next
+/// frame's fields (most likely the next piece's), not its data, so that the data can go
+/// in place. (Reads of `read_bytes` end anywhere in a piece, so the next piece's fields
+/// came with most of its data and it could not.)
+const HEAD_READ: usize = 512;
 
 /// What a reader uses.
 pub(crate) struct Reader<'a> {
@@ -87,6 +102,8 @@ impl Reader<'_> {
             drained: true,
             idle_said: true,
             ended: None,
+            piece: None,
+            next_read: None,
         });
         let r = self.read_until_end();
         // No caller leads a connection whose reader stopped.
@@ -175,8 +192,101 @@ impl Reader<'_> {
                 return Ok(true);
             }
         }
+        if side.piece.is_none() {
+            self.begin_in_place(side)?;
+        }
         self.say_idle(side);
         Ok(false)
+    }
+
+    /// With the read turn, after every whole frame was taken: if what is left is a piece
+    /// with its fields read and much of its data to come, of a message being reassembled
+    /// here, move what came of its data into the message's buffer; the reads go on there
+    /// (`read_in_place`) until the piece is whole.
+    fn begin_in_place(&self, side: &mut ReadSide) -> Result<(), LinkError> {
+        if !self.leadable() {
+            return Ok(());
+        }
+        let buf = side.ring.buf();
+        let Some(head) = frame::fragment_head(buf, self.max_frame)? else {
+            // The start of a piece whose fields are not all in: read them, not its data.
+            if frame::starts_fragment(buf) {
+                side.next_read = Some(HEAD_READ);
+            }
+            return Ok(());
+        };
+        // Everything in the buffer is this frame (it is the first not yet taken).
+        let read = buf.len() - head.head_len;
+        // If it cannot go in place, read up to its end and the next frame's fields only.
+        let rest = head.data_len - read;
+        side.next_read = Some(rest + HEAD_READ);
+        if rest < IN_PLACE_MIN {
+            return Ok(());
+        }
+        let mut r = self.peer.lock_reassembly();
+        let Some((dst, _)) = r.direct_room(&head, 0, self.conn.id) else {
+            return Ok(());
+        };
+        side.next_read = None;
+        dst.extend_from_slice(&buf[head.head_len..]);
+        drop(r);
+        buf.clear();
+        side.piece = Some(InPlace { head, read });
+        Ok(())
+    }
+
+    /// With the read turn: read more of the piece being read in place, waiting for bytes
+    /// if `wait` (for the socket, with no lock held); then, if it is whole, act on it.
+    /// One read takes the rest of the piece into its message's buffer and up to
+    /// [`HEAD_READ`] bytes after it into the ring (the next frame's fields), so a stream of
+    /// pieces costs one read per piece. Returns false if there were none (only without
+    /// `wait`).
+    fn read_in_place(&self, side: &mut ReadSide, wait: bool) -> Result<bool, LinkError> {
+        let mut waited = false;
+        let (n, left) = loop {
+            let Some(p) = side.piece.as_mut() else {
+                return Ok(true);
+            };
+            let got = {
+                let mut r = self.peer.lock_reassembly();
+                // The message moved on without this connection: a newer one took over.
+                let Some((dst, left)) = r.direct_room(&p.head, p.read, self.conn.id) else {
+                    return Err(LinkError::Replaced);
+                };
+                let next = side.ring.room();
+                recv_pair(&self.conn.link, (dst, left), (next, HEAD_READ)).map(|n| (n, left))
+            };
+            match got {
+                Ok((0, _)) => return Err(LinkError::Eof),
+                Ok(r) => break r,
+                // Most often the bytes are there; otherwise wait (without any lock).
+                Err(e) if e.kind() == ErrorKind::WouldBlock && wait && !waited => {
+                    self.wait_readable(None, None)?;
+                    waited = true;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(wait),
+                Err(e) if e.kind() == ErrorKind::Interrupted => return Ok(true),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let in_place = n.min(left);
+        side.drained = n < left + HEAD_READ;
+        side.idle_said = false;
+        let stats = &self.peer.stats;
+        stats.bytes_received.fetch_add(n as u64, Relaxed);
+        stats
+            .piece_bytes_in_place
+            .fetch_add(in_place as u64, Relaxed);
+        self.peer
+            .session(|s, now| s.handle_heard(now, self.conn.id));
+        let p = side.piece.as_mut().expect("the piece being read");
+        p.read += in_place;
+        if in_place == left {
+            let InPlace { head, .. } = side.piece.take().expect("the piece being read");
+            self.peer.stats.frames_received.fetch_add(1, Relaxed);
+            self.piece(&head.piece, Some(&head))?;
+        }
+        Ok(true)
     }
 
     /// With the read turn: if the last read took all there was, about to wait, so
@@ -192,14 +302,21 @@ impl Reader<'_> {
     /// With the read turn: read once, waiting for bytes if `wait`. Returns false if there
     /// were none (only without `wait`).
     fn read_once(&self, side: &mut ReadSide, wait: bool) -> Result<bool, LinkError> {
-        let n = match read_more(&self.conn.link, side.ring.room(), self.read_bytes, wait) {
+        if side.piece.is_some() {
+            return self.read_in_place(side, wait);
+        }
+        let want = side
+            .next_read
+            .take()
+            .map_or(self.read_bytes, |n| n.min(self.read_bytes));
+        let n = match read_more(&self.conn.link, side.ring.room(), want, wait) {
             Ok(0) => return Err(LinkError::Eof),
             Ok(n) => n,
             Err(e) if e.kind() == ErrorKind::WouldBlock && !wait => return Ok(false),
             Err(e) if e.kind() == ErrorKind::Interrupted => return Ok(true),
             Err(e) => return Err(e.into()),
         };
-        side.drained = n < self.read_bytes;
+        side.drained = n < want;
         side.idle_said = false;
         self.peer.stats.bytes_received.fetch_add(n as u64, Relaxed);
         self.peer
@@ -387,7 +504,7 @@ impl Reader<'_> {
         let (peer, id) = (self.peer, self.conn.id);
         match frame {
             Frame::Messages(list) => self.deliver(list, cache)?,
-            Frame::Fragment(f) => self.piece(f)?,
+            Frame::Fragment(f) => self.piece(&f, None)?,
             Frame::Ack(next) => {
                 let acked = peer.session(|s, now| s.handle_ack(now, id, next))?;
                 peer.stats.acked.fetch_add(acked, Relaxed);
@@ -562,8 +679,9 @@ impl Reader<'_> {
     }
 
     /// A piece of a large message: reassemble it (charging it to its mailbox as it comes)
-    /// and deliver the message whole once its last piece is in.
-    fn piece(&self, f: Fragment) -> Result<(), LinkError> {
+    /// and deliver the message whole once its last piece is in. `in_place`: its data is
+    /// not in `f` but already in its message's buffer (read there with these fields).
+    fn piece(&self, f: &Fragment, in_place: Option<&FragmentHead>) -> Result<(), LinkError> {
         let (peer, conn) = (self.peer, self.conn);
         let _turn = peer.delivery_turn();
         let Some(d) = peer.session(|s, _| s.begin_delivery(conn.id, f.seq, 1))? else {
@@ -571,18 +689,19 @@ impl Reader<'_> {
         };
         peer.stats.fragments_received.fetch_add(1, Relaxed);
         let result = if d.skip == 0 {
-            self.add_piece(&f)
+            self.add_piece(f, in_place)
         } else {
             Ok(())
         };
         // A piece that does not add up is not committed (nothing of it was kept).
         let upto = if result.is_ok() { d.end } else { d.first };
-        peer.session(|s, now| s.end_delivery(now, d, upto, f.data.len()));
+        let len = in_place.map_or(f.data.len(), |h| h.data_len);
+        peer.session(|s, now| s.end_delivery(now, d, upto, len));
         self.snapshot_if_asked();
         result
     }
 
-    fn add_piece(&self, f: &Fragment) -> Result<(), LinkError> {
+    fn add_piece(&self, f: &Fragment, in_place: Option<&FragmentHead>) -> Result<(), LinkError> {
         let peer = self.peer;
         let mut r = peer.lock_reassembly();
         let too_large = f.total > self.max_payload;
@@ -591,11 +710,15 @@ impl Reader<'_> {
                 && (call::is_reply_inbox(f.to.as_bytes())
                     || self.mailboxes.get(f.to.as_bytes()).is_some())
         });
-        let charge = f.charge();
+        let charge = in_place.map_or_else(|| f.charge(), |h| h.charge());
         if keep {
             peer.flow.charge(&f.to, charge)?;
         }
-        let added = match r.add(f, keep) {
+        let added = match in_place {
+            Some(h) => r.add_direct(h, self.conn.id),
+            None => r.add(f, keep),
+        };
+        let added = match added {
             Ok(a) => a,
             Err(e) => {
                 if keep {
@@ -723,6 +846,62 @@ pub(crate) fn read_more(
     let r = link.read(&mut buf[len..]);
     buf.truncate(len + *r.as_ref().unwrap_or(&0));
     r
+}
+
+/// One read from a plain link's socket, without waiting (`WouldBlock` if nothing is
+/// there): at most `first.1` bytes into `first.0`'s spare capacity, then at most `then.1`
+/// into `then.0`'s (each has room for them). Returns how many in all; the first buffer
+/// is filled first.
+fn recv_pair(
+    link: &crate::io::link::Link,
+    first: (&mut Vec<u8>, usize),
+    then: (&mut BytesMut, usize),
+) -> std::io::Result<usize> {
+    #[cfg(unix)]
+    if let Some(fd) = link.plain_fd() {
+        let (a, a_max) = first;
+        let (b, b_max) = then;
+        a.reserve(a_max);
+        b.reserve(b_max);
+        let (a_len, b_len) = (a.len(), b.len());
+        let a_spare = a.spare_capacity_mut();
+        let b_spare = b.spare_capacity_mut();
+        let mut iov = [
+            libc::iovec {
+                iov_base: a_spare.as_mut_ptr().cast(),
+                iov_len: a_spare.len().min(a_max),
+            },
+            libc::iovec {
+                iov_base: b_spare.as_mut_ptr().cast(),
+                iov_len: b_spare.len().min(b_max),
+            },
+        ];
+        let a_room = iov[0].iov_len;
+        // SAFETY: an all-zero msghdr is valid (no name, no control data); it points at two
+        // iovecs on this stack frame, each describing spare capacity of a live buffer.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = iov.len() as _;
+        // SAFETY: recvmsg(2) writes at most each iovec's length through its raw pointer
+        // (no reference to uninitialized memory is made), filling the first before the
+        // second, and returns how many bytes it wrote; exactly those are then counted as
+        // initialized below. The fd is the link's socket, open while `link` is borrowed.
+        let r = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let r = r as usize;
+        let into_a = r.min(a_room);
+        // SAFETY: recvmsg wrote `into_a` bytes at the start of `a`'s spare capacity and the
+        // rest at the start of `b`'s.
+        unsafe {
+            a.set_len(a_len + into_a);
+            b.set_len(b_len + (r - into_a));
+        }
+        return Ok(r);
+    }
+    let _ = (link, first, then);
+    Err(ErrorKind::Unsupported.into())
 }
 
 #[cfg(test)]
@@ -925,6 +1104,109 @@ mod tests {
             read_bytes: 1 << 16,
             members: None,
         }
+    }
+
+    /// The FRAGMENT frames of a `total`-byte message to the inbox, numbered from 0, in
+    /// 64 KiB pieces, and the message's payload.
+    fn pieces_to_inbox(total: usize) -> (Vec<Vec<u8>>, Bytes) {
+        let payload: Bytes = (0..total).map(|i| (i * 7 % 251) as u8).collect();
+        let frames = (0..total.div_ceil(1 << 16))
+            .map(|k| {
+                let off = k << 16;
+                let end = (off + (1 << 16)).min(total);
+                let mut out = Vec::new();
+                Frame::Fragment(Fragment {
+                    seq: k as u64,
+                    id: 0,
+                    total: total as u64,
+                    offset: off as u64,
+                    to: Name::from_static("inbox"),
+                    from: Name::from_static("x"),
+                    data: payload.slice(off..end),
+                })
+                .encode(&mut out);
+                out
+            })
+            .collect();
+        (frames, payload)
+    }
+
+    #[test]
+    fn pieces_are_read_in_place_and_make_the_whole_message_and_the_stream_goes_on() {
+        let mut rig = Rig::new();
+        let (frames, payload) = pieces_to_inbox(600 << 10);
+        // Each piece's fields first, then its data in parts: the reader sees the fields
+        // before the data, as it does when pieces stream.
+        for f in &frames {
+            rig.theirs.write_all(&f[..200]).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+            for part in f[200..].chunks(16 << 10) {
+                rig.theirs.write_all(part).unwrap();
+            }
+        }
+        rig.theirs
+            .write_all(&inbox_frame(frames.len() as u64))
+            .unwrap();
+        rig.wait_len(2);
+        let mut got = Vec::new();
+        rig.mb.take(&mut got, 10, None).unwrap();
+        assert_eq!(got[0].payload, payload, "reassembled whole and exact");
+        assert_eq!(&got[1].payload[..], &10u64.to_le_bytes());
+        let stats = &rig.peer.stats;
+        assert_eq!(stats.fragments_received.load(Relaxed), 10);
+        // All but the first piece (which starts the buffer) and the bytes that came with
+        // each piece's fields went in place.
+        let in_place = stats.piece_bytes_in_place.load(Relaxed);
+        let after_first = (600 << 10) - (64 << 10);
+        assert!(
+            in_place > after_first - 9 * 600 && in_place <= after_first,
+            "{in_place} bytes in place"
+        );
+        drop(rig.theirs.shutdown(std::net::Shutdown::Write));
+        assert!(matches!(rig.join(), Err(LinkError::Eof)));
+    }
+
+    #[test]
+    fn a_piece_cut_off_while_read_in_place_comes_again_whole_on_the_next_connection() {
+        let mut rig = Rig::new();
+        let (frames, payload) = pieces_to_inbox(300 << 10);
+        rig.theirs.write_all(&frames[0]).unwrap();
+        // Piece 1's fields, then 20 KiB of its data, then the connection breaks.
+        rig.theirs.write_all(&frames[1][..200]).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        rig.theirs.write_all(&frames[1][200..20 << 10]).unwrap();
+        let t0 = Instant::now();
+        while rig.peer.stats.piece_bytes_in_place.load(Relaxed) == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "read in place");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        rig.theirs.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(matches!(rig.join(), Err(LinkError::Eof)));
+        assert_eq!(rig.mb.len(), 0);
+        // The next connection: the sender resends from piece 1, whole and at once.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut theirs = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (ours, _) = l.accept().unwrap();
+        let conn = testing::connect(&rig.peer, Link::Plain(ours));
+        let (p, c, m, e) = (
+            rig.peer.clone(),
+            conn.clone(),
+            rig.mailboxes.clone(),
+            rig.events.clone(),
+        );
+        let reader = std::thread::spawn(move || reader_of(&p, &c, &m, &e).run(BytesMut::new()));
+        for f in &frames[1..] {
+            theirs.write_all(f).unwrap();
+        }
+        rig.wait_len(1);
+        let mut got = Vec::new();
+        rig.mb.take(&mut got, 10, None).unwrap();
+        assert_eq!(
+            got[0].payload, payload,
+            "exact: nothing of the cut-off read in it"
+        );
+        theirs.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(matches!(reader.join().unwrap(), Err(LinkError::Eof)));
     }
 
     #[test]
