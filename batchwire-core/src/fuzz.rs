@@ -107,11 +107,12 @@ pub fn frames(data: &[u8]) {
                     data_len: f.data.len(),
                 };
                 let cut = f.data.len() / 2;
-                let added = match reas.direct_room(&head, 0, conn) {
+                let added = match reas.direct_room(&head, 0, conn, || keep) {
                     Some((dst, left)) if pieces.is_multiple_of(2) => {
                         assert_eq!(left, f.data.len());
                         dst.extend_from_slice(&f.data[..cut]);
-                        let (dst, left) = reas.direct_room(&head, cut, conn).expect("room");
+                        let (dst, left) =
+                            reas.direct_room(&head, cut, conn, || keep).expect("room");
                         assert_eq!(left, f.data.len() - cut);
                         dst.extend_from_slice(&f.data[cut..]);
                         reas.add_direct(&head, conn)

@@ -136,29 +136,55 @@ impl Reassembly {
     /// Room for piece `h`'s data straight in its message's buffer, for a reader of
     /// connection `by`: the buffer and how many bytes of the piece are still to come, to be
     /// appended (at most that many). `read`: how many the caller appended already (0
-    /// starts the read, dropping any other in progress). `None` if the piece cannot go
-    /// there: a first piece, a message not kept, or not the next piece of a message being
-    /// reassembled (the caller then reads the frame whole and [`Reassembly::add`] says
-    /// what is wrong), or, with `read` above 0, the message changed meanwhile (another
+    /// starts the read, dropping any other in progress). A first piece starts its message
+    /// (uncommitted until [`Reassembly::add_direct`]) if `keep_new()` says it is kept.
+    /// `None` if the piece cannot go there: a message in one piece, a message not kept,
+    /// not the next piece of a message being reassembled, or no room for another message
+    /// (the caller then reads the frame whole and [`Reassembly::add`] says what is wrong,
+    /// if anything), or, with `read` above 0, the message changed meanwhile (another
     /// connection of the peer took over: the caller's is stale).
     pub fn direct_room(
         &mut self,
         h: &FragmentHead,
         read: usize,
         by: ConnId,
+        keep_new: impl FnOnce() -> bool,
     ) -> Option<(&mut Vec<u8>, usize)> {
         let f = &h.piece;
-        if f.is_first() || read > h.data_len {
+        if read > h.data_len || (f.is_first() && h.is_last()) {
             return None;
         }
-        let p = self.partial.iter_mut().find(|p| {
-            p.id == f.id
-                && p.keep
-                && p.received == f.offset
-                && p.total == f.total
-                && p.to == f.to
-                && p.from == f.from
-        })?;
+        let found = self.partial.iter().position(|p| p.id == f.id);
+        let i = match found {
+            None if f.is_first() && read == 0 => {
+                if f.id < self.floor || self.partial.len() >= MAX_PARTIAL || !keep_new() {
+                    return None;
+                }
+                self.partial.push(Partial {
+                    id: f.id,
+                    to: f.to.detached(),
+                    from: f.from.detached(),
+                    total: f.total,
+                    received: 0,
+                    buf: Vec::new(),
+                    direct_by: Some(by),
+                    keep: true,
+                    charged: 0,
+                });
+                self.partial.len() - 1
+            }
+            None => return None,
+            Some(i) => i,
+        };
+        let p = &mut self.partial[i];
+        if !(p.keep
+            && p.received == f.offset
+            && p.total == f.total
+            && p.to == f.to
+            && p.from == f.from)
+        {
+            return None;
+        }
         let start = p.received as usize;
         if read == 0 {
             p.buf.truncate(start);
@@ -192,9 +218,18 @@ impl Reassembly {
             // A piece of a message the peer gave up: dropped (`keeps` said so).
             return Ok(Added::Partial);
         }
-        let i = if f.is_first() {
-            if self.partial.iter().any(|p| p.id == f.id) {
+        let started = self.partial.iter().position(|p| p.id == f.id);
+        let i = if let Some(i) = started.filter(|_| f.is_first()) {
+            // Only a start read in place and not committed (nothing received) may be
+            // there: this piece is that start, read in place or come again whole.
+            let p = &self.partial[i];
+            if p.received != 0 || p.total != f.total || p.to != f.to || p.from != f.from {
                 return Err(ReassemblyError::Duplicate { id: f.id });
+            }
+            i
+        } else if f.is_first() {
+            if let Data::InPlace(..) = data {
+                return Err(ReassemblyError::Unknown { id: f.id });
             }
             if is_last {
                 let payload = match data {
@@ -225,7 +260,7 @@ impl Reassembly {
             });
             self.partial.len() - 1
         } else {
-            let Some(i) = self.partial.iter().position(|p| p.id == f.id) else {
+            let Some(i) = started else {
                 return Err(ReassemblyError::Unknown { id: f.id });
             };
             let p = &self.partial[i];
@@ -504,7 +539,7 @@ mod tests {
         let h = head(f);
         let mut read = 0;
         while read < f.data.len() {
-            let (buf, left) = r.direct_room(&h, read, C1).expect("room");
+            let (buf, left) = r.direct_room(&h, read, C1, || true).expect("room");
             assert_eq!(left, f.data.len() - read);
             let n = left.min(step);
             buf.extend_from_slice(&f.data[read..read + n]);
@@ -518,9 +553,10 @@ mod tests {
         let ps = pieces(10, 1000, 300);
         let mut r = Reassembly::default();
         assert!(
-            r.direct_room(&head(&ps[0]), 0, C1).is_none(),
-            "a first piece"
+            r.direct_room(&head(&ps[0]), 0, C1, || false).is_none(),
+            "a first piece of a message not kept"
         );
+        assert!(r.is_empty());
         r.add(&ps[0], true).unwrap();
         let addr = r.partial[0].buf.as_ptr();
         assert_eq!(direct(&mut r, &ps[1], 7).unwrap(), Added::Partial);
@@ -539,24 +575,93 @@ mod tests {
     }
 
     #[test]
+    fn a_first_piece_read_in_place_starts_its_message_once_committed() {
+        let ps = pieces(10, 1000, 300);
+        let whole: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+        // Every piece in place, the first included.
+        let mut r = Reassembly::default();
+        for p in &ps[..3] {
+            assert_eq!(direct(&mut r, p, 64).unwrap(), Added::Partial);
+        }
+        let Added::Complete {
+            payload, charged, ..
+        } = direct(&mut r, &ps[3], 64).unwrap()
+        else {
+            panic!("complete")
+        };
+        assert_eq!(&payload[..], &whole[..]);
+        assert_eq!(charged as usize, message_len(&n("inbox"), &n("big"), 1000));
+        // A start cut off by a break holds a place but nothing of the message: the first
+        // piece may come again, whole or in place, and is not a duplicate.
+        for again_in_place in [false, true] {
+            let mut r = Reassembly::default();
+            let (buf, _) = r.direct_room(&head(&ps[0]), 0, C1, || true).unwrap();
+            buf.extend_from_slice(&[0xee; 100]);
+            assert_eq!(r.len(), 1);
+            let added = if again_in_place {
+                direct(&mut r, &ps[0], 300)
+            } else {
+                r.add(&ps[0], true)
+            };
+            assert_eq!(added.unwrap(), Added::Partial);
+            assert_eq!(
+                r.add(&ps[0], true),
+                Err(ReassemblyError::Duplicate { id: 10 }),
+                "once committed, a start again is a duplicate"
+            );
+            for p in &ps[1..3] {
+                r.add(p, true).unwrap();
+            }
+            let Added::Complete { payload, .. } = r.add(&ps[3], true).unwrap() else {
+                panic!("complete")
+            };
+            assert_eq!(&payload[..], &whole[..]);
+        }
+        // Not for a message in one piece, nor past the bound on messages in pieces, nor
+        // for a message given up.
+        let mut r = Reassembly::default();
+        assert!(
+            r.direct_room(&head(&pieces(1, 10, 10)[0]), 0, C1, || true)
+                .is_none()
+        );
+        for id in 0..MAX_PARTIAL as u64 {
+            let p = &pieces(id * 100, 1000, 300)[0];
+            assert!(r.direct_room(&head(p), 0, C1, || true).is_some());
+        }
+        let p = &pieces(1000, 1000, 300)[0];
+        assert!(r.direct_room(&head(p), 0, C1, || true).is_none());
+        assert_eq!(r.discard_below(2000).len(), MAX_PARTIAL);
+        assert!(
+            r.direct_room(&head(p), 0, C1, || true).is_none(),
+            "given up"
+        );
+    }
+
+    #[test]
     fn direct_room_is_only_for_the_next_piece_of_a_kept_message() {
         let ps = pieces(10, 1000, 300);
         let mut r = Reassembly::default();
         assert!(
-            r.direct_room(&head(&ps[1]), 0, C1).is_none(),
+            r.direct_room(&head(&ps[1]), 0, C1, || true).is_none(),
             "never started"
         );
         r.add(&ps[0], true).unwrap();
         assert!(
-            r.direct_room(&head(&ps[2]), 0, C1).is_none(),
+            r.direct_room(&head(&ps[2]), 0, C1, || true).is_none(),
             "not the next"
         );
         let mut other = head(&ps[1]);
         other.piece.to = n("elsewhere");
-        assert!(r.direct_room(&other, 0, C1).is_none(), "another mailbox");
+        assert!(
+            r.direct_room(&other, 0, C1, || true).is_none(),
+            "another mailbox"
+        );
         let mut r2 = Reassembly::default();
         r2.add(&ps[0], false).unwrap();
-        assert!(r2.direct_room(&head(&ps[1]), 0, C1).is_none(), "not kept");
+        assert!(
+            r2.direct_room(&head(&ps[1]), 0, C1, || true).is_none(),
+            "not kept"
+        );
         // Committing what was not handed out commits nothing.
         assert!(r.add_direct(&head(&ps[1]), C1).is_err());
         assert_eq!(direct(&mut r, &ps[1], 50).unwrap(), Added::Partial);
@@ -569,11 +674,11 @@ mod tests {
         r.add(&ps[0], true).unwrap();
         // Half of piece 1 read in place, then the connection broke.
         let h = head(&ps[1]);
-        let (buf, _) = r.direct_room(&h, 0, C1).unwrap();
+        let (buf, _) = r.direct_room(&h, 0, C1, || true).unwrap();
         buf.extend_from_slice(&[0xee; 150]);
         // Its stale reader cannot go on once the message moved on...
         assert_eq!(r.add(&ps[1], true).unwrap(), Added::Partial, "resent whole");
-        assert!(r.direct_room(&h, 150, C1).is_none());
+        assert!(r.direct_room(&h, 150, C1, || true).is_none());
         // ...and the message is exactly the data.
         for p in &ps[2..3] {
             r.add(p, true).unwrap();
@@ -586,7 +691,7 @@ mod tests {
         // A direct read abandoned before any byte, restarted: fine too.
         let mut r = Reassembly::default();
         r.add(&ps[0], true).unwrap();
-        let (buf, _) = r.direct_room(&h, 0, C1).unwrap();
+        let (buf, _) = r.direct_room(&h, 0, C1, || true).unwrap();
         buf.extend_from_slice(&[0xee; 10]);
         assert_eq!(direct(&mut r, &ps[1], 300).unwrap(), Added::Partial);
         assert_eq!(r.bytes(), 600);
@@ -599,15 +704,15 @@ mod tests {
         r.add(&ps[0], true).unwrap();
         let h = head(&ps[1]);
         // C1 reads 100 bytes of piece 1; C2 (a newer connection) starts it again.
-        let (buf, _) = r.direct_room(&h, 0, C1).unwrap();
+        let (buf, _) = r.direct_room(&h, 0, C1, || true).unwrap();
         buf.extend_from_slice(&ps[1].data[..100]);
-        let (buf, _) = r.direct_room(&h, 0, C2).unwrap();
+        let (buf, _) = r.direct_room(&h, 0, C2, || true).unwrap();
         buf.extend_from_slice(&ps[1].data[..100]);
         // C1 can neither go on (even at a matching length) nor commit, and trying leaves
         // C2's read alone: C2 goes on from where it was.
-        assert!(r.direct_room(&h, 100, C1).is_none());
+        assert!(r.direct_room(&h, 100, C1, || true).is_none());
         assert!(r.add_direct(&h, C1).is_err());
-        let (buf, left) = r.direct_room(&h, 100, C2).unwrap();
+        let (buf, left) = r.direct_room(&h, 100, C2, || true).unwrap();
         assert_eq!(left, 200);
         buf.extend_from_slice(&ps[1].data[100..]);
         assert_eq!(r.add_direct(&h, C2).unwrap(), Added::Partial);

@@ -115,8 +115,9 @@ pub struct PeerStats {
     /// connection's reader thread.
     pub reads_led: u64,
     /// Bytes of large messages' pieces read from the socket straight into the message's
-    /// reassembly buffer (not copied there from the receive buffer); the first piece of
-    /// each message and pieces read whole with what came before them are copied once.
+    /// reassembly buffer (not copied there from the receive buffer). The rest of a piece
+    /// (what came with its fields, or all of it over TLS or when it arrived whole with
+    /// what came before it) is copied once.
     pub piece_bytes_in_place: u64,
     /// Most bytes ever waiting in the outbound queue.
     pub queue_high_water: u64,

@@ -8,8 +8,8 @@
 //! plain TCP a piece whose fields have arrived but not yet (at least [`IN_PLACE_MIN`]
 //! bytes of) its data is read **in place**: the rest of its data goes from the socket
 //! straight into its message's reassembly buffer (`Reassembly::direct_room`), not through
-//! the receive buffer, so a large message is not copied on the way in (only its first
-//! piece, which starts the buffer, and what arrived with a piece's fields are).
+//! the receive buffer, so a large message is not copied on the way in (only what arrived
+//! with a piece's fields is).
 //!
 //! The reader also applies what the peer says about credit toward *its* mailboxes: CREDIT
 //! grants and SYNC recounts go to this peer's lane, where senders wait for them. And it
@@ -224,7 +224,8 @@ impl Reader<'_> {
             return Ok(());
         }
         let mut r = self.peer.lock_reassembly();
-        let Some((dst, _)) = r.direct_room(&head, 0, self.conn.id) else {
+        let keep_new = || self.keeps_new(&head.piece);
+        let Some((dst, _)) = r.direct_room(&head, 0, self.conn.id, keep_new) else {
             return Ok(());
         };
         side.next_read = None;
@@ -250,7 +251,8 @@ impl Reader<'_> {
             let got = {
                 let mut r = self.peer.lock_reassembly();
                 // The message moved on without this connection: a newer one took over.
-                let Some((dst, left)) = r.direct_room(&p.head, p.read, self.conn.id) else {
+                let room = r.direct_room(&p.head, p.read, self.conn.id, || false);
+                let Some((dst, left)) = room else {
                     return Err(LinkError::Replaced);
                 };
                 let next = side.ring.room();
@@ -701,15 +703,19 @@ impl Reader<'_> {
         result
     }
 
+    /// Whether a message starting with piece `f` is kept: not larger than this node
+    /// accepts, and for a mailbox here (or a reply to a call).
+    fn keeps_new(&self, f: &Fragment) -> bool {
+        f.total <= self.max_payload
+            && (call::is_reply_inbox(f.to.as_bytes())
+                || self.mailboxes.get(f.to.as_bytes()).is_some())
+    }
+
     fn add_piece(&self, f: &Fragment, in_place: Option<&FragmentHead>) -> Result<(), LinkError> {
         let peer = self.peer;
         let mut r = peer.lock_reassembly();
         let too_large = f.total > self.max_payload;
-        let keep = r.keeps(f, || {
-            !too_large
-                && (call::is_reply_inbox(f.to.as_bytes())
-                    || self.mailboxes.get(f.to.as_bytes()).is_some())
-        });
+        let keep = r.keeps(f, || self.keeps_new(f));
         let charge = in_place.map_or_else(|| f.charge(), |h| h.charge());
         if keep {
             peer.flow.charge(&f.to, charge)?;
@@ -1154,12 +1160,10 @@ mod tests {
         assert_eq!(&got[1].payload[..], &10u64.to_le_bytes());
         let stats = &rig.peer.stats;
         assert_eq!(stats.fragments_received.load(Relaxed), 10);
-        // All but the first piece (which starts the buffer) and the bytes that came with
-        // each piece's fields went in place.
+        // All but the bytes that came with each piece's fields went in place.
         let in_place = stats.piece_bytes_in_place.load(Relaxed);
-        let after_first = (600 << 10) - (64 << 10);
         assert!(
-            in_place > after_first - 9 * 600 && in_place <= after_first,
+            in_place > (600 << 10) - 10 * 600 && in_place <= 600 << 10,
             "{in_place} bytes in place"
         );
         drop(rig.theirs.shutdown(std::net::Shutdown::Write));
@@ -1168,13 +1172,22 @@ mod tests {
 
     #[test]
     fn a_piece_cut_off_while_read_in_place_comes_again_whole_on_the_next_connection() {
+        // The first piece (which starts the message) or a later one.
+        for cut in [0, 1] {
+            cut_off_in_place(cut);
+        }
+    }
+
+    fn cut_off_in_place(cut: usize) {
         let mut rig = Rig::new();
         let (frames, payload) = pieces_to_inbox(300 << 10);
-        rig.theirs.write_all(&frames[0]).unwrap();
-        // Piece 1's fields, then 20 KiB of its data, then the connection breaks.
-        rig.theirs.write_all(&frames[1][..200]).unwrap();
+        for f in &frames[..cut] {
+            rig.theirs.write_all(f).unwrap();
+        }
+        // The piece's fields, then 20 KiB of its data, then the connection breaks.
+        rig.theirs.write_all(&frames[cut][..200]).unwrap();
         std::thread::sleep(Duration::from_millis(20));
-        rig.theirs.write_all(&frames[1][200..20 << 10]).unwrap();
+        rig.theirs.write_all(&frames[cut][200..20 << 10]).unwrap();
         let t0 = Instant::now();
         while rig.peer.stats.piece_bytes_in_place.load(Relaxed) == 0 {
             assert!(t0.elapsed() < Duration::from_secs(10), "read in place");
@@ -1183,7 +1196,7 @@ mod tests {
         rig.theirs.shutdown(std::net::Shutdown::Write).unwrap();
         assert!(matches!(rig.join(), Err(LinkError::Eof)));
         assert_eq!(rig.mb.len(), 0);
-        // The next connection: the sender resends from piece 1, whole and at once.
+        // The next connection: the sender resends from that piece, whole and at once.
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut theirs = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (ours, _) = l.accept().unwrap();
@@ -1195,7 +1208,7 @@ mod tests {
             rig.events.clone(),
         );
         let reader = std::thread::spawn(move || reader_of(&p, &c, &m, &e).run(BytesMut::new()));
-        for f in &frames[1..] {
+        for f in &frames[cut..] {
             theirs.write_all(f).unwrap();
         }
         rig.wait_len(1);
