@@ -69,6 +69,23 @@ struct Partial {
     charged: u64,
 }
 
+impl Partial {
+    /// A message starting with piece `f`, nothing of it received yet.
+    fn start(f: &Fragment, keep: bool, direct_by: Option<ConnId>) -> Partial {
+        Partial {
+            id: f.id,
+            to: f.to.detached(),
+            from: f.from.detached(),
+            total: f.total,
+            received: 0,
+            buf: Vec::new(),
+            direct_by,
+            keep,
+            charged: 0,
+        }
+    }
+}
+
 /// What a piece did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Added {
@@ -160,17 +177,7 @@ impl Reassembly {
                 if f.id < self.floor || self.partial.len() >= MAX_PARTIAL || !keep_new() {
                     return None;
                 }
-                self.partial.push(Partial {
-                    id: f.id,
-                    to: f.to.detached(),
-                    from: f.from.detached(),
-                    total: f.total,
-                    received: 0,
-                    buf: Vec::new(),
-                    direct_by: Some(by),
-                    keep: true,
-                    charged: 0,
-                });
+                self.partial.push(Partial::start(f, true, Some(by)));
                 self.partial.len() - 1
             }
             None => return None,
@@ -247,17 +254,7 @@ impl Reassembly {
             if self.partial.len() >= MAX_PARTIAL {
                 return Err(ReassemblyError::TooMany);
             }
-            self.partial.push(Partial {
-                id: f.id,
-                to: f.to.detached(),
-                from: f.from.detached(),
-                total: f.total,
-                received: 0,
-                buf: Vec::new(),
-                direct_by: None,
-                keep,
-                charged: 0,
-            });
+            self.partial.push(Partial::start(f, keep, None));
             self.partial.len() - 1
         } else {
             let Some(i) = started else {
@@ -383,7 +380,7 @@ mod tests {
 
     /// The pieces of a `total`-byte message with id `id`, `size` bytes each.
     fn pieces(id: u64, total: usize, size: usize) -> Vec<Fragment> {
-        let data: Vec<u8> = (0..total).map(|i| i as u8).collect();
+        let data = whole(total);
         let data = Bytes::from(data);
         (0..total.div_ceil(size).max(1))
             .map(|k| {
@@ -522,6 +519,18 @@ mod tests {
     const C1: ConnId = ConnId::for_tests(1);
     const C2: ConnId = ConnId::for_tests(2);
 
+    /// The payload `pieces` cuts up.
+    fn whole(total: usize) -> Vec<u8> {
+        (0..total).map(|i| i as u8).collect()
+    }
+
+    /// A reassembly with the first of `ps` added.
+    fn started(ps: &[Fragment]) -> Reassembly {
+        let mut r = Reassembly::default();
+        r.add(&ps[0], true).unwrap();
+        r
+    }
+
     /// The head of piece `f`, as a reader sees it before the data.
     fn head(f: &Fragment) -> FragmentHead {
         FragmentHead {
@@ -567,7 +576,7 @@ mod tests {
         else {
             panic!("complete")
         };
-        let whole: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+        let whole = whole(1000);
         assert_eq!(&payload[..], &whole[..]);
         assert_eq!(payload.as_ptr(), addr, "one buffer, never moved");
         assert_eq!(charged as usize, message_len(&n("inbox"), &n("big"), 1000));
@@ -577,7 +586,7 @@ mod tests {
     #[test]
     fn a_first_piece_read_in_place_starts_its_message_once_committed() {
         let ps = pieces(10, 1000, 300);
-        let whole: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+        let whole = whole(1000);
         // Every piece in place, the first included.
         let mut r = Reassembly::default();
         for p in &ps[..3] {
@@ -670,8 +679,7 @@ mod tests {
     #[test]
     fn an_unfinished_direct_read_is_dropped_when_the_piece_comes_again() {
         let ps = pieces(10, 1000, 300);
-        let mut r = Reassembly::default();
-        r.add(&ps[0], true).unwrap();
+        let mut r = started(&ps);
         // Half of piece 1 read in place, then the connection broke.
         let h = head(&ps[1]);
         let (buf, _) = r.direct_room(&h, 0, C1, || true).unwrap();
@@ -686,11 +694,10 @@ mod tests {
         let Added::Complete { payload, .. } = direct(&mut r, &ps[3], 13).unwrap() else {
             panic!("complete")
         };
-        let whole: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+        let whole = whole(1000);
         assert_eq!(&payload[..], &whole[..]);
         // A direct read abandoned before any byte, restarted: fine too.
-        let mut r = Reassembly::default();
-        r.add(&ps[0], true).unwrap();
+        let mut r = started(&ps);
         let (buf, _) = r.direct_room(&h, 0, C1, || true).unwrap();
         buf.extend_from_slice(&[0xee; 10]);
         assert_eq!(direct(&mut r, &ps[1], 300).unwrap(), Added::Partial);
@@ -700,8 +707,7 @@ mod tests {
     #[test]
     fn a_connection_that_starts_a_direct_read_takes_it_over_from_another() {
         let ps = pieces(10, 1000, 300);
-        let mut r = Reassembly::default();
-        r.add(&ps[0], true).unwrap();
+        let mut r = started(&ps);
         let h = head(&ps[1]);
         // C1 reads 100 bytes of piece 1; C2 (a newer connection) starts it again.
         let (buf, _) = r.direct_room(&h, 0, C1, || true).unwrap();
@@ -720,7 +726,7 @@ mod tests {
         let Added::Complete { payload, .. } = r.add(&ps[3], true).unwrap() else {
             panic!("complete")
         };
-        let whole: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+        let whole = whole(1000);
         assert_eq!(&payload[..], &whole[..]);
     }
 
