@@ -194,6 +194,11 @@ impl Reassembly {
         }
         let start = p.received as usize;
         if read == 0 {
+            // A newer connection's read is never taken over by an older one (a stale
+            // connection still reading what the newer one was sent again).
+            if p.direct_by.is_some_and(|other| other > by) {
+                return None;
+            }
             p.buf.truncate(start);
             p.direct_by = Some(by);
         } else if p.direct_by != Some(by) || p.buf.len() != start + read {
@@ -201,6 +206,26 @@ impl Reassembly {
         }
         grow(&mut p.buf, start + h.data_len, p.total);
         Some((&mut p.buf, h.data_len - read))
+    }
+
+    /// Connection `by` will not commit the piece it was reading in place into the message
+    /// of `f` (it ended, or the session skipped or refused the piece): drop what it read,
+    /// and the message's entry if its read started it (nothing of it is committed).
+    pub fn drop_direct(&mut self, f: &Fragment, by: ConnId) {
+        let Some(i) = self
+            .partial
+            .iter()
+            .position(|p| p.id == f.id && p.direct_by == Some(by))
+        else {
+            return;
+        };
+        let p = &mut self.partial[i];
+        if p.received == 0 {
+            self.partial.swap_remove(i);
+        } else {
+            p.buf.truncate(p.received as usize);
+            p.direct_by = None;
+        }
     }
 
     /// Add piece `h`, whose data connection `by` read into its message's buffer
@@ -647,6 +672,31 @@ mod tests {
     }
 
     #[test]
+    fn a_read_in_place_that_will_not_be_committed_is_dropped_with_the_start_it_made() {
+        let ps = pieces(10, 1000, 300);
+        // A start made by the read: the entry goes, the slot is free again.
+        let mut r = Reassembly::default();
+        let (buf, _) = r.direct_room(&head(&ps[0]), 0, C1, || true).unwrap();
+        buf.extend_from_slice(&ps[0].data[..100]);
+        r.drop_direct(&ps[0], C2);
+        assert_eq!(r.len(), 1, "not C2's read");
+        r.drop_direct(&ps[0], C1);
+        assert!(r.is_empty());
+        // A later piece: its bytes go, what was committed stays.
+        let mut r = started(&ps);
+        let h = head(&ps[1]);
+        let (buf, _) = r.direct_room(&h, 0, C1, || true).unwrap();
+        buf.extend_from_slice(&ps[1].data[..100]);
+        r.drop_direct(&ps[1], C1);
+        assert_eq!((r.len(), r.bytes()), (1, 300));
+        assert!(
+            r.direct_room(&h, 100, C1, || true).is_none(),
+            "nothing to go on"
+        );
+        assert_eq!(direct(&mut r, &ps[1], 300).unwrap(), Added::Partial);
+    }
+
+    #[test]
     fn direct_room_is_only_for_the_next_piece_of_a_kept_message() {
         let ps = pieces(10, 1000, 300);
         let mut r = Reassembly::default();
@@ -714,9 +764,14 @@ mod tests {
         buf.extend_from_slice(&ps[1].data[..100]);
         let (buf, _) = r.direct_room(&h, 0, C2, || true).unwrap();
         buf.extend_from_slice(&ps[1].data[..100]);
-        // C1 can neither go on (even at a matching length) nor commit, and trying leaves
-        // C2's read alone: C2 goes on from where it was.
+        // C1 can neither go on (even at a matching length), start again, nor commit, and
+        // trying leaves C2's read alone: C2 goes on from where it was.
         assert!(r.direct_room(&h, 100, C1, || true).is_none());
+        assert!(
+            r.direct_room(&h, 0, C1, || true).is_none(),
+            "an older connection never takes over a newer one's read"
+        );
+        r.drop_direct(&h.piece, C1);
         assert!(r.add_direct(&h, C1).is_err());
         let (buf, left) = r.direct_room(&h, 100, C2, || true).unwrap();
         assert_eq!(left, 200);

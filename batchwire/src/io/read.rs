@@ -172,6 +172,10 @@ impl Reader<'_> {
                 // The end, found here or by a leader: no one leads from now on (cleared
                 // with the turn still held, so no thread slips in before `run` does).
                 Err(end) => {
+                    // A piece being read in place will not be committed on this
+                    // connection: its bytes go now, not when the piece comes again.
+                    let piece = turn.as_mut().and_then(|side| side.piece.take());
+                    self.drop_in_place(piece.as_ref().map(|p| &p.head));
                     *turn = None;
                     return end;
                 }
@@ -220,7 +224,9 @@ impl Reader<'_> {
         // If it cannot go in place, read up to its end and the next frame's fields only.
         let rest = head.data_len - read;
         side.next_read = Some(rest + HEAD_READ);
-        if rest < IN_PLACE_MIN {
+        // Only the current connection starts reads in place (a replaced one still
+        // reading would only be refused its pieces).
+        if rest < IN_PLACE_MIN || !self.peer.session(|s, _| s.current() == Some(self.conn.id)) {
             return Ok(());
         }
         let mut r = self.peer.lock_reassembly();
@@ -686,8 +692,17 @@ impl Reader<'_> {
     fn piece(&self, f: &Fragment, in_place: Option<&FragmentHead>) -> Result<(), LinkError> {
         let (peer, conn) = (self.peer, self.conn);
         let _turn = peer.delivery_turn();
-        let Some(d) = peer.session(|s, _| s.begin_delivery(conn.id, f.seq, 1))? else {
-            return Err(LinkError::Replaced);
+        let begun = peer.session(|s, _| s.begin_delivery(conn.id, f.seq, 1));
+        let d = match begun {
+            Ok(Some(d)) => d,
+            Ok(None) => {
+                self.drop_in_place(in_place);
+                return Err(LinkError::Replaced);
+            }
+            Err(e) => {
+                self.drop_in_place(in_place);
+                return Err(e.into());
+            }
         };
         peer.stats.fragments_received.fetch_add(1, Relaxed);
         let result = if d.skip == 0 {
@@ -695,12 +710,25 @@ impl Reader<'_> {
         } else {
             Ok(())
         };
+        if d.skip != 0 || result.is_err() {
+            self.drop_in_place(in_place);
+        }
         // A piece that does not add up is not committed (nothing of it was kept).
         let upto = if result.is_ok() { d.end } else { d.first };
         let len = in_place.map_or(f.data.len(), |h| h.data_len);
         peer.session(|s, now| s.end_delivery(now, d, upto, len));
         self.snapshot_if_asked();
         result
+    }
+
+    /// A piece read in place (`in_place`) that this connection will not commit: what it
+    /// read is dropped, and its message's entry if the read started it.
+    fn drop_in_place(&self, in_place: Option<&FragmentHead>) {
+        if let Some(h) = in_place {
+            self.peer
+                .lock_reassembly()
+                .drop_direct(&h.piece, self.conn.id);
+        }
     }
 
     /// Whether a message starting with piece `f` is kept: not larger than this node
@@ -1196,6 +1224,10 @@ mod tests {
         rig.theirs.shutdown(std::net::Shutdown::Write).unwrap();
         assert!(matches!(rig.join(), Err(LinkError::Eof)));
         assert_eq!(rig.mb.len(), 0);
+        // What was read in place went with the connection: only committed pieces stay.
+        let r = rig.peer.lock_reassembly();
+        assert_eq!((r.len(), r.bytes()), (cut, cut << 16));
+        drop(r);
         // The next connection: the sender resends from that piece, whole and at once.
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut theirs = TcpStream::connect(l.local_addr().unwrap()).unwrap();
