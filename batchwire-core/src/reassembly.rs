@@ -51,6 +51,10 @@ pub enum ReassemblyError {
     OutOfOrder { id: u64, expected: u64, got: u64 },
     #[error("protocol violation: message {id} started twice")]
     Duplicate { id: u64 },
+    /// Not the peer's doing: a newer connection to the peer took over the piece this one
+    /// was reading in place (see [`Reassembly::direct_room`]).
+    #[error("a piece of message {id} read in place was taken over by a newer connection")]
+    TakenOver { id: u64 },
 }
 
 #[derive(Debug)]
@@ -310,11 +314,7 @@ impl Reassembly {
             Data::InPlace(n, by) => {
                 if p.direct_by != Some(by) {
                     // Another connection's read (or none): left as it is.
-                    return Err(ReassemblyError::OutOfOrder {
-                        id: f.id,
-                        expected: p.received,
-                        got: f.offset,
-                    });
+                    return Err(ReassemblyError::TakenOver { id: f.id });
                 }
                 p.direct_by = None;
                 if !p.keep || p.buf.len() != start + n {
@@ -772,7 +772,10 @@ mod tests {
             "an older connection never takes over a newer one's read"
         );
         r.drop_direct(&h.piece, C1);
-        assert!(r.add_direct(&h, C1).is_err());
+        assert_eq!(
+            r.add_direct(&h, C1),
+            Err(ReassemblyError::TakenOver { id: 10 })
+        );
         let (buf, left) = r.direct_room(&h, 100, C2, || true).unwrap();
         assert_eq!(left, 200);
         buf.extend_from_slice(&ps[1].data[100..]);

@@ -37,7 +37,7 @@ use batchwire_core::call;
 use batchwire_core::codec::{Name, NameMap};
 use batchwire_core::frame::{self, Fragment, FragmentHead, Frame, MessageList, Sync};
 use batchwire_core::handshake::HandshakeError;
-use batchwire_core::reassembly::Added;
+use batchwire_core::reassembly::{Added, ReassemblyError};
 use bytes::{Bytes, BytesMut};
 use tracing::warn;
 
@@ -758,7 +758,11 @@ impl Reader<'_> {
                 if keep {
                     peer.flow.uncharge(&f.to, charge);
                 }
-                return Err(e.into());
+                return Err(match e {
+                    // This connection is stale, the peer did nothing wrong.
+                    ReassemblyError::TakenOver { .. } => LinkError::Replaced,
+                    e => e.into(),
+                });
             }
         };
         drop(r);
