@@ -536,6 +536,14 @@ mod tests {
     /// accuracy on the best of a few.
     const TRIES: usize = 3;
 
+    /// The emulator tests run one at a time: each link is threads of this process, and a
+    /// flood through one (the queue test) took CPU from the timing of another in CI (the
+    /// goodput test read 4.0-4.5 MB/s on a 5 MB/s link three times while it ran).
+    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        static SERIAL: Mutex<()> = Mutex::new(());
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The median of 21 one-byte TCP ping-pongs through a fresh link with `spec`.
     fn median_ping(spec: &str) -> Option<Duration> {
         let h = hosts(spec)?;
@@ -574,6 +582,7 @@ mod tests {
 
     #[test]
     fn the_round_trip_time_is_the_setting() {
+        let _serial = one_at_a_time();
         let mut tries = Vec::new();
         for _ in 0..TRIES {
             let Some(rtt) = median_ping("rtt=40ms,rate=50mbit") else {
@@ -641,6 +650,7 @@ mod tests {
 
     #[test]
     fn a_bulk_tcp_transfer_runs_at_the_rate() {
+        let _serial = one_at_a_time();
         let mut tries = Vec::new();
         for _ in 0..TRIES {
             let Some(goodput) = bulk_goodput("rtt=10ms,rate=40mbit") else {
@@ -667,6 +677,7 @@ mod tests {
 
     #[test]
     fn loss_is_near_the_setting_and_the_only_loss() {
+        let _serial = one_at_a_time();
         let Some(h) = hosts("rtt=2ms,loss=5%") else {
             return;
         };
@@ -708,6 +719,7 @@ mod tests {
 
     #[test]
     fn a_flood_costs_bounded_memory_and_drops_at_the_queue() {
+        let _serial = one_at_a_time();
         let Some(h) = hosts("rtt=50ms,rate=10mbit") else {
             return;
         };
@@ -763,6 +775,7 @@ mod tests {
 
     #[test]
     fn dropping_the_hosts_removes_their_namespaces() {
+        let _serial = one_at_a_time();
         let Some(h) = hosts("rtt=1ms") else { return };
         let paths: Vec<String> = h
             .names()
