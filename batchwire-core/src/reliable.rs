@@ -198,8 +198,7 @@ impl SendWindow {
     /// their messages. Returns the message count.
     pub fn hold(&mut self, frames: &[(&[u8], u32)]) -> u64 {
         let need: usize = frames.iter().map(|f| f.0.len()).sum();
-        let mut data = self.take_free();
-        data.reserve(need);
+        let mut data = self.take_free(need, need);
         let first = self.next_seq;
         for (f, n) in frames {
             let start = data.len();
@@ -216,10 +215,10 @@ impl SendWindow {
 
     /// Hold a batch as one chunk, numbering its messages, **without copying it** when it
     /// is at least [`MOVE_BYTES`] of nothing but MESSAGES frames back to back (a bundler's
-    /// batch under load) and an acknowledged chunk's buffer at least as large is free: the
-    /// batch's buffer moves into the window and `batch` gets that one to fill next.
-    /// Otherwise its MESSAGES frames are copied as [`SendWindow::hold`] does. Returns the
-    /// message count.
+    /// batch under load): the batch's buffer moves into the window and `batch` gets the
+    /// smallest acknowledged chunk's buffer at least as large to fill next, or a new one
+    /// as large as the one it gave. Otherwise its MESSAGES frames are copied as
+    /// [`SendWindow::hold`] does. Returns the message count.
     pub fn hold_batch(&mut self, batch: &mut Batch) -> u64 {
         let whole = batch.frames.first().is_some_and(|f| f.start == 0)
             && batch
@@ -228,42 +227,52 @@ impl SendWindow {
                 .is_some_and(|f| f.end == batch.buf.len())
             && batch.frames.iter().all(|f| f.messages > 0)
             && batch.frames.windows(2).all(|w| w[0].end == w[1].start);
-        // Only a large batch moves, and only if an acknowledged buffer at least as large can
-        // take its place in the outbox: a small one is cheap to copy, and an outbox left
-        // with a small buffer grows it again by doubling (copies and fresh pages), which
-        // cost mperf (2 nodes, many small batches) 10-20% when every batch moved.
+        // Only a large batch moves: a small one is cheap to copy, and an outbox left with a
+        // small buffer grows it again by doubling (copies and fresh pages), which cost mperf
+        // (2 nodes, many small batches) 10-20% when every batch moved. The outbox gets a
+        // buffer at least as large as the batch: a free one, or else a new one. (When it
+        // had to wait for a free one, half the large batches of 1 KB messages were copied:
+        // while the window holds every buffer no acknowledged one is free, and the copy
+        // went into a new buffer anyway.)
         #[cfg(test)]
         let move_bytes = self.move_from.unwrap_or(MOVE_BYTES);
         #[cfg(not(test))]
         let move_bytes = MOVE_BYTES;
-        let spare = (batch.buf.len() >= move_bytes)
-            .then(|| {
-                self.free
-                    .iter()
-                    .position(|b| b.capacity() >= batch.buf.len())
-            })
-            .flatten();
-        let (true, Some(spare)) = (whole, spare) else {
+        if !whole || batch.buf.len() < move_bytes {
             return self.hold(&batch.message_frames());
-        };
+        }
         let first = self.next_seq;
         for f in &batch.frames {
             set_first_seq(&mut batch.buf[f.start..f.end], self.next_seq);
             self.next_seq += f.messages as u64;
         }
-        let replacement = self.free.swap_remove(spare);
-        self.free_bytes -= replacement.capacity();
+        let replacement = self.take_free(batch.buf.len(), batch.buf.capacity());
         let data = std::mem::replace(&mut batch.buf, replacement);
         batch.frames.clear();
         self.push_chunk(Bytes::from(data), first);
         self.next_seq - first
     }
 
-    /// An acknowledged chunk's buffer, emptied, or a new one.
-    fn take_free(&mut self) -> Vec<u8> {
-        let v = self.free.pop().unwrap_or_default();
-        self.free_bytes -= v.capacity();
-        v
+    /// The smallest acknowledged chunk's buffer that holds `need` bytes, emptied, or a new
+    /// one of `new` bytes (a free one is not grown: growing copies and faults in fresh
+    /// pages, and it may serve a later batch as it is).
+    fn take_free(&mut self, need: usize, new: usize) -> Vec<u8> {
+        match self.best_fit(need) {
+            Some(i) => {
+                let v = self.free.swap_remove(i);
+                self.free_bytes -= v.capacity();
+                v
+            }
+            None => Vec::with_capacity(new),
+        }
+    }
+
+    /// The index of the smallest free buffer with room for `need` bytes.
+    fn best_fit(&self, need: usize) -> Option<usize> {
+        (self.free.iter().enumerate())
+            .filter(|(_, b)| b.capacity() >= need)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i)
     }
 
     /// Append a chunk of MESSAGES frames numbered from `first` to `self.next_seq`.
@@ -425,17 +434,26 @@ impl SendWindow {
     }
 
     /// Keep an acknowledged chunk's buffer for a later batch, if it is the last handle on
-    /// it (the writer's clones are gone long before the ack) and the bound allows.
+    /// it (the writer's clones are gone long before the ack). Over a bound, the smallest
+    /// buffers go first: a large one serves a batch of any size (and only a buffer at least
+    /// as large as a batch lets it move in uncopied), a small one only small batches. Once
+    /// small ones filled every place, half the large batches of 1 KB messages found no
+    /// buffer to move into and were copied, into freshly allocated pages.
     fn recycle(&mut self, data: Bytes) {
-        if self.free.len() >= FREE_BUFFERS || !data.is_unique() {
+        if !data.is_unique() {
             return;
         }
         // No copy: the handle is unique and (unless trimmed) starts its buffer.
         let mut v = Vec::from(data);
-        if self.free_bytes + v.capacity() <= FREE_BYTES {
-            v.clear();
-            self.free_bytes += v.capacity();
-            self.free.push(v);
+        v.clear();
+        self.free_bytes += v.capacity();
+        self.free.push(v);
+        while self.free.len() > FREE_BUFFERS || self.free_bytes > FREE_BYTES {
+            let Some((i, _)) = (self.free.iter().enumerate()).min_by_key(|(_, b)| b.capacity())
+            else {
+                break;
+            };
+            self.free_bytes -= self.free.swap_remove(i).capacity();
         }
     }
 

@@ -36,8 +36,22 @@ fn big(nums: std::ops::Range<u64>) -> Batch {
     b
 }
 
+/// The messages of a chunk's MESSAGES frames, checking that they are numbered from `first`.
+fn numbers_in(chunk: &[u8], first: u64) -> Vec<u64> {
+    let mut buf = BytesMut::from(chunk);
+    let mut seen = Vec::new();
+    while let Ok(Some(Frame::Messages(l))) = frame::decode(&mut buf, 1 << 20) {
+        assert_eq!(l.first_seq, first + seen.len() as u64);
+        seen.extend(
+            l.iter()
+                .map(|m| u64::from_le_bytes(m.payload[..8].try_into().unwrap())),
+        );
+    }
+    seen
+}
+
 #[test]
-fn a_large_batch_moves_in_uncopied_once_an_acknowledged_buffer_can_take_its_place() {
+fn a_large_batch_moves_in_uncopied_and_the_outbox_gets_a_buffer_as_large() {
     let mut w = SendWindow::default();
     let ack_all = |w: &mut SendWindow| {
         let u = w.unwritten();
@@ -47,21 +61,16 @@ fn a_large_batch_moves_in_uncopied_once_an_acknowledged_buffer_can_take_its_plac
         drop(u);
         w.ack(w.next_seq()).unwrap();
     };
-    // No buffer free yet: copied, and the batch keeps its own (the outbox's) buffer.
+    // No buffer free yet: it moves all the same, numbered in place, and the batch gets a
+    // new, empty buffer of the capacity it gave (so the outbox does not grow it again).
     let mut b = big(0..300);
-    assert_eq!(w.hold_batch(&mut b), 300);
-    assert!(!b.buf.is_empty(), "copied");
-    ack_all(&mut w);
-    // The acknowledged chunk's buffer is free: a batch no larger moves in uncopied,
-    // numbered in place, and takes that buffer, emptied, in exchange.
-    let mut b = big(0..300);
-    let (ptr, len) = (b.buf.as_ptr(), b.buf.len());
+    let (ptr, len, cap) = (b.buf.as_ptr(), b.buf.len(), b.buf.capacity());
     assert_eq!(w.hold_batch(&mut b), 300);
     assert!(
         b.buf.is_empty() && b.frames.is_empty(),
         "the batch is left empty"
     );
-    assert!(b.buf.capacity() >= len, "with a buffer as large");
+    assert!(b.buf.capacity() >= cap, "with a buffer as large");
     let u = w.unwritten();
     assert_eq!(u.chunks.len(), 1);
     assert_eq!(
@@ -69,29 +78,25 @@ fn a_large_batch_moves_in_uncopied_once_an_acknowledged_buffer_can_take_its_plac
         (ptr, len),
         "not copied"
     );
-    let mut buf = BytesMut::from(&u.chunks[0][..]);
-    let mut seen = Vec::new();
-    while let Ok(Some(Frame::Messages(l))) = frame::decode(&mut buf, 1 << 20) {
-        assert_eq!(l.first_seq, 300 + seen.len() as u64);
-        seen.extend(
-            l.iter()
-                .map(|m| u64::from_le_bytes(m.payload[..8].try_into().unwrap())),
-        );
-    }
-    assert_eq!(seen, (0..300).collect::<Vec<_>>());
+    assert_eq!(numbers_in(&u.chunks[0], 0), (0..300).collect::<Vec<_>>());
     drop(u);
     ack_all(&mut w);
+    // Its buffer, acknowledged, is free: the next large batch moves and takes it.
+    assert_eq!(w.free.len(), 1);
+    let mut b = big(0..300);
+    assert_eq!(w.hold_batch(&mut b), 300);
+    assert_eq!(b.buf.as_ptr(), ptr, "the acknowledged buffer, reused");
+    assert!(w.free.is_empty());
+    assert_eq!(
+        numbers_in(&w.unwritten().chunks[0], 300),
+        (0..300).collect::<Vec<_>>()
+    );
+    ack_all(&mut w);
     // A small batch is copied even with a buffer free (cheap, and the outbox keeps its
-    // own); so is a batch larger than any free buffer.
+    // own).
     let mut small = numbered(0..50);
     assert_eq!(w.hold_batch(&mut small), 50);
     assert!(!small.buf.is_empty(), "small: copied");
-    let mut larger = big(0..600);
-    assert_eq!(w.hold_batch(&mut larger), 600);
-    assert!(
-        !larger.buf.is_empty(),
-        "larger than any free buffer: copied"
-    );
     // So is a batch with a control frame in it (its message frames only).
     let mut ob = crate::outbox::Outbox::new(1 << 10);
     ob.push_message(
@@ -106,7 +111,7 @@ fn a_large_batch_moves_in_uncopied_once_an_acknowledged_buffer_can_take_its_plac
     ob.take(usize::MAX, usize::MAX, &mut mixed, None);
     assert_eq!(w.hold_batch(&mut mixed), 1);
     assert!(!mixed.buf.is_empty(), "copied, not moved");
-    assert_eq!(w.next_seq(), 1251);
+    assert_eq!(w.next_seq(), 651);
 }
 
 /// The receiving end of one simulated connection.
@@ -279,6 +284,47 @@ fn an_ack_during_the_write_does_not_shift_what_is_marked_written() {
         "the third chunk is still to be written"
     );
     assert_eq!(rest.ends, [30]);
+}
+
+#[test]
+fn the_free_buffer_taken_is_the_smallest_that_fits_and_the_smallest_go_first_over_a_bound() {
+    let mut w = SendWindow::default();
+    let caps = |w: &SendWindow| {
+        let mut c: Vec<usize> = w.free.iter().map(|b| b.capacity()).collect();
+        c.sort();
+        c
+    };
+    for cap in [4 << 10, 1 << 20, 64 << 10] {
+        w.recycle(Bytes::from(Vec::<u8>::with_capacity(cap)));
+    }
+    // The smallest that holds the need, not the first nor the largest.
+    assert_eq!(w.take_free(10 << 10, 0).capacity(), 64 << 10);
+    assert_eq!(caps(&w), [4 << 10, 1 << 20]);
+    // None holds it: a new one of the size asked, and the free ones stay.
+    assert_eq!(w.take_free(2 << 20, 3 << 20).capacity(), 3 << 20);
+    assert_eq!(caps(&w), [4 << 10, 1 << 20]);
+    // Past FREE_BUFFERS the smallest are dropped, so many small buffers never crowd out a
+    // large one.
+    for _ in 0..FREE_BUFFERS {
+        w.recycle(Bytes::from(Vec::<u8>::with_capacity(1 << 10)));
+    }
+    let mut want = vec![1 << 10; FREE_BUFFERS - 2];
+    want.extend([4 << 10, 1 << 20]);
+    assert_eq!(
+        caps(&w),
+        want,
+        "the two smallest went; the large one is kept"
+    );
+    // Past FREE_BYTES too, smallest first.
+    w.recycle(Bytes::from(Vec::<u8>::with_capacity(
+        FREE_BYTES - (1 << 20),
+    )));
+    assert!(w.free_bytes <= FREE_BYTES);
+    assert_eq!(w.free_bytes, caps(&w).iter().sum::<usize>());
+    assert_eq!(caps(&w), [1 << 20, FREE_BYTES - (1 << 20)]);
+    // A buffer larger than the bound is not kept at all.
+    w.recycle(Bytes::from(Vec::<u8>::with_capacity(FREE_BYTES + 1)));
+    assert!(w.free_bytes <= FREE_BYTES);
 }
 
 #[test]
