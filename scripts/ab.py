@@ -5,8 +5,9 @@
 
 Runs `OLD ARGS --runs 1 --quiet --json F` and `NEW ARGS ...` in turn, ROUNDS times each
 (old, new, old, new, ...), and prints per result (scenario, bundler, size) the median and
-min-max of each build and the ratio of the medians. Build the old one from an earlier
-commit in a worktree, e.g.
+min-max of each build and the ratio of the medians; for throughput also the CPU time per
+message of both processes (`CPU ns/msg`), which a shared machine moves far less than the
+rate. Build the old one from an earlier commit in a worktree, e.g.
 
     git worktree add /tmp/prev COMMIT && (cd /tmp/prev && cargo build --release)
 """
@@ -54,6 +55,7 @@ def main():
     args = argv[cut + 1:]
     figures = {"old": {}, "new": {}}
     latency = {"old": {}, "new": {}}
+    cpu = {"old": {}, "new": {}}
     units = {}
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
@@ -66,6 +68,8 @@ def main():
                         lat = latency[which].setdefault(key(r), {"p50": [], "p99": []})
                         lat["p50"].append(r["p50_us"])
                         lat["p99"].append(r["p99_us"])
+                    if r.get("cpu_ns_per_msg") is not None:
+                        cpu[which].setdefault(key(r), []).append(r["cpu_ns_per_msg"])
                 print(f"round {i + 1}/{a.rounds} {which} done", file=sys.stderr)
     print(f"{'scenario':<12} {'bundler':<22} {'size':>6}  {'old median (min-max)':>28}  {'new median (min-max)':>28}  new/old")
     for k in sorted(figures["old"], key=str):
@@ -82,6 +86,13 @@ def main():
             for p in ("p50", "p99"):
                 a, b = statistics.median(lo[p]), statistics.median(ln[p])
                 print(f"{'':<12} {'  latency ' + p + ' us':<22} {'':>6}  {a:>28.1f}  {b:>28.1f}  {b / a:6.2f}")
+        co, cn = cpu["old"].get(k), cpu["new"].get(k)
+        if co and cn:
+            # CPU time per message of both processes: steadier than the rate on a shared box.
+            a, b = statistics.median(co), statistics.median(cn)
+            so = f"{a:.0f} ({min(co):.0f}-{max(co):.0f})"
+            sn = f"{b:.0f} ({min(cn):.0f}-{max(cn):.0f})"
+            print(f"{'':<12} {'  CPU ns/msg':<22} {'':>6}  {so:>28}  {sn:>28}  {b / a:6.2f}")
 
 
 if __name__ == "__main__":

@@ -139,9 +139,11 @@ fn recv(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     let mut v = Verifier::new(a.threads, share(a.messages, a.threads, 0));
     // Generous for the first message (the sender may start late), then 10 s idle.
     let mut wait = Duration::from_secs(60);
+    let mut cpu0 = None;
     while v.distinct < a.messages {
         match mb.recv_timeout(wait) {
             Ok(e) => {
+                cpu0.get_or_insert_with(super::process_cpu_ns);
                 match (u64_at(&e.payload, 0), u32_at(&e.payload, 8)) {
                     (Some(seq), Some(t)) => v.see(t as usize, seq),
                     _ => v.malformed(),
@@ -153,7 +155,8 @@ fn recv(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         }
     }
     let end_ns = now_ns();
-    super::finish_receiver(node, ctl, mb, &v, end_ns)
+    let cpu_ns = cpu0.map_or(0, |c| super::process_cpu_ns().saturating_sub(c));
+    super::finish_receiver(node, ctl, mb, &v, end_ns, cpu_ns)
 }
 
 fn send(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {

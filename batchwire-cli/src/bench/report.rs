@@ -79,6 +79,11 @@ pub struct BenchResult {
     /// scheduler placed them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pinned: Option<String>,
+    /// CPU time of both processes per message, in ns, the median over the runs
+    /// (`throughput` one way: the sender's from its first send until the receiver had
+    /// everything, the receiver's from its first delivery to its last); `None` elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ns_per_msg: Option<f64>,
 }
 
 impl BenchResult {
@@ -119,6 +124,7 @@ impl BenchResult {
             p999_us: None,
             link: None,
             pinned: None,
+            cpu_ns_per_msg: None,
         }
     }
 

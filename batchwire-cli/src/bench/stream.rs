@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
-use super::{CTL, Context, Ctl, Verifier, now_ns, print_result, u64_at};
+use super::{CTL, Context, Ctl, Verifier, now_ns, print_result, process_cpu_ns, u64_at};
 use batchwire::{Address, Node, NodeConfig, RecvError};
 use batchwire_core::bundler::BundlerKind;
 use batchwire_core::codec::Name;
@@ -25,6 +25,10 @@ pub struct SendReport {
     /// Connection breaks made by `--break-every`.
     #[serde(default)]
     pub breaks: u64,
+    /// CPU time of the sending process (all its threads) from just before the first send
+    /// until the receiver had everything (raw: until the last write returned), in ns.
+    #[serde(default)]
+    pub cpu_ns: u64,
 }
 
 /// Arguments of the worker processes.
@@ -112,9 +116,11 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             let mut batch = Vec::with_capacity(8192);
             // Generous for the first message (the sender may start late), then 10 s idle.
             let mut wait = Duration::from_secs(60);
+            let mut cpu0 = None;
             while v.distinct < a.messages {
                 match mb.recv_batch_into(&mut batch, 8192, wait) {
                     Ok(_) => {
+                        cpu0.get_or_insert_with(process_cpu_ns);
                         for e in batch.drain(..) {
                             see(&mut v, &e.payload);
                         }
@@ -125,7 +131,8 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 }
             }
             let end_ns = now_ns();
-            super::finish_receiver(node, ctl, mb, &v, end_ns)
+            let cpu_ns = cpu0.map_or(0, |c| process_cpu_ns().saturating_sub(c));
+            super::finish_receiver(node, ctl, mb, &v, end_ns, cpu_ns)
         }
         "duplex0" => duplex(a, secret, 0),
         "duplex1" => duplex(a, secret, 1),
@@ -137,6 +144,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             }
             let to = Address::new("n1", "sink").ctx("address")?;
             let start_ns = now_ns();
+            let cpu0 = process_cpu_ns();
             let sending = AtomicBool::new(true);
             let breaks = AtomicU64::new(0);
             std::thread::scope(|sc| -> Result<(), String> {
@@ -170,6 +178,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             // Once the receiver has everything, every message was written: read the
             // messages-per-write figure then, not while the lane still holds some.
             ctl.finish(Duration::from_secs(300))?;
+            let cpu_ns = process_cpu_ns().saturating_sub(cpu0);
             let mpw = node
                 .stats()
                 .peers
@@ -181,6 +190,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 start_ns,
                 messages_per_write: mpw,
                 breaks: breaks.load(Relaxed),
+                cpu_ns,
             })?;
             Ok(())
         }
@@ -189,6 +199,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             let (mut s, _) = l.accept().ctx("raw accept")?;
             let mut v = Verifier::new(1, a.messages);
             let mut buf = BytesMut::with_capacity(1 << 17);
+            let mut cpu0 = None;
             while v.distinct < a.messages {
                 let len = buf.len();
                 buf.resize(len + (64 << 10), 0);
@@ -197,6 +208,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 if n == 0 {
                     break;
                 }
+                cpu0.get_or_insert_with(process_cpu_ns);
                 while let Some(f) = frame::decode(&mut buf, 1 << 26).ctx("raw decode")? {
                     if let Frame::Messages(list) = f {
                         for m in list.iter() {
@@ -211,6 +223,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 duplicated: v.duplicated,
                 reordered: v.reordered,
                 end_ns,
+                cpu_ns: cpu0.map_or(0, |c| process_cpu_ns().saturating_sub(c)),
             })?;
             Ok(())
         }
@@ -239,6 +252,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             };
             let _ = s.set_nodelay(true);
             let start_ns = now_ns();
+            let cpu0 = process_cpu_ns();
             for c in out.chunks(64 << 10) {
                 s.write_all(c).ctx("raw write")?;
             }
@@ -246,6 +260,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 start_ns,
                 messages_per_write: 0.0,
                 breaks: 0,
+                cpu_ns: process_cpu_ns().saturating_sub(cpu0),
             })?;
             Ok(())
         }

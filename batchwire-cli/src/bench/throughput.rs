@@ -124,6 +124,9 @@ pub struct RunOutcome {
     pub reordered: u64,
     pub messages_per_write: f64,
     pub breaks: u64,
+    /// CPU time of both processes per message delivered, in ns (0: not measured, as in
+    /// duplex runs, where the two directions share the processes).
+    pub cpu_ns_per_msg: f64,
 }
 
 /// One run: an entry and its settings.
@@ -233,6 +236,7 @@ pub fn one_run(spec: &RunSpec) -> Result<RunOutcome, String> {
         reordered: r.reordered,
         messages_per_write: s.messages_per_write,
         breaks: s.breaks,
+        cpu_ns_per_msg: (s.cpu_ns + r.cpu_ns) as f64 / r.distinct.max(1) as f64,
     })
 }
 
@@ -249,6 +253,7 @@ pub fn one_duplex_run(spec: &RunSpec) -> Result<[RunOutcome; 2], String> {
         reordered: to.reordered,
         messages_per_write: 0.0,
         breaks: 0,
+        cpu_ns_per_msg: 0.0,
     };
     Ok([way(&r0, &r1), way(&r1, &r0)])
 }
@@ -304,6 +309,7 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); rows];
         let mut faults = vec![Faults::default(); rows];
         let mut mpw = vec![0.0f64; rows];
+        let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); rows];
         for run in 0..o.runs {
             for (i, &(e, idle)) in combos.iter().enumerate() {
                 let what = format!(
@@ -350,6 +356,9 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
                         reordered: out.reordered,
                     };
                     mpw[k] = out.messages_per_write;
+                    if out.cpu_ns_per_msg > 0.0 {
+                        cpu[k].push(out.cpu_ns_per_msg);
+                    }
                 }
                 let shown: Vec<String> = outs
                     .iter()
@@ -377,6 +386,7 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
                 )
                 .with_faults(faults[k]);
                 r.messages = n(size, e);
+                r.cpu_ns_per_msg = (!cpu[k].is_empty()).then(|| super::summarize(&cpu[k]).0);
                 results.push(r);
             }
         }
@@ -406,8 +416,8 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool, 
         print!(" {:>9}", format!("run {}", i + 1));
     }
     println!(
-        " {:>9} {:>9} {:>9} {:>9} {:>7} {:>9}",
-        "median", "min", "max", "MB/s", "% raw", "msgs/wr"
+        " {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>10}",
+        "median", "min", "max", "MB/s", "% raw", "msgs/wr", "CPU ns/msg"
     );
     for (r, m) in rows.iter().zip(mpw) {
         print!("{:<25} {:>9}", r.label(show_idle), r.messages);
@@ -429,14 +439,18 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool, 
         } else {
             format!("{m:.1}")
         };
+        let cpu = r
+            .cpu_ns_per_msg
+            .map_or("-".to_string(), |c| format!("{c:.0}"));
         println!(
-            " {:>9} {:>9} {:>9} {:>9.0} {:>7} {:>9}",
+            " {:>9} {:>9} {:>9} {:>9.0} {:>7} {:>9} {:>10}",
             si(r.median),
             si(r.min),
             si(r.max),
             r.median * r.size as f64 / 1e6,
             pct,
-            mw
+            mw,
+            cpu
         );
     }
 }

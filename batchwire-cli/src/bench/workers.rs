@@ -20,6 +20,10 @@ pub struct RecvReport {
     pub reordered: u64,
     /// Wall clock (ns since the epoch) when the last message arrived.
     pub end_ns: u128,
+    /// CPU time of the receiving process (all its threads) from its first delivery to its
+    /// last, in ns.
+    #[serde(default)]
+    pub cpu_ns: u64,
 }
 
 /// The end of a receiving worker: wait for the sender at the last barrier (both sides
@@ -30,6 +34,7 @@ pub fn finish_receiver(
     mb: batchwire::Mailbox,
     v: &Verifier,
     end_ns: u128,
+    cpu_ns: u64,
 ) -> Result<(), String> {
     drop(mb);
     ctl.finish(Duration::from_secs(60))?;
@@ -39,6 +44,7 @@ pub fn finish_receiver(
         duplicated: v.duplicated,
         reordered: v.reordered,
         end_ns,
+        cpu_ns,
     })
 }
 
@@ -289,6 +295,20 @@ pub fn worker_args(scenario: &str, role: &str, flags: &[(&str, String)]) -> Vec<
         v.push(val.clone());
     }
     v
+}
+
+/// The CPU time this process (all its threads) has used so far, in ns: what a run costs,
+/// which on a shared machine varies far less than how fast it went.
+pub fn process_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) only writes into the live timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The wall clock in ns since the epoch (both processes of a run are on one host).
@@ -568,6 +588,35 @@ mod tests {
         let total: u64 = (0..7).map(|t| share(100, 7, t)).sum();
         assert_eq!(total, 100);
         assert_eq!((share(100, 7, 0), share(100, 7, 6)), (15, 14));
+    }
+
+    #[test]
+    fn process_cpu_time_counts_the_work_of_another_thread() {
+        let thread_cpu = || {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: clock_gettime(2) only writes into the live timespec.
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+        };
+        let c0 = process_cpu_ns();
+        // Another thread burns 20 ms of its own CPU time (at most 10 s of wall clock).
+        let burnt = std::thread::spawn(move || {
+            let (t, start) = (std::time::Instant::now(), thread_cpu());
+            let mut x = 0u64;
+            while thread_cpu() - start < 20_000_000 && t.elapsed() < Duration::from_secs(10) {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+            thread_cpu() - start
+        })
+        .join()
+        .unwrap();
+        assert!(burnt >= 20_000_000, "the thread burnt only {burnt} ns");
+        // Other tests run in this process meanwhile: the process's time is at least it.
+        let counted = process_cpu_ns() - c0;
+        assert!(counted >= burnt, "counted {counted} ns of {burnt}");
     }
 
     #[test]
