@@ -6,8 +6,9 @@
 Runs `OLD ARGS --runs 1 --quiet --json F` and `NEW ARGS ...` in turn, ROUNDS times each
 (old, new, old, new, ...), and prints per result (scenario, bundler, size) the median and
 min-max of each build and the ratio of the medians; for throughput also the CPU time per
-message of both processes (`CPU ns/msg`), which a shared machine moves far less than the
-rate. Build the old one from an earlier commit in a worktree, e.g.
+message of both processes (`CPU ns/msg`: what a message costs, not how fast the run went;
+on a shared VM it swings about as much as the rate). Build the old one from an earlier
+commit in a worktree, e.g.
 
     git worktree add /tmp/prev COMMIT && (cd /tmp/prev && cargo build --release)
 """
@@ -88,7 +89,7 @@ def main():
                 print(f"{'':<12} {'  latency ' + p + ' us':<22} {'':>6}  {a:>28.1f}  {b:>28.1f}  {b / a:6.2f}")
         co, cn = cpu["old"].get(k), cpu["new"].get(k)
         if co and cn:
-            # CPU time per message of both processes: steadier than the rate on a shared box.
+            # CPU time per message of both processes.
             a, b = statistics.median(co), statistics.median(cn)
             so = f"{a:.0f} ({min(co):.0f}-{max(co):.0f})"
             sn = f"{b:.0f} ({min(cn):.0f}-{max(cn):.0f})"

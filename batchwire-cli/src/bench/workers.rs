@@ -298,7 +298,7 @@ pub fn worker_args(scenario: &str, role: &str, flags: &[(&str, String)]) -> Vec<
 }
 
 /// The CPU time this process (all its threads) has used so far, in ns: what a run costs,
-/// which on a shared machine varies far less than how fast it went.
+/// as against how fast it went.
 pub fn process_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
