@@ -323,14 +323,19 @@ fn duplex(a: &WorkerArgs, secret: &[u8], me: usize) -> Result<(), String> {
 }
 
 /// Send `n` numbered messages of `size` bytes to `to`. Payloads are cut from 1 MiB chunks,
-/// as a careful application would do: one allocation per ~10k small messages, none in
-/// batchwire.
+/// as a careful application would do: none allocated in batchwire, and a chunk is used
+/// again once every payload cut from it is dropped (batchwire copies small messages into
+/// its queue at once; large ones it holds until acknowledged, so their chunks are new).
+/// A new chunk per 1 MiB cost the sending thread page faults on fresh pages: runs of
+/// 4,000,000 x 100 B now take 28-38 k minor faults in all, against 46-50 k (the rate did
+/// not move measurably: 0.94x at 100 B, 1.09x at 1 KB, 7 alternating rounds).
 fn stream(node: &Node, to: &Address, n: u64, size: usize) -> Result<(), String> {
     let size = size.max(8);
     let mut chunk = BytesMut::new();
     for i in 0..n {
         if chunk.capacity() < size {
-            chunk = BytesMut::with_capacity((1 << 20).max(size));
+            // Reuses the chunk's buffer if no payload cut from it is alive, else allocates.
+            chunk.reserve((1 << 20).max(size));
         }
         chunk.put_u64_le(i);
         chunk.put_bytes(0, size - 8);
