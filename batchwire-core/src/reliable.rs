@@ -445,6 +445,10 @@ impl SendWindow {
         }
         // No copy: the handle is unique and (unless trimmed) starts its buffer.
         let mut v = Vec::from(data);
+        // One larger than the bound is never kept (it would only push the others out).
+        if v.capacity() > FREE_BYTES {
+            return;
+        }
         v.clear();
         self.free_bytes += v.capacity();
         self.free.push(v);
