@@ -346,7 +346,10 @@ fn main() -> ExitCode {
         }
         Cmd::Bench(a) => {
             init_logs(LevelFilter::WARN);
-            run_bench(a)
+            let result = run_bench(a);
+            // The throwaway CA's key and certificates go with the run (also on error).
+            bench::remove_tls_certs();
+            result
         }
         Cmd::Certs { out, nodes } => {
             let names: Vec<&str> = nodes.iter().map(|s| s.as_str()).collect();

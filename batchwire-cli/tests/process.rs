@@ -903,8 +903,12 @@ fn bench_runs_every_scenario_over_tls_at_a_tiny_size() {
             "--base-port",
             &port.to_string(),
         ])
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let pid = out.id();
+    let out = out.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -921,6 +925,9 @@ fn bench_runs_every_scenario_over_tls_at_a_tiny_size() {
     ] {
         assert!(stdout.contains(s), "{s} missing in\n{stdout}");
     }
+    // The throwaway CA (its private key included) does not outlive the run.
+    let certs = std::env::temp_dir().join(format!("batchwire-bench-tls-{pid}"));
+    assert!(!certs.exists(), "{} left behind", certs.display());
 }
 
 /// SIGTERM mid-stream: `batchwire node` answers what its echo mailbox holds, says goodbye

@@ -161,6 +161,14 @@ pub fn tls_certs() -> Result<std::path::PathBuf, String> {
     Ok(BENCH_TLS.get_or_init(|| dir).clone())
 }
 
+/// Remove the folder [`tls_certs`] made, if it made one. Called once the bench is over:
+/// the folder holds a CA's private key and must not outlive the run.
+pub fn remove_tls_certs() {
+    if let Some(d) = BENCH_TLS.get() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
 /// `bench --tls`: every worker of every scenario runs mutual TLS.
 pub fn enable_tls() -> Result<std::path::PathBuf, String> {
     tls_certs()
