@@ -49,6 +49,12 @@ pub(crate) fn begin(out: &mut Vec<u8>, kind: u8) -> usize {
 
 /// Patch the length of the frame that starts at `start`.
 pub(crate) fn finish(out: &mut [u8], start: usize) {
-    let len = (out.len() - start - 4) as u32;
+    finish_with(out, start, 0);
+}
+
+/// Patch the length of the frame that starts at `start`, counting `external` bytes that
+/// are not in `out` but go on the wire inside the frame (payloads sent by reference).
+pub(crate) fn finish_with(out: &mut [u8], start: usize, external: usize) {
+    let len = (out.len() - start - 4 + external) as u32;
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
 }

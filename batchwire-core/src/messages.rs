@@ -8,7 +8,9 @@
 use bytes::Bytes;
 
 use crate::codec::{Codec, DecodeError, Name, Reader, bytes_eq};
-use crate::header::{HEADER_LEN, KIND_MESSAGES, MESSAGE_OVERHEAD, SEQ_OFFSET, begin, finish};
+use crate::header::{
+    HEADER_LEN, KIND_MESSAGES, MESSAGE_OVERHEAD, SEQ_OFFSET, begin, finish, finish_with,
+};
 
 /// One message as carried in a MESSAGES frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +58,17 @@ impl ListWriter {
         self.count += 1;
     }
 
+    /// Push a message whose payload is not written here: its names and length only. The
+    /// `payload_len` bytes go on the wire right after (a payload sent by reference: see
+    /// `outbox`), and [`ListWriter::finish_with`] counts them.
+    #[inline]
+    pub fn push_head(&mut self, out: &mut Vec<u8>, to: &Name, from: &Name, payload_len: usize) {
+        to.encode(out);
+        from.encode(out);
+        out.extend_from_slice(&(payload_len as u32).to_le_bytes());
+        self.count += 1;
+    }
+
     pub fn count(&self) -> u32 {
         self.count
     }
@@ -73,6 +86,14 @@ impl ListWriter {
         let c = self.start + HEADER_LEN;
         out[c..c + 4].copy_from_slice(&self.count.to_le_bytes());
         finish(out, self.start);
+    }
+
+    /// [`ListWriter::finish`] for a frame that also carries `external` bytes of payloads
+    /// pushed with [`ListWriter::push_head`].
+    pub fn finish_with(self, out: &mut [u8], external: usize) {
+        let c = self.start + HEADER_LEN;
+        out[c..c + 4].copy_from_slice(&self.count.to_le_bytes());
+        finish_with(out, self.start, external);
     }
 }
 

@@ -8,9 +8,18 @@
 //!
 //! `take` hands the writer whole frames (all of them, or up to a byte / message limit).
 //! Pure data structure: no locks, no clock (times are passed in).
+//!
+//! **Large payloads go by reference.** A payload of at least the outbox's
+//! [`by_reference`](Outbox::by_reference) size is not copied: only its message's names and
+//! length are encoded, and the payload (a cheap clone of the caller's [`Bytes`]) is kept
+//! beside the buffer with the offset where it goes on the wire. The frame's length counts
+//! it. Whoever writes the frames splices them back in (a vectored write: see
+//! [`Batch::refs`]), so the payload is copied once, by the kernel into the socket.
 
 use std::collections::VecDeque;
 use std::time::Instant;
+
+use bytes::Bytes;
 
 use super::bundler::QueueLevel;
 use super::codec::Name;
@@ -29,15 +38,32 @@ pub struct FrameMeta {
     pub end: usize,
     /// Messages in the frame (0 for a control frame).
     pub messages: u32,
+    /// Bytes of its payloads sent by reference: not in the buffer between `start` and
+    /// `end`, they go on the wire in between (see [`Batch::refs`]).
+    pub external: u32,
 }
 
 impl FrameMeta {
+    /// Bytes of the frame in the buffer.
     pub fn len(&self) -> usize {
         self.end - self.start
     }
     pub fn is_empty(&self) -> bool {
         self.end == self.start
     }
+    /// Bytes of the frame on the wire: in the buffer, and sent by reference.
+    pub fn wire_len(&self) -> usize {
+        self.len() + self.external as usize
+    }
+}
+
+/// A payload sent by reference (see the module documentation): it goes on the wire just
+/// before the byte at `at` of its batch's buffer (or at its end). It belongs to the frame
+/// with `start < at <= end`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ByRef {
+    pub at: usize,
+    pub payload: Bytes,
 }
 
 /// What `take` moved out: a buffer and the frames in it, in order.
@@ -45,22 +71,51 @@ impl FrameMeta {
 pub struct Batch {
     pub buf: Vec<u8>,
     pub frames: Vec<FrameMeta>,
+    /// The frames' payloads sent by reference, in order of `at`: on the wire, each goes in
+    /// before the byte at its offset of `buf`.
+    pub refs: Vec<ByRef>,
 }
 
 impl Batch {
     pub fn clear(&mut self) {
         self.buf.clear();
         self.frames.clear();
+        self.refs.clear();
     }
     pub fn messages(&self) -> u64 {
         self.frames.iter().map(|f| f.messages as u64).sum()
     }
+    /// Bytes on the wire: the buffer's and the payloads sent by reference.
+    pub fn wire_len(&self) -> usize {
+        self.buf.len() + self.refs.iter().map(|r| r.payload.len()).sum::<usize>()
+    }
     pub fn is_empty(&self) -> bool {
         self.frames.is_empty()
     }
-    /// Its MESSAGES frames with their message counts (see [`message_frames`]).
+    /// Its MESSAGES frames with their message counts (see [`message_frames`]). Only for a
+    /// batch with no payload sent by reference (the frames are then whole in `buf`).
     pub fn message_frames(&self) -> Vec<(&[u8], u32)> {
+        debug_assert!(self.refs.is_empty(), "frames with payloads by reference");
         message_frames(&self.buf, &self.frames)
+    }
+
+    /// The messages of its MESSAGES frames, decoded (payloads by reference included): what
+    /// is handed back when the batch cannot be sent. Copies; not for the fast path.
+    pub fn decode_messages(&self) -> Vec<wire::Message> {
+        let mut out = Vec::new();
+        let mut refs = &self.refs[..];
+        for f in &self.frames {
+            let (wire, rest) = spliced(&self.buf[f.start..f.end], f.start, refs);
+            refs = rest;
+            if f.messages == 0 {
+                continue;
+            }
+            let mut b = bytes::BytesMut::from(&wire[..]);
+            if let Ok(Some(Frame::Messages(l))) = wire::decode(&mut b, usize::MAX) {
+                out.extend(l.iter());
+            }
+        }
+        out
     }
     /// Groups of consecutive frames with the same destination: each group is one write
     /// (per destination peer, for the null destination).
@@ -94,6 +149,26 @@ pub(crate) fn numbered(nums: std::ops::Range<u64>) -> Batch {
     b
 }
 
+/// The bytes of a frame on the wire: `part` (its bytes in the buffer, which start at offset
+/// `start`) with the payloads of `refs` that belong to it spliced in. Returns them and the
+/// refs that follow (those past the frame). Copies: for failure reports and recounts.
+pub fn spliced<'a>(part: &[u8], start: usize, refs: &'a [ByRef]) -> (Vec<u8>, &'a [ByRef]) {
+    let end = start + part.len();
+    let n = refs.iter().take_while(|r| r.at <= end).count();
+    let (mine, rest) = refs.split_at(n);
+    let mut out =
+        Vec::with_capacity(part.len() + mine.iter().map(|r| r.payload.len()).sum::<usize>());
+    let mut from = start;
+    for r in mine {
+        let at = r.at.clamp(from, end);
+        out.extend_from_slice(&part[from - start..at - start]);
+        out.extend_from_slice(&r.payload);
+        from = at;
+    }
+    out.extend_from_slice(&part[from - start..]);
+    (out, rest)
+}
+
 /// Split frames into groups of consecutive frames with the same destination.
 pub fn groups(frames: &[FrameMeta]) -> impl Iterator<Item = &[FrameMeta]> + '_ {
     frames.chunk_by(|a, b| a.dest == b.dest)
@@ -103,6 +178,8 @@ struct Open {
     dest: Dest,
     writer: ListWriter,
     start: usize,
+    /// Bytes of its payloads sent by reference.
+    external: usize,
 }
 
 /// Encoded messages waiting for the writer.
@@ -118,6 +195,12 @@ pub struct Outbox {
     /// Control frames queued (they count as messages for the bundler, so they go out).
     controls: usize,
     oldest: Option<Instant>,
+    /// Payloads at least this long are sent by reference ([`Outbox::push_bytes`]).
+    by_ref_from: usize,
+    /// Payloads sent by reference, in order, at offsets of `buf`.
+    refs: VecDeque<ByRef>,
+    /// Their bytes.
+    ref_bytes: usize,
 }
 
 impl Outbox {
@@ -131,12 +214,22 @@ impl Outbox {
             messages: 0,
             controls: 0,
             oldest: None,
+            by_ref_from: usize::MAX,
+            refs: VecDeque::new(),
+            ref_bytes: 0,
         }
     }
 
-    /// Bytes waiting.
+    /// Send payloads of at least `bytes` by reference rather than copying them (see the
+    /// module documentation); `usize::MAX` (the default): never.
+    pub fn by_reference(mut self, bytes: usize) -> Self {
+        self.by_ref_from = bytes.max(1);
+        self
+    }
+
+    /// Bytes waiting (payloads sent by reference included).
     pub fn bytes(&self) -> usize {
-        self.buf.len() - self.head
+        self.buf.len() - self.head + self.ref_bytes
     }
 
     pub fn messages(&self) -> usize {
@@ -176,24 +269,66 @@ impl Outbox {
             self.oldest = now;
         }
         let len = message_len(to, from, payload.len());
+        self.open_for(dest, len, len);
+        if let Some(o) = self.open.as_mut() {
+            o.writer.push(&mut self.buf, to, from, payload);
+        }
+        self.messages += 1;
+    }
+
+    /// [`Outbox::push_message`], but a payload of at least the
+    /// [`by_reference`](Outbox::by_reference) size is not copied: a clone of `payload` is
+    /// kept until the frame is taken.
+    #[inline]
+    pub fn push_bytes(
+        &mut self,
+        dest: Dest,
+        to: &Name,
+        from: &Name,
+        payload: &Bytes,
+        now: Option<Instant>,
+    ) {
+        if payload.len() < self.by_ref_from {
+            return self.push_message(dest, to, from, payload, now);
+        }
+        if self.is_empty() {
+            self.oldest = now;
+        }
+        let len = message_len(to, from, payload.len());
+        self.open_for(dest, len, len - payload.len());
+        if let Some(o) = self.open.as_mut() {
+            o.writer.push_head(&mut self.buf, to, from, payload.len());
+            o.external += payload.len();
+        }
+        self.refs.push_back(ByRef {
+            at: self.buf.len(),
+            payload: payload.clone(),
+        });
+        self.ref_bytes += payload.len();
+        self.messages += 1;
+    }
+
+    /// Keep the open frame if it is for `dest` and a message of `len` bytes fits in it;
+    /// else open a new one (with room in the buffer for `in_buf` bytes of the message).
+    #[inline]
+    fn open_for(&mut self, dest: Dest, len: usize, in_buf: usize) {
         let reuse = match &self.open {
-            Some(o) => o.dest == dest && (o.writer.len(&self.buf) + len <= self.frame_bytes),
+            Some(o) => {
+                o.dest == dest && (o.writer.len(&self.buf) + o.external + len <= self.frame_bytes)
+            }
             None => false,
         };
         if !reuse {
             self.close_open();
-            self.buf.reserve(LIST_OVERHEAD + len);
+            self.buf.reserve(LIST_OVERHEAD + in_buf);
             let start = self.buf.len();
             self.open = Some(Open {
                 dest,
                 writer: ListWriter::start(&mut self.buf),
                 start,
+                external: 0,
             });
         }
-        if let Some(o) = self.open.as_mut() {
-            o.writer.push(&mut self.buf, to, from, payload);
-        }
-        self.messages += 1;
     }
 
     /// Queue a control frame (e.g. an undeliverable notice) for `dest`, after what is queued.
@@ -207,18 +342,20 @@ impl Outbox {
             start,
             end: self.buf.len(),
             messages: 0,
+            external: 0,
         });
     }
 
     fn close_open(&mut self) {
         if let Some(o) = self.open.take() {
             let messages = o.writer.count();
-            o.writer.finish(&mut self.buf);
+            o.writer.finish_with(&mut self.buf, o.external);
             self.frames.push_back(FrameMeta {
                 dest: o.dest,
                 start: o.start,
                 end: self.buf.len(),
                 messages,
+                external: o.external as u32,
             });
         }
     }
@@ -227,11 +364,15 @@ impl Outbox {
     /// member): what they charge against credit (a recount: see `credit`).
     pub fn charges(&mut self, dest: Dest, mut f: impl FnMut(&Name, u64)) {
         self.close_open();
+        let refs: Vec<ByRef> = self.refs.iter().cloned().collect();
+        let mut rest = &refs[..];
         for fm in &self.frames {
+            let (wire, after) = spliced(&self.buf[fm.start..fm.end], fm.start, rest);
+            rest = after;
             if fm.messages == 0 || (fm.dest != dest && fm.dest != ALL) {
                 continue;
             }
-            let mut b = bytes::BytesMut::from(&self.buf[fm.start..fm.end]);
+            let mut b = bytes::BytesMut::from(&wire[..]);
             if let Ok(Some(Frame::Messages(l))) = wire::decode(&mut b, usize::MAX) {
                 for m in l.iter() {
                     f(&m.to, message_len(&m.to, &m.from, m.payload.len()) as u64);
@@ -264,6 +405,11 @@ impl Outbox {
             if head > 0 {
                 out.buf.drain(..head);
             }
+            out.refs.extend(self.refs.drain(..).map(|mut r| {
+                r.at -= head;
+                r
+            }));
+            self.ref_bytes = 0;
             self.buf.clear();
             self.head = 0;
             self.messages = 0;
@@ -274,20 +420,28 @@ impl Outbox {
         let (mut msgs, mut bytes) = (0usize, 0usize);
         while let Some(&f) = self.frames.front() {
             let m = f.messages as usize;
-            if !out.frames.is_empty() && (msgs + m > max_messages || bytes + f.len() > max_bytes) {
+            if !out.frames.is_empty()
+                && (msgs + m > max_messages || bytes + f.wire_len() > max_bytes)
+            {
                 break;
             }
             self.frames.pop_front();
             let start = out.buf.len();
             out.buf.extend_from_slice(&self.buf[f.start..f.end]);
             out.frames.push(FrameMeta {
-                dest: f.dest,
                 start,
                 end: out.buf.len(),
-                messages: f.messages,
+                ..f
             });
+            while self.refs.front().is_some_and(|r| r.at <= f.end) {
+                if let Some(mut r) = self.refs.pop_front() {
+                    self.ref_bytes -= r.payload.len();
+                    r.at = r.at - f.start + start;
+                    out.refs.push(r);
+                }
+            }
             msgs += m;
-            bytes += f.len();
+            bytes += f.wire_len();
             self.head = f.end;
             if m == 0 {
                 self.controls -= 1;
@@ -425,6 +579,63 @@ mod tests {
         assert_eq!(b.frames.len(), 3);
         assert_eq!(b.frames[1].messages, 0);
         assert_eq!(b.messages(), 2);
+    }
+
+    /// The same messages (and control frames) through an outbox that copies every payload
+    /// and one that takes payloads of 100 bytes or more by reference, taken whole or a
+    /// few kilobytes at a time: the frames on the wire are the same bytes, and each large
+    /// payload is the caller's own buffer, not a copy.
+    #[test]
+    fn payloads_by_reference_are_not_copied_and_splice_into_the_same_frames() {
+        let (to, from) = (Name::from_static("mb"), Name::from_static("s"));
+        let sizes = [3usize, 100, 700, 99, 2000, 0, 1500];
+        let payloads: Vec<Bytes> = (0..70)
+            .map(|i| Bytes::from(vec![i as u8; sizes[i % sizes.len()]]))
+            .collect();
+        for max_bytes in [usize::MAX, 3000, 1] {
+            let mut copy = Outbox::new(1 << 10);
+            let mut by_ref = Outbox::new(1 << 10).by_reference(100);
+            for (i, p) in payloads.iter().enumerate() {
+                let d = [A, A, B, ALL, A][i % 5];
+                copy.push_bytes(d, &to, &from, p, None);
+                by_ref.push_bytes(d, &to, &from, p, None);
+                if i % 17 == 5 {
+                    copy.push_frame(d, &Frame::Goodbye);
+                    by_ref.push_frame(d, &Frame::Goodbye);
+                }
+            }
+            assert_eq!(copy.bytes(), by_ref.bytes(), "the same bytes queued");
+            assert_eq!(copy.level().messages, by_ref.level().messages);
+            let (mut a, mut b) = (Batch::default(), Batch::default());
+            let mut seen = 0;
+            while !copy.is_empty() {
+                copy.take(usize::MAX, max_bytes, &mut a, None);
+                by_ref.take(usize::MAX, max_bytes, &mut b, None);
+                assert!(a.refs.is_empty());
+                assert_eq!(a.frames.len(), b.frames.len(), "the same frames taken");
+                assert_eq!(a.wire_len(), b.wire_len());
+                let mut rest = &b.refs[..];
+                for (fa, fb) in a.frames.iter().zip(&b.frames) {
+                    assert_eq!((fa.dest, fa.messages), (fb.dest, fb.messages));
+                    assert_eq!(fa.wire_len(), fb.wire_len());
+                    let (wire, after) = spliced(&b.buf[fb.start..fb.end], fb.start, rest);
+                    rest = after;
+                    assert_eq!(&a.buf[fa.start..fa.end], &wire[..], "the same frame");
+                }
+                assert!(rest.is_empty(), "every reference in a frame");
+                for r in &b.refs {
+                    assert!(r.payload.len() >= 100);
+                    assert!(
+                        payloads.iter().any(|p| p.as_ptr() == r.payload.as_ptr()),
+                        "the caller's buffer"
+                    );
+                }
+                assert_eq!(a.decode_messages(), b.decode_messages());
+                seen += b.decode_messages().len();
+            }
+            assert!(by_ref.is_empty() && by_ref.bytes() == 0);
+            assert_eq!(seen, payloads.len());
+        }
     }
 
     #[test]

@@ -21,7 +21,7 @@ use super::codec::Name;
 use super::frame::{
     self, Message, encode_fragment_head, fragment_charge, message_len, set_first_seq,
 };
-use super::outbox::Batch;
+use super::outbox::{Batch, ByRef, spliced};
 
 /// A sequence number or acknowledgement from the peer that does not add up: a protocol
 /// violation. The connection is closed; nothing is skipped, discarded or acknowledged
@@ -79,6 +79,9 @@ struct Chunk {
     end_seq: u64,
     /// A piece of a message in pieces: its data is written from the caller's payload.
     piece: Option<HeldPiece>,
+    /// Payloads sent by reference (see `outbox`): on the wire each goes in before the
+    /// byte at its offset of `data`. Usually none.
+    refs: Vec<ByRef>,
 }
 
 /// A piece in the window: a slice of the whole message's payload, which is kept (shared,
@@ -106,8 +109,66 @@ impl HeldPiece {
 impl Chunk {
     /// Bytes this chunk puts on the wire.
     fn wire_len(&self) -> usize {
-        self.data.len() + self.piece.as_ref().map_or(0, |p| p.len)
+        self.data.len()
+            + self.piece.as_ref().map_or(0, |p| p.len)
+            + self.refs.iter().map(|r| r.payload.len()).sum::<usize>()
     }
+
+    /// Its MESSAGES frames as on the wire, payloads by reference spliced in (copied: for
+    /// failure reports and recounts).
+    fn wire_frames(&self) -> BytesMut {
+        if self.refs.is_empty() {
+            return BytesMut::from(&self.data[..]);
+        }
+        BytesMut::from(&spliced(&self.data, 0, &self.refs).0[..])
+    }
+
+    /// Append the chunk's bytes to `out` as slices (none copied): its data, cut where a
+    /// payload sent by reference goes in.
+    fn segments(&self, out: &mut Vec<Bytes>) {
+        if self.refs.is_empty() {
+            out.push(self.data.clone());
+            return;
+        }
+        let mut from = 0;
+        for r in &self.refs {
+            if r.at > from {
+                out.push(self.data.slice(from..r.at));
+            }
+            out.push(r.payload.clone());
+            from = r.at;
+        }
+        if from < self.data.len() {
+            out.push(self.data.slice(from..));
+        }
+    }
+}
+
+/// The next whole MESSAGES frame of a chunk, which starts at `off` of `data` (`refs` are
+/// the chunk's payloads by reference from that frame on): where its bytes in `data` end,
+/// how many of `refs` are its own, and its length on the wire. `None` if the frame is
+/// not all there.
+fn frame_at(data: &[u8], off: usize, refs: &[ByRef]) -> Option<(usize, usize, usize)> {
+    let len = header_len(data, off)?;
+    // The frame's refs: those that go in before its last wire byte.
+    let (mut external, mut n) = (0usize, 0usize);
+    while let Some(r) = refs.get(n) {
+        if r.at <= off || (r.at - off).checked_add(external)? >= len {
+            break;
+        }
+        external += r.payload.len();
+        n += 1;
+    }
+    let end = off.checked_add(len.checked_sub(external)?)?;
+    (end <= data.len()).then_some((end, n, len))
+}
+
+/// The length on the wire of the frame whose header starts at `off` of `data` (`len`
+/// counts what follows it).
+fn header_len(data: &[u8], off: usize) -> Option<usize> {
+    let b = data.get(off..off.checked_add(4)?)?;
+    let body = u32::from_le_bytes(b.try_into().ok()?) as usize;
+    body.checked_add(4)
 }
 
 /// What the current connection has not been given yet (cheap clones of the held chunks).
@@ -209,7 +270,45 @@ impl SendWindow {
         if self.next_seq == first {
             return 0;
         }
-        self.push_chunk(Bytes::from(data), first);
+        self.push_chunk(Bytes::from(data), first, Vec::new());
+        self.next_seq - first
+    }
+
+    /// [`SendWindow::hold`] for a batch with payloads sent by reference: its MESSAGES
+    /// frames are copied (their bytes in the buffer: names, lengths, small payloads) and
+    /// the references move with them.
+    fn hold_with_refs(&mut self, batch: &mut Batch) -> u64 {
+        let need: usize = batch
+            .frames
+            .iter()
+            .filter(|f| f.messages > 0)
+            .map(|f| f.len())
+            .sum();
+        let mut data = self.take_free(need, need);
+        let mut refs = Vec::with_capacity(batch.refs.len());
+        let mut moving = std::mem::take(&mut batch.refs).into_iter().peekable();
+        let first = self.next_seq;
+        for f in &batch.frames {
+            let start = data.len();
+            // A control frame has no references; a message frame's go with it.
+            while let Some(mut r) = moving.next_if(|r| r.at <= f.end) {
+                if f.messages > 0 {
+                    r.at = r.at - f.start + start;
+                    refs.push(r);
+                }
+            }
+            if f.messages == 0 {
+                continue;
+            }
+            data.extend_from_slice(&batch.buf[f.start..f.end]);
+            set_first_seq(&mut data[start..], self.next_seq);
+            self.next_seq += f.messages as u64;
+        }
+        batch.frames.clear();
+        if self.next_seq == first {
+            return 0;
+        }
+        self.push_chunk(Bytes::from(data), first, refs);
         self.next_seq - first
     }
 
@@ -239,6 +338,9 @@ impl SendWindow {
         #[cfg(not(test))]
         let move_bytes = MOVE_BYTES;
         if !whole || batch.buf.len() < move_bytes {
+            if !batch.refs.is_empty() {
+                return self.hold_with_refs(batch);
+            }
             return self.hold(&batch.message_frames());
         }
         let first = self.next_seq;
@@ -249,7 +351,8 @@ impl SendWindow {
         let replacement = self.take_free(batch.buf.len(), batch.buf.capacity());
         let data = std::mem::replace(&mut batch.buf, replacement);
         batch.frames.clear();
-        self.push_chunk(Bytes::from(data), first);
+        let refs = std::mem::take(&mut batch.refs);
+        self.push_chunk(Bytes::from(data), first, refs);
         self.next_seq - first
     }
 
@@ -276,14 +379,16 @@ impl SendWindow {
     }
 
     /// Append a chunk of MESSAGES frames numbered from `first` to `self.next_seq`.
-    fn push_chunk(&mut self, data: Bytes, first: u64) {
-        self.bytes += data.len();
-        self.chunks.push_back(Chunk {
+    fn push_chunk(&mut self, data: Bytes, first: u64, refs: Vec<ByRef>) {
+        let c = Chunk {
             data,
             first_seq: first,
             end_seq: self.next_seq,
             piece: None,
-        });
+            refs,
+        };
+        self.bytes += c.wire_len();
+        self.chunks.push_back(c);
     }
 
     /// Hold one piece as a FRAGMENT frame with the next sequence number. Its id is its own
@@ -320,6 +425,7 @@ impl SendWindow {
                 offset: p.offset,
                 len: p.len,
             }),
+            refs: Vec::new(),
         };
         self.bytes += c.wire_len();
         self.bulk_bytes += c.wire_len();
@@ -362,19 +468,21 @@ impl SendWindow {
             ..Unwritten::default()
         };
         for c in self.chunks.iter().skip(self.cursor) {
-            u.chunks.push(c.data.clone());
-            u.ends.push(c.end_seq);
             u.messages += c.end_seq - c.first_seq;
             match &c.piece {
                 Some(p) => {
+                    u.chunks.push(c.data.clone());
                     u.frames += 1;
                     if p.len > 0 {
                         u.chunks.push(p.data());
-                        u.ends.push(c.end_seq);
                     }
                 }
-                None => u.frames += frame_count(&c.data),
+                None => {
+                    c.segments(&mut u.chunks);
+                    u.frames += frame_count(&c.data, &c.refs);
+                }
             }
+            u.ends.resize(u.chunks.len(), c.end_seq);
         }
         u
     }
@@ -503,19 +611,25 @@ impl SendWindow {
         if c.piece.is_some() || c.first_seq >= peer_next {
             return;
         }
-        let (mut off, mut first) = (0usize, c.first_seq);
-        while let Ok(Some(len)) = frame::check(&c.data[off..], usize::MAX) {
-            let count = frame::list_count(&c.data[off..off + len]).unwrap_or(u32::MAX) as u64;
-            if first.saturating_add(count) > peer_next || off + len >= c.data.len() {
+        let (mut off, mut first, mut refs, mut wire) = (0usize, c.first_seq, 0usize, 0usize);
+        while let Some((end, n, len)) = frame_at(&c.data, off, &c.refs[refs..]) {
+            let count = frame::list_count(&c.data[off..end]).unwrap_or(u32::MAX) as u64;
+            if first.saturating_add(count) > peer_next || end >= c.data.len() {
                 break;
             }
-            off += len;
+            off = end;
             first += count;
+            refs += n;
+            wire += len;
         }
         if off > 0 {
             c.data = c.data.slice(off..);
+            c.refs.drain(..refs);
+            for r in &mut c.refs {
+                r.at -= off;
+            }
             c.first_seq = first;
-            self.bytes -= off;
+            self.bytes -= wire;
         }
     }
 
@@ -536,7 +650,7 @@ impl SendWindow {
                 }
                 continue;
             }
-            let mut buf = BytesMut::from(&c.data[..]);
+            let mut buf = c.wire_frames();
             while let Ok(Some(frame::Frame::Messages(l))) = frame::decode(&mut buf, usize::MAX) {
                 out.extend(l.iter());
             }
@@ -567,7 +681,7 @@ impl SendWindow {
                 }
                 continue;
             }
-            let mut buf = BytesMut::from(&c.data[..]);
+            let mut buf = c.wire_frames();
             while let Ok(Some(frame::Frame::Messages(l))) = frame::decode(&mut buf, usize::MAX) {
                 for (k, m) in l.iter().enumerate() {
                     if l.first_seq + k as u64 >= from {
@@ -579,11 +693,12 @@ impl SendWindow {
     }
 }
 
-/// How many frames an encoded run of whole frames holds.
-fn frame_count(mut b: &[u8]) -> u64 {
-    let mut n = 0;
-    while let Ok(Some(len)) = frame::check(b, usize::MAX) {
-        b = &b[len..];
+/// How many frames a chunk's run of whole frames holds (`refs`: its payloads by
+/// reference).
+fn frame_count(b: &[u8], refs: &[ByRef]) -> u64 {
+    let (mut n, mut off, mut taken) = (0, 0, 0);
+    while let Some((end, k, _)) = frame_at(b, off, &refs[taken..]) {
+        (off, taken) = (end, taken + k);
         n += 1;
     }
     n

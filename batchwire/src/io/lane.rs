@@ -198,6 +198,8 @@ pub(crate) struct LaneCfg {
     pub capacity: usize,
     pub frame_bytes: usize,
     pub piece_bytes: usize,
+    /// Payloads at least this long are not copied (see `Outbox::by_reference`).
+    pub by_reference: usize,
     pub charges_credit: bool,
     pub idle: IdleStrategy,
 }
@@ -206,7 +208,8 @@ impl Lane {
     pub fn new(cfg: LaneCfg, bundler: &dyn Bundler) -> Self {
         Lane {
             inner: Mutex::new(Inner {
-                outbox: Outbox::new(bundler.frame_bytes(cfg.frame_bytes)),
+                outbox: Outbox::new(bundler.frame_bytes(cfg.frame_bytes))
+                    .by_reference(cfg.by_reference),
                 bulk: BulkQueue::default(),
                 credit: SendCredit::default(),
                 pushed: 0,
@@ -400,7 +403,7 @@ impl Lane {
         }
         let was_empty = g.outbox.is_empty();
         let now = (was_empty && self.track_time).then(Instant::now);
-        g.outbox.push_message(m.dest, m.to, m.from, m.payload, now);
+        g.outbox.push_bytes(m.dest, m.to, m.from, m.payload, now);
         g.pushed += 1;
         let bytes = g.outbox.bytes();
         if bytes as u64 > self.high_water.load(Ordering::Relaxed) {
@@ -631,8 +634,7 @@ impl Lane {
         g.senders.notify_all(&self.not_full);
         g.room.wake_all();
         drop(g);
-        let frames = batch.message_frames();
-        let mut msgs = decode_frames(frames.iter().map(|f| f.0));
+        let mut msgs = batch.decode_messages();
         msgs.extend(bulk);
         (msgs, in_pieces)
     }
@@ -759,7 +761,7 @@ impl Lane {
                     g.taken += n;
                     // Not after a lone message: with no company the writer parks at once,
                     // so the next lone one can be written through by its sender.
-                    g.yield_next = n > 1 && idle::small_take(n, batch.buf.len());
+                    g.yield_next = n > 1 && idle::small_take(n, batch.wire_len());
                     // Two single-message takes in a row, with nothing left behind (`none`
                     // takes one at a time), before senders write through again; any
                     // company stops them.
@@ -833,6 +835,7 @@ pub(crate) fn test_lane() -> std::sync::Arc<Lane> {
             capacity: 1 << 20,
             frame_bytes: 1 << 16,
             piece_bytes: 1 << 16,
+            by_reference: crate::io::BY_REFERENCE_BYTES,
             charges_credit: true,
             idle: IdleStrategy::default(),
         },
@@ -851,6 +854,7 @@ mod tests {
             capacity,
             frame_bytes: 64 << 10,
             piece_bytes: 64 << 10,
+            by_reference: crate::io::BY_REFERENCE_BYTES,
             charges_credit: true,
             idle: IdleStrategy::default(),
         }

@@ -59,13 +59,24 @@ pub(crate) fn pause(step: batchwire_core::idle::IdleStep) {
     }
 }
 
+/// Ordinary messages with payloads at least this long are sent by reference: not copied
+/// into the lane's outbox, but written from the caller's buffer (a vectored write; see
+/// `batchwire_core::outbox`). Below it a copy costs less than the slices that replace it.
+pub(crate) const BY_REFERENCE_BYTES: usize = 8 << 10;
+
 /// How a (validated) configuration makes a lane: a peer's own (which charges credit
-/// toward its mailboxes), or the shared transfer-queue one (`charges_credit` false).
+/// toward its mailboxes), or the shared transfer-queue one (`charges_credit` false, which
+/// copies every payload: its batches are split among the peers' windows).
 pub(crate) fn lane_cfg(cfg: &NodeConfig, charges_credit: bool) -> lane::LaneCfg {
     lane::LaneCfg {
         capacity: cfg.send_queue_bytes,
         frame_bytes: cfg.frame_bytes,
         piece_bytes: cfg.fragment_bytes,
+        by_reference: if charges_credit {
+            BY_REFERENCE_BYTES
+        } else {
+            usize::MAX
+        },
         charges_credit,
         idle: idle_strategy(cfg),
     }

@@ -169,10 +169,7 @@ fn hold(peer: &Peer, batch: &mut Batch, reason: FlushReason) {
     let held = peer.session(|s, _| s.holdable().map(|()| s.hold_batch(batch)));
     match held {
         Ok(n) => count_held(peer, n, reason),
-        Err(why) => {
-            let frames = batch.message_frames();
-            peer.report_failed(decode_frames(frames.iter().map(|f| f.0)), why)
-        }
+        Err(why) => peer.report_failed(batch.decode_messages(), why),
     }
 }
 
