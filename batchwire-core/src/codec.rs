@@ -132,7 +132,7 @@ impl Name {
     pub const INLINE: usize = 23;
 
     /// A copy of `b` (unchecked): inline if short enough.
-    fn copied(b: &[u8]) -> Name {
+    pub(crate) fn copied(b: &[u8]) -> Name {
         if b.len() <= Self::INLINE {
             let mut buf = [0; Self::INLINE];
             buf[..b.len()].copy_from_slice(b);

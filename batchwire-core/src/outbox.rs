@@ -169,6 +169,76 @@ pub fn spliced<'a>(part: &[u8], start: usize, refs: &'a [ByRef]) -> (Vec<u8>, &'
     (out, rest)
 }
 
+/// One message of a MESSAGES frame encoded here, where it lies: its names and payload as
+/// ranges of the buffer, or its payload by reference.
+pub(crate) struct MessageAt<'a> {
+    /// Its number in the frame.
+    pub index: u32,
+    pub to: std::ops::Range<usize>,
+    pub from: std::ops::Range<usize>,
+    /// The payload in the buffer (empty if it is sent by reference).
+    pub payload: std::ops::Range<usize>,
+    pub by_ref: Option<&'a ByRef>,
+}
+
+impl MessageAt<'_> {
+    pub fn payload_len(&self) -> usize {
+        self.by_ref.map_or(self.payload.len(), |r| r.payload.len())
+    }
+    /// Its charge against credit ([`message_len`]).
+    pub fn charge(&self) -> u64 {
+        (crate::header::MESSAGE_OVERHEAD + self.to.len() + self.from.len() + self.payload_len())
+            as u64
+    }
+}
+
+/// Walk the messages of the MESSAGES frame at `start..end` of `buf`, encoded here, whose
+/// payloads sent by reference are the first of `refs` (by offset): `f` for each, nothing
+/// copied. Returns how many of `refs` the frame holds. (The bytes were encoded by this
+/// node; a walk that would leave the frame stops.)
+pub(crate) fn walk_messages<'a>(
+    buf: &[u8],
+    (start, end): (usize, usize),
+    refs: &'a [ByRef],
+    mut f: impl FnMut(MessageAt<'a>),
+) -> usize {
+    let frame = buf.get(start..end).unwrap_or_default();
+    let count = wire::list_count(frame).unwrap_or(0);
+    let (mut p, mut taken) = (start + LIST_OVERHEAD, 0);
+    let name_at = |p: usize| -> Option<std::ops::Range<usize>> {
+        let len = *buf.get(p)? as usize;
+        Some(p + 1..p + 1 + len)
+    };
+    for index in 0..count {
+        let Some(to) = name_at(p) else { break };
+        let Some(from) = name_at(to.end) else { break };
+        let Some(len) = buf.get(from.end..from.end + 4) else {
+            break;
+        };
+        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        p = from.end + 4;
+        let by_ref = refs.get(taken).filter(|r| r.at == p);
+        let payload = if by_ref.is_some() {
+            taken += 1;
+            p..p
+        } else {
+            p..p + len
+        };
+        p = payload.end;
+        if p > end {
+            break;
+        }
+        f(MessageAt {
+            index,
+            to,
+            from,
+            payload,
+            by_ref,
+        });
+    }
+    taken
+}
+
 /// Split frames into groups of consecutive frames with the same destination.
 pub fn groups(frames: &[FrameMeta]) -> impl Iterator<Item = &[FrameMeta]> + '_ {
     frames.chunk_by(|a, b| a.dest == b.dest)
@@ -364,20 +434,21 @@ impl Outbox {
     /// member): what they charge against credit (a recount: see `credit`).
     pub fn charges(&mut self, dest: Dest, mut f: impl FnMut(&Name, u64)) {
         self.close_open();
-        let refs: Vec<ByRef> = self.refs.iter().cloned().collect();
-        let mut rest = &refs[..];
+        self.refs.make_contiguous();
+        let mut rest = self.refs.as_slices().0;
         for fm in &self.frames {
-            let (wire, after) = spliced(&self.buf[fm.start..fm.end], fm.start, rest);
-            rest = after;
-            if fm.messages == 0 || (fm.dest != dest && fm.dest != ALL) {
+            if fm.messages == 0 {
                 continue;
             }
-            let mut b = bytes::BytesMut::from(&wire[..]);
-            if let Ok(Some(Frame::Messages(l))) = wire::decode(&mut b, usize::MAX) {
-                for m in l.iter() {
-                    f(&m.to, message_len(&m.to, &m.from, m.payload.len()) as u64);
-                }
+            let mine = rest.iter().take_while(|r| r.at <= fm.end).count();
+            let (refs, after) = rest.split_at(mine);
+            rest = after;
+            if fm.dest != dest && fm.dest != ALL {
+                continue;
             }
+            walk_messages(&self.buf, (fm.start, fm.end), refs, |m| {
+                f(&Name::copied(&self.buf[m.to.clone()]), m.charge())
+            });
         }
     }
 
@@ -605,6 +676,18 @@ mod tests {
                 }
             }
             assert_eq!(copy.bytes(), by_ref.bytes(), "the same bytes queued");
+            // A recount walks the same messages, charging each its encoded size.
+            for d in [A, B] {
+                let want: Vec<(Name, u64)> = (payloads.iter().enumerate())
+                    .filter(|(i, _)| [d, ALL].contains(&[A, A, B, ALL, A][i % 5]))
+                    .map(|(_, p)| (to.clone(), message_len(&to, &from, p.len()) as u64))
+                    .collect();
+                for o in [&mut copy, &mut by_ref] {
+                    let mut got = Vec::new();
+                    o.charges(d, |m, c| got.push((m.clone(), c)));
+                    assert_eq!(got, want);
+                }
+            }
             assert_eq!(copy.level().messages, by_ref.level().messages);
             let (mut a, mut b) = (Batch::default(), Batch::default());
             let mut seen = 0;

@@ -1,8 +1,9 @@
 //! Tests of the parent module.
 
 use super::*;
-use crate::frame::{Frame, Resume};
+use crate::frame::{Frame, Resume, message_len};
 use crate::outbox::numbered;
+use bytes::BytesMut;
 
 use crate::testutil::Rng;
 
@@ -204,7 +205,29 @@ fn payloads_by_reference_write_the_same_bytes_through_acks_and_rewinds() {
             by_ref.charges_from(to, |m, c| cb.push((m.clone(), c)));
             assert_eq!(ca, cb);
         }
-        assert_eq!(copy.take_failed(false), by_ref.take_failed(false));
+        // Against the bytes themselves: everything held, decoded from what a new
+        // connection would be given, is what a recount counts and a failure hands back.
+        let base = by_ref.base();
+        by_ref.rewind(base).unwrap();
+        let mut wire = BytesMut::from(&wire_of(&mut by_ref).0[..]);
+        let mut decoded = Vec::new();
+        while let Ok(Some(f)) = frame::decode(&mut wire, 1 << 24) {
+            let Frame::Messages(l) = f else { continue };
+            decoded.extend(l.iter());
+        }
+        let mut charges = Vec::new();
+        by_ref.charges_from(base, |m, c| charges.push((m.clone(), c)));
+        let want: Vec<_> = (decoded.iter())
+            .map(|m| {
+                (
+                    m.to.clone(),
+                    message_len(&m.to, &m.from, m.payload.len()) as u64,
+                )
+            })
+            .collect();
+        assert_eq!(charges, want);
+        assert_eq!(copy.take_failed(false), decoded);
+        assert_eq!(by_ref.take_failed(false), decoded);
     }
 }
 
