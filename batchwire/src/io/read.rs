@@ -261,7 +261,7 @@ impl Reader<'_> {
                 let Some((dst, left)) = room else {
                     return Err(LinkError::Replaced);
                 };
-                let next = side.ring.room();
+                let next = side.ring.room(HEAD_READ);
                 recv_pair(&self.conn.link, (dst, left), (next, HEAD_READ)).map(|n| (n, left))
             };
             match got {
@@ -313,11 +313,11 @@ impl Reader<'_> {
         if side.piece.is_some() {
             return self.read_in_place(side, wait);
         }
-        let want = side
-            .next_read
-            .take()
-            .map_or(self.read_bytes, |n| n.min(self.read_bytes));
-        let n = match read_more(&self.conn.link, side.ring.room(), want, wait) {
+        let want = match side.next_read.take() {
+            Some(n) => n.min(self.read_bytes),
+            None => side.ring.read_size(self.read_bytes),
+        };
+        let n = match read_more(&self.conn.link, side.ring.room(want), want, wait) {
             Ok(0) => return Err(LinkError::Eof),
             Ok(n) => n,
             Err(e) if e.kind() == ErrorKind::WouldBlock && !wait => return Ok(false),
