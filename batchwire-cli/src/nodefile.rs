@@ -53,6 +53,7 @@ pub const DEFAULTS: &str = r#"# batchwire node configuration (TOML). Every key i
 # max_payload = 67108864            # largest message; up to 16 GiB
 # frame_bytes = 65536               # target size of one MESSAGES frame (at most 1 MiB)
 # fragment_bytes = 65536            # larger messages go in pieces of this size (at most 1 MiB)
+# by_reference_bytes = 8192         # payloads this large are written from your buffer, not copied
 # bulk_inflight_bytes = 131072      # pieces in flight per peer
 # bulk_stream_bytes = 2097152       # ... once bulk has had the connection to itself
 # read_bytes = 65536                # one read call

@@ -95,6 +95,7 @@ pub struct NodeConfig {
     pub(crate) max_payload: usize,
     pub(crate) frame_bytes: usize,
     pub(crate) fragment_bytes: usize,
+    pub(crate) by_reference_bytes: usize,
     pub(crate) read_bytes: usize,
     pub(crate) reconnect_min: Duration,
     pub(crate) reconnect_max: Duration,
@@ -126,6 +127,7 @@ impl std::fmt::Debug for NodeConfig {
             .field("mailbox_bytes", &self.mailbox_bytes)
             .field("max_payload", &self.max_payload)
             .field("fragment_bytes", &self.fragment_bytes)
+            .field("by_reference_bytes", &self.by_reference_bytes)
             .field("session", &self.session)
             .field("tls", &self.tls)
             .field("seeds", &self.seeds)
@@ -153,6 +155,7 @@ impl NodeConfig {
             max_payload: 64 << 20,
             frame_bytes: 64 << 10,
             fragment_bytes: 64 << 10,
+            by_reference_bytes: 8 << 10,
             read_bytes: 64 << 10,
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(2),
@@ -321,6 +324,18 @@ impl NodeConfig {
     /// a large message never holds up small ones. Default 64 KiB.
     pub fn fragment_bytes(mut self, bytes: usize) -> Self {
         self.fragment_bytes = bytes;
+        self
+    }
+
+    /// Payloads of at least this many bytes are not copied into the send queue: the node
+    /// keeps the `Bytes` you pass (a reference count) and writes from it until the peer
+    /// acknowledges the message, so a slice keeps its whole buffer alive until then.
+    /// Smaller payloads are copied at once (a copy costs less than the extra slice in the
+    /// vectored write). Default 8 KiB; `usize::MAX` copies every payload. (With the
+    /// transfer-queue bundler every payload is copied: its shared queue's batches are split
+    /// among the peers.)
+    pub fn by_reference_bytes(mut self, bytes: usize) -> Self {
+        self.by_reference_bytes = bytes;
         self
     }
 
@@ -516,6 +531,7 @@ impl NodeConfig {
             ("max_payload", self.max_payload),
             ("frame_bytes", self.frame_bytes),
             ("fragment_bytes", self.fragment_bytes),
+            ("by_reference_bytes", self.by_reference_bytes),
             ("bulk_inflight_bytes", self.session.bulk_inflight),
             ("bulk_stream_bytes", self.session.bulk_stream),
             ("read_bytes", self.read_bytes),

@@ -73,6 +73,8 @@ pub struct NodeFile {
     pub frame_bytes: Option<usize>,
     /// [`NodeConfig::fragment_bytes`].
     pub fragment_bytes: Option<usize>,
+    /// [`NodeConfig::by_reference_bytes`].
+    pub by_reference_bytes: Option<usize>,
     /// [`NodeConfig::bulk_inflight_bytes`].
     pub bulk_inflight_bytes: Option<usize>,
     /// [`NodeConfig::bulk_stream_bytes`].
@@ -182,6 +184,7 @@ impl NodeFile {
             max_payload => max_payload,
             frame_bytes => frame_bytes,
             fragment_bytes => fragment_bytes,
+            by_reference_bytes => by_reference_bytes,
             bulk_inflight_bytes => bulk_inflight_bytes,
             bulk_stream_bytes => bulk_stream_bytes,
             read_bytes => read_bytes,

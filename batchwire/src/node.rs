@@ -57,9 +57,10 @@ impl Node {
     /// Messages from one thread to one mailbox arrive in order. Payloads larger than
     /// `fragment_bytes` go in pieces (see [`Class`]).
     ///
-    /// A payload of 8 KiB or more is not copied: batchwire keeps the `Bytes` (a reference
-    /// count) and writes from it until the peer acknowledges it, so a slice keeps its
-    /// whole buffer alive until then. Smaller payloads are copied into the queue at once.
+    /// A payload of 8 KiB or more ([`NodeConfig::by_reference_bytes`]) is not copied:
+    /// batchwire keeps the `Bytes` (a reference count) and writes from it until the peer
+    /// acknowledges it, so a slice keeps its whole buffer alive until then. Smaller
+    /// payloads are copied into the queue at once.
     pub fn send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
         self.rt
             .send(&self.anonymous, to, payload.into(), Class::Ordinary, true)

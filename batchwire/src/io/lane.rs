@@ -835,7 +835,7 @@ pub(crate) fn test_lane() -> std::sync::Arc<Lane> {
             capacity: 1 << 20,
             frame_bytes: 1 << 16,
             piece_bytes: 1 << 16,
-            by_reference: crate::io::BY_REFERENCE_BYTES,
+            by_reference: 8 << 10,
             charges_credit: true,
             idle: IdleStrategy::default(),
         },
@@ -854,7 +854,7 @@ mod tests {
             capacity,
             frame_bytes: 64 << 10,
             piece_bytes: 64 << 10,
-            by_reference: crate::io::BY_REFERENCE_BYTES,
+            by_reference: 8 << 10,
             charges_credit: true,
             idle: IdleStrategy::default(),
         }
@@ -1101,6 +1101,38 @@ mod tests {
             assert_eq!(done.load(Ordering::SeqCst), 16, "senders still blocked");
             for t in threads {
                 t.join().unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn payloads_from_the_reference_size_on_reach_the_batch_uncopied_and_the_rest_are_copied() {
+        for by_reference in [8 << 10, usize::MAX] {
+            let b = BundlerConfig::default().build();
+            let l = Lane::new(
+                LaneCfg {
+                    by_reference,
+                    ..cfg(1 << 20)
+                },
+                b.as_ref(),
+            );
+            open_credit(&l);
+            let big = Bytes::from(vec![7u8; 10_000]);
+            push_to(&l, "m", Bytes::from_static(b"small"), false, false).unwrap();
+            push_to(&l, "m", big.clone(), false, false).unwrap();
+            assert!(l.lock().outbox.bytes() > 10_000, "the queue counts it");
+            let mut batch = Batch::default();
+            let mut b = b;
+            l.next_batch(b.as_mut(), l.epoch(), &mut batch, true);
+            assert_eq!(batch.messages(), 2);
+            let msgs = batch.decode_messages();
+            assert_eq!(msgs[1].payload, big);
+            if by_reference == usize::MAX {
+                assert!(batch.refs.is_empty(), "copied");
+            } else {
+                assert_eq!(batch.refs.len(), 1);
+                assert_eq!(batch.refs[0].payload.as_ptr(), big.as_ptr(), "not copied");
+                assert!(batch.buf.len() < 100, "names and lengths only");
             }
         }
     }

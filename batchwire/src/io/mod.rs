@@ -59,11 +59,6 @@ pub(crate) fn pause(step: batchwire_core::idle::IdleStep) {
     }
 }
 
-/// Ordinary messages with payloads at least this long are sent by reference: not copied
-/// into the lane's outbox, but written from the caller's buffer (a vectored write; see
-/// `batchwire_core::outbox`). Below it a copy costs less than the slices that replace it.
-pub(crate) const BY_REFERENCE_BYTES: usize = 8 << 10;
-
 /// How a (validated) configuration makes a lane: a peer's own (which charges credit
 /// toward its mailboxes), or the shared transfer-queue one (`charges_credit` false, which
 /// copies every payload: its batches are split among the peers' windows).
@@ -72,8 +67,11 @@ pub(crate) fn lane_cfg(cfg: &NodeConfig, charges_credit: bool) -> lane::LaneCfg 
         capacity: cfg.send_queue_bytes,
         frame_bytes: cfg.frame_bytes,
         piece_bytes: cfg.fragment_bytes,
+        // Ordinary messages with payloads at least this long are not copied into the
+        // lane's outbox but written from the caller's buffer (see
+        // `batchwire_core::outbox`).
         by_reference: if charges_credit {
-            BY_REFERENCE_BYTES
+            cfg.by_reference_bytes
         } else {
             usize::MAX
         },
