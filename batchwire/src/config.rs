@@ -155,7 +155,7 @@ impl NodeConfig {
             max_payload: 64 << 20,
             frame_bytes: 64 << 10,
             fragment_bytes: 64 << 10,
-            by_reference_bytes: 8 << 10,
+            by_reference_bytes: 512,
             read_bytes: 64 << 10,
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(2),
@@ -330,10 +330,13 @@ impl NodeConfig {
     /// Payloads of at least this many bytes are not copied into the send queue: the node
     /// keeps the `Bytes` you pass (a reference count) and writes from it until the peer
     /// acknowledges the message, so a slice keeps its whole buffer alive until then.
-    /// Smaller payloads are copied at once (a copy costs less than the extra slice in the
-    /// vectored write). Default 8 KiB; `usize::MAX` copies every payload. (With the
-    /// transfer-queue bundler every payload is copied: its shared queue's batches are split
-    /// among the peers.)
+    /// Smaller payloads are copied at once. Default 512 B; `usize::MAX` copies every
+    /// payload. (With the transfer-queue bundler every payload is copied: its shared
+    /// queue's batches are split among the peers.) The copy is made under the lock of
+    /// the peer's queue: from 512 B, taking a reference instead measured 1.1x the rate of
+    /// one sender at 1 KB and 2.5 KB (about even at 600 B), 1.2-1.4x for 1000 threads
+    /// sending 1 KB, and 1.2-1.4x mperf at 1 KB (alternating rounds in both orders,
+    /// `docs/compare-v10-byref.txt`).
     pub fn by_reference_bytes(mut self, bytes: usize) -> Self {
         self.by_reference_bytes = bytes;
         self

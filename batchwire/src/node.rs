@@ -57,7 +57,7 @@ impl Node {
     /// Messages from one thread to one mailbox arrive in order. Payloads larger than
     /// `fragment_bytes` go in pieces (see [`Class`]).
     ///
-    /// A payload of 8 KiB or more ([`NodeConfig::by_reference_bytes`]) is not copied:
+    /// A payload of 512 bytes or more ([`NodeConfig::by_reference_bytes`]) is not copied:
     /// batchwire keeps the `Bytes` (a reference count) and writes from it until the peer
     /// acknowledges it, so a slice keeps its whole buffer alive until then. Smaller
     /// payloads are copied into the queue at once.

@@ -324,12 +324,13 @@ fn duplex(a: &WorkerArgs, secret: &[u8], me: usize) -> Result<(), String> {
 
 /// Send `n` numbered messages of `size` bytes to `to`. Payloads are cut from 1 MiB chunks,
 /// as a careful application would do: none allocated in batchwire, and a chunk is used
-/// again once every payload cut from it is dropped. Payloads of 8 KiB or more are sent by
+/// again once every payload cut from it is dropped. Payloads of 512 B or more are sent by
 /// reference (not copied), so batchwire holds them until the peer acknowledges them: a
 /// few retired chunks wait for that ([`CHUNKS`]), and the first one free is taken again.
 /// A new chunk per 1 MiB cost the sending thread page faults on fresh pages (at 10 KB,
 /// with payloads by reference: 2.4% of all samples in page faults and zeroing, and the
-/// payload fill twice as costly on cold pages).
+/// payload fill twice as costly on cold pages); with 16 chunks, a chaos run at 1 KB
+/// (acknowledgements lost at every break, so the window full) ran out of free ones.
 fn stream(node: &Node, to: &Address, n: u64, size: usize) -> Result<(), String> {
     let size = size.max(8);
     let block = (1 << 20).max(size);
@@ -346,8 +347,9 @@ fn stream(node: &Node, to: &Address, n: u64, size: usize) -> Result<(), String> 
     Ok(())
 }
 
-/// Retired payload chunks a sender keeps (16 MiB at most, beside what batchwire holds).
-const CHUNKS: usize = 16;
+/// Retired payload chunks a sender keeps: enough for what batchwire may hold by reference
+/// with the default limits (a 4 MiB queue and a 16 MiB send window), 40 MiB at most.
+const CHUNKS: usize = 40;
 
 /// The next chunk to cut payloads from, with room for `block` bytes: `used` itself or a
 /// retired one if every payload cut from it was dropped, else a new one. `used` is
