@@ -154,6 +154,16 @@ pub fn frames(data: &[u8]) {
         assert_eq!(u.chunks.iter().map(|c| c.len()).sum::<usize>(), sw.bytes());
         assert_eq!(u.messages, sw.messages());
     }
+    // A recount walks every message held, in place; a failure hands every one of them back.
+    let (mut counted, mut charged) = (0u64, 0u64);
+    sw.charges_from(sw.base(), |_, c| {
+        counted += 1;
+        charged += c;
+    });
+    assert_eq!(counted, sw.messages());
+    assert!(charged as usize <= sw.bytes());
+    let held = sw.messages();
+    assert_eq!(sw.take_failed(false).len() as u64, held);
 }
 
 /// Feed the frames in `data` to a handshake in progress, as an unauthenticated peer could.
