@@ -125,8 +125,13 @@ impl Batch {
 }
 
 /// The MESSAGES frames among `frames` (control frames left out), as slices of `buf` with
-/// their message counts: what a send window holds.
+/// their message counts: what a send window holds. Only for frames with no payload sent
+/// by reference (`FrameMeta::external` 0): otherwise they are not whole in `buf`.
 pub fn message_frames<'a>(buf: &'a [u8], frames: &[FrameMeta]) -> Vec<(&'a [u8], u32)> {
+    debug_assert!(
+        frames.iter().all(|f| f.external == 0),
+        "payloads by reference"
+    );
     frames
         .iter()
         .filter(|f| f.messages > 0)

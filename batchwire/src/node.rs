@@ -60,7 +60,8 @@ impl Node {
     /// A payload of 512 bytes or more ([`NodeConfig::by_reference_bytes`]) is not copied:
     /// batchwire keeps the `Bytes` (a reference count) and writes from it until the peer
     /// acknowledges it, so a slice keeps its whole buffer alive until then. Smaller
-    /// payloads are copied into the queue at once.
+    /// payloads are copied into the queue at once (so is every payload with the
+    /// transfer-queue bundler; over TLS, encrypting copies it once more).
     pub fn send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
         self.rt
             .send(&self.anonymous, to, payload.into(), Class::Ordinary, true)

@@ -329,8 +329,17 @@ impl Link {
                     while st.conn.wants_write() {
                         st.conn.write_tls(&mut out)?;
                     }
-                    for b in bufs {
-                        st.conn.writer().write_all(b)?;
+                    // All the slices at once, so that rustls fills whole records: one
+                    // write per slice made a record per slice (a payload sent by
+                    // reference is a slice of its own).
+                    let mut slices: Vec<IoSlice> = bufs.iter().map(|b| IoSlice::new(b)).collect();
+                    let mut rest = &mut slices[..];
+                    while !rest.is_empty() {
+                        let n = st.conn.writer().write_vectored(rest)?;
+                        if n == 0 {
+                            return Err(std::io::ErrorKind::WriteZero.into());
+                        }
+                        IoSlice::advance_slices(&mut rest, n);
                     }
                     while st.conn.wants_write() {
                         st.conn.write_tls(&mut out)?;

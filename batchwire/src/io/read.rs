@@ -313,9 +313,16 @@ impl Reader<'_> {
         if side.piece.is_some() {
             return self.read_in_place(side, wait);
         }
-        let want = match side.next_read.take() {
-            Some(n) => n.min(self.read_bytes),
-            None => side.ring.read_size(self.read_bytes),
+        // On a plain link, near a buffer's end, only the rest of the frame begun there
+        // (`RecvRing::read_size`). Not over TLS: its reads take ciphertext, record by
+        // record, and a small read there would only split them into more system calls.
+        let (want, shrunk) = match side.next_read.take() {
+            Some(n) => (n.min(self.read_bytes), false),
+            None if self.leadable() => {
+                let n = side.ring.read_size(self.read_bytes);
+                (n, n < self.read_bytes)
+            }
+            None => (self.read_bytes, false),
         };
         let n = match read_more(&self.conn.link, side.ring.room(want), want, wait) {
             Ok(0) => return Err(LinkError::Eof),
@@ -324,7 +331,10 @@ impl Reader<'_> {
             Err(e) if e.kind() == ErrorKind::Interrupted => return Ok(true),
             Err(e) => return Err(e.into()),
         };
-        side.drained = n < want;
+        // A read cut short to a frame's end that got all it asked for cannot tell whether
+        // more is waiting: count it as drained, so the next read looks without waiting and
+        // an idle acknowledgement is not held back behind a blocking read.
+        side.drained = n < want || shrunk;
         side.idle_said = false;
         self.peer.stats.bytes_received.fetch_add(n as u64, Relaxed);
         self.peer
