@@ -8,9 +8,7 @@
 use bytes::Bytes;
 
 use crate::codec::{Codec, DecodeError, Name, Reader, bytes_eq};
-use crate::header::{
-    HEADER_LEN, KIND_MESSAGES, MESSAGE_OVERHEAD, SEQ_OFFSET, begin, finish, finish_with,
-};
+use crate::header::{HEADER_LEN, KIND_MESSAGES, MESSAGE_OVERHEAD, SEQ_OFFSET, begin, finish_with};
 
 /// One message as carried in a MESSAGES frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,10 +23,16 @@ pub struct Message {
 /// Append one message (no frame header) to `out`.
 #[inline]
 pub fn encode_message(out: &mut Vec<u8>, to: &Name, from: &Name, payload: &[u8]) {
+    encode_message_head(out, to, from, payload.len());
+    out.extend_from_slice(payload);
+}
+
+/// Append a message's names and payload length, without the payload.
+#[inline]
+fn encode_message_head(out: &mut Vec<u8>, to: &Name, from: &Name, payload_len: usize) {
     to.encode(out);
     from.encode(out);
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(payload);
+    out.extend_from_slice(&(payload_len as u32).to_le_bytes());
 }
 
 /// Encoded size of one message inside a MESSAGES frame.
@@ -63,9 +67,7 @@ impl ListWriter {
     /// `outbox`), and [`ListWriter::finish_with`] counts them.
     #[inline]
     pub fn push_head(&mut self, out: &mut Vec<u8>, to: &Name, from: &Name, payload_len: usize) {
-        to.encode(out);
-        from.encode(out);
-        out.extend_from_slice(&(payload_len as u32).to_le_bytes());
+        encode_message_head(out, to, from, payload_len);
         self.count += 1;
     }
 
@@ -83,9 +85,7 @@ impl ListWriter {
     }
 
     pub fn finish(self, out: &mut [u8]) {
-        let c = self.start + HEADER_LEN;
-        out[c..c + 4].copy_from_slice(&self.count.to_le_bytes());
-        finish(out, self.start);
+        self.finish_with(out, 0);
     }
 
     /// [`ListWriter::finish`] for a frame that also carries `external` bytes of payloads

@@ -99,21 +99,24 @@ impl Batch {
         message_frames(&self.buf, &self.frames)
     }
 
-    /// The messages of its MESSAGES frames, decoded (payloads by reference included): what
-    /// is handed back when the batch cannot be sent. Copies; not for the fast path.
+    /// The messages of its MESSAGES frames: what is handed back when the batch cannot be
+    /// sent. Payloads in the buffer are copied; those sent by reference are the callers'
+    /// own. Not for the fast path.
     pub fn decode_messages(&self) -> Vec<wire::Message> {
         let mut out = Vec::new();
         let mut refs = &self.refs[..];
-        for f in &self.frames {
-            let (wire, rest) = spliced(&self.buf[f.start..f.end], f.start, refs);
-            refs = rest;
-            if f.messages == 0 {
-                continue;
-            }
-            let mut b = bytes::BytesMut::from(&wire[..]);
-            if let Ok(Some(Frame::Messages(l))) = wire::decode(&mut b, usize::MAX) {
-                out.extend(l.iter());
-            }
+        for f in self.frames.iter().filter(|f| f.messages > 0) {
+            let n = walk_messages(&self.buf, (f.start, f.end), refs, |m| {
+                out.push(wire::Message {
+                    to: Name::copied(&self.buf[m.to.clone()]),
+                    from: Name::copied(&self.buf[m.from.clone()]),
+                    payload: match m.by_ref {
+                        Some(r) => r.payload.clone(),
+                        None => Bytes::copy_from_slice(&self.buf[m.payload.clone()]),
+                    },
+                })
+            });
+            refs = &refs[n..];
         }
         out
     }
@@ -156,8 +159,9 @@ pub(crate) fn numbered(nums: std::ops::Range<u64>) -> Batch {
 
 /// The bytes of a frame on the wire: `part` (its bytes in the buffer, which start at offset
 /// `start`) with the payloads of `refs` that belong to it spliced in. Returns them and the
-/// refs that follow (those past the frame). Copies: for failure reports and recounts.
-pub fn spliced<'a>(part: &[u8], start: usize, refs: &'a [ByRef]) -> (Vec<u8>, &'a [ByRef]) {
+/// refs that follow (those past the frame). Copies: the tests' view of the wire.
+#[cfg(test)]
+pub(crate) fn spliced<'a>(part: &[u8], start: usize, refs: &'a [ByRef]) -> (Vec<u8>, &'a [ByRef]) {
     let end = start + part.len();
     let n = refs.iter().take_while(|r| r.at <= end).count();
     let (mine, rest) = refs.split_at(n);
@@ -718,8 +722,14 @@ mod tests {
                         "the caller's buffer"
                     );
                 }
-                assert_eq!(a.decode_messages(), b.decode_messages());
-                seen += b.decode_messages().len();
+                let msgs = b.decode_messages();
+                assert_eq!(a.decode_messages(), msgs);
+                let n = seen + msgs.len();
+                assert!(
+                    msgs.iter().map(|m| &m.payload).eq(&payloads[seen..n]),
+                    "the payloads pushed, in order"
+                );
+                seen = n;
             }
             assert!(by_ref.is_empty() && by_ref.bytes() == 0);
             assert_eq!(seen, payloads.len());

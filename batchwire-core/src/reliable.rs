@@ -287,10 +287,16 @@ impl SendWindow {
             .map(|f| f.len())
             .sum();
         let mut data = self.take_free(need, need);
-        let mut refs = Vec::with_capacity(batch.refs.len());
-        let mut moving = std::mem::take(&mut batch.refs).into_iter().peekable();
+        let Batch {
+            buf,
+            frames,
+            refs: taken,
+        } = batch;
+        let mut refs = Vec::with_capacity(taken.len());
+        // Drained, not taken: the batch keeps its vector's capacity for the next batch.
+        let mut moving = taken.drain(..).peekable();
         let first = self.next_seq;
-        for f in &batch.frames {
+        for f in frames.iter() {
             let start = data.len();
             // A control frame has no references; a message frame's go with it.
             while let Some(mut r) = moving.next_if(|r| r.at <= f.end) {
@@ -302,11 +308,11 @@ impl SendWindow {
             if f.messages == 0 {
                 continue;
             }
-            data.extend_from_slice(&batch.buf[f.start..f.end]);
+            data.extend_from_slice(&buf[f.start..f.end]);
             set_first_seq(&mut data[start..], self.next_seq);
             self.next_seq += f.messages as u64;
         }
-        batch.frames.clear();
+        frames.clear();
         if self.next_seq == first {
             return 0;
         }
@@ -353,7 +359,7 @@ impl SendWindow {
         let replacement = self.take_free(batch.buf.len(), batch.buf.capacity());
         let data = std::mem::replace(&mut batch.buf, replacement);
         batch.frames.clear();
-        let refs = std::mem::take(&mut batch.refs);
+        let refs = batch.refs.drain(..).collect();
         self.push_chunk(Bytes::from(data), first, refs);
         self.next_seq - first
     }

@@ -308,12 +308,17 @@ pub fn worker_args(scenario: &str, role: &str, flags: &[(&str, String)]) -> Vec<
 /// The CPU time this process (all its threads) has used so far, in ns: what a run costs,
 /// as against how fast it went.
 pub fn process_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+/// The time of `clock` in ns (0 if it cannot be read).
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime(2) only writes into the live timespec.
-    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } != 0 {
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
         return 0;
     }
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -600,15 +605,7 @@ mod tests {
 
     #[test]
     fn process_cpu_time_counts_the_work_of_another_thread() {
-        let thread_cpu = || {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: clock_gettime(2) only writes into the live timespec.
-            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-        };
+        let thread_cpu = || clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
         let c0 = process_cpu_ns();
         // Another thread burns 20 ms of its own CPU time (at most 10 s of wall clock).
         let burnt = std::thread::spawn(move || {
