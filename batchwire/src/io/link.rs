@@ -320,42 +320,36 @@ impl Link {
                 pending_out,
                 ..
             } => {
-                // Encrypt under the state lock, write after releasing it. Records rustls
-                // queued in reply to the reader go out first, in order.
-                let mut out = Vec::with_capacity(total + 64);
-                {
-                    let mut st = Self::lock(state);
-                    pending_out.store(false, Ordering::Release);
-                    while st.conn.wants_write() {
-                        st.conn.write_tls(&mut out)?;
-                    }
-                    // Small slices gathered into records of up to 16 KiB (a TLS record's
-                    // most plaintext), so that rustls fills whole records: a write per
-                    // slice made a record per slice, and a payload sent by reference is a
-                    // slice of its own. A large slice at a record's start goes as it is.
-                    // (Handing rustls all the slices at once with `write_vectored` lost
-                    // messages when connections broke every 60 ms: not understood, so not
-                    // used. One buffer for the whole write cost 10 KB messages 0.81x: an
-                    // allocation of megabytes per write.)
-                    const RECORD: usize = 16 << 10;
-                    let mut plain = Vec::with_capacity(total.min(2 * RECORD));
-                    for b in bufs {
-                        if plain.is_empty() && b.len() >= RECORD {
-                            st.conn.writer().write_all(b)?;
-                            continue;
+                // Encrypt a piece of at most `PIECE` bytes under the state lock, write it
+                // after releasing it, and go on with the next piece. Records rustls queued
+                // in reply to the reader go out first, in order. In pieces because after a
+                // reconnect `bufs` is the whole send window (up to `unacked_bytes`):
+                // encrypted at once, that took longer than a connection that breaks every
+                // 15 ms lives, so none of it was ever written (and it held the lock the
+                // reader needs, and a buffer of the window's size).
+                let mut tls = TlsWrite::new(bufs);
+                let mut out = Vec::with_capacity(total.min(PIECE) + 1024);
+                loop {
+                    out.clear();
+                    let more = {
+                        let mut st = Self::lock(state);
+                        pending_out.store(false, Ordering::Release);
+                        while st.conn.wants_write() {
+                            st.conn.write_tls(&mut out)?;
                         }
-                        plain.extend_from_slice(b);
-                        if plain.len() >= RECORD {
-                            st.conn.writer().write_all(&plain)?;
-                            plain.clear();
+                        let more = tls.feed(&mut st.conn.writer(), PIECE)?;
+                        while st.conn.wants_write() {
+                            st.conn.write_tls(&mut out)?;
                         }
+                        more
+                    };
+                    if !out.is_empty() {
+                        write_slices(sock, &[&out], go_on)?;
                     }
-                    st.conn.writer().write_all(&plain)?;
-                    while st.conn.wants_write() {
-                        st.conn.write_tls(&mut out)?;
+                    if !more {
+                        break;
                     }
                 }
-                write_slices(sock, &[&out], go_on)?;
             }
         }
         Ok(total)
@@ -522,6 +516,71 @@ impl Link {
     }
 }
 
+/// A TLS record's most plaintext.
+const RECORD: usize = 16 << 10;
+/// Most plaintext encrypted per turn of the TLS state lock (then written).
+const PIECE: usize = 16 * RECORD;
+
+/// Hands the plaintext of one TLS write to rustls a piece at a time, gathering small
+/// slices into whole records: a write per slice made a record per slice, and a payload
+/// sent by reference is a slice of its own. A large slice at a record's start goes as it
+/// is. (Handing rustls all the slices at once with `write_vectored` made no progress when
+/// connections broke every 60 ms, most likely for the reason pieces are needed: a record
+/// per slice made encrypting the whole window slower than a connection lived. One buffer
+/// for the whole write cost 10 KB messages 0.81x: an allocation of megabytes per write.)
+struct TlsWrite<'a> {
+    bufs: std::slice::Iter<'a, &'a [u8]>,
+    rest: &'a [u8],
+    plain: Vec<u8>,
+}
+
+impl<'a> TlsWrite<'a> {
+    fn new(bufs: &'a [&'a [u8]]) -> Self {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        TlsWrite {
+            bufs: bufs.iter(),
+            rest: &[],
+            plain: Vec::with_capacity(total.min(RECORD)),
+        }
+    }
+
+    /// Give `w` up to about `piece` bytes (whole records); whether any are left.
+    fn feed(&mut self, w: &mut dyn Write, piece: usize) -> std::io::Result<bool> {
+        let mut fed = 0;
+        while fed < piece {
+            if self.rest.is_empty() {
+                match self.bufs.next() {
+                    Some(b) => self.rest = b,
+                    None => break,
+                }
+                continue;
+            }
+            let room = piece - fed;
+            if self.plain.is_empty() && self.rest.len() >= RECORD {
+                let n = self.rest.len().min(room.max(RECORD));
+                w.write_all(&self.rest[..n])?;
+                self.rest = &self.rest[n..];
+                fed += n;
+                continue;
+            }
+            let n = self.rest.len().min(RECORD - self.plain.len());
+            self.plain.extend_from_slice(&self.rest[..n]);
+            self.rest = &self.rest[n..];
+            fed += n;
+            if self.plain.len() == RECORD {
+                w.write_all(&self.plain)?;
+                self.plain.clear();
+            }
+        }
+        // What is gathered goes with this piece (a short record at most once per piece).
+        if !self.plain.is_empty() {
+            w.write_all(&self.plain)?;
+            self.plain.clear();
+        }
+        Ok(!self.rest.is_empty() || self.bufs.len() > 0)
+    }
+}
+
 /// Write every slice, going on after each timeout while `go_on` says so.
 /// Most buffers one `sendmsg` takes (Linux's IOV_MAX); the rest is left over.
 const IOV_MAX: usize = 1024;
@@ -562,4 +621,86 @@ pub(crate) fn cert_names(cert: &CertificateDer<'_>, node: &str) -> Result<(), St
         .map_err(|_| format!("{node:?} is not a DNS name"))?;
     ee.verify_is_valid_for_subject_name(&sn)
         .map_err(|_| format!("the peer's certificate does not name {node:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PIECE, RECORD, TlsWrite};
+    use proptest::prelude::*;
+
+    /// Records what rustls would be handed, call by call.
+    #[derive(Default)]
+    struct Calls(Vec<Vec<u8>>);
+
+    impl std::io::Write for Calls {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.push(b.to_vec());
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Feed `sizes` (slices of distinct bytes) through `TlsWrite` and check: the bytes come
+    /// out whole and in order; a piece is bounded; records are whole but for at most one
+    /// short call per piece; a slice of a record or more is handed on without gathering.
+    fn check(sizes: &[usize]) {
+        let data: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect())
+            .collect();
+        let bufs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
+        let total: usize = sizes.iter().sum();
+        let mut w = TlsWrite::new(&bufs);
+        let mut all = Vec::new();
+        let mut pieces = 0;
+        loop {
+            let mut calls = Calls::default();
+            let more = w.feed(&mut calls, PIECE).unwrap();
+            pieces += 1;
+            let fed: usize = calls.0.iter().map(|c| c.len()).sum();
+            assert!(fed < PIECE + RECORD, "a piece of {fed} bytes");
+            let short = calls.0.iter().filter(|c| c.len() < RECORD).count();
+            assert!(short <= 1, "{short} short records in one piece");
+            assert!(calls.0.iter().all(|c| !c.is_empty()));
+            all.extend(calls.0.into_iter().flatten());
+            if !more {
+                break;
+            }
+            assert!(pieces <= total / RECORD + 2, "no progress");
+        }
+        let want: Vec<u8> = data.concat();
+        assert_eq!(all, want);
+        // A write of a window of `total` bytes takes about total / PIECE turns.
+        assert!(pieces <= total / PIECE + 1 + usize::from(total == 0));
+    }
+
+    #[test]
+    fn tls_pieces_cover_everything_in_order() {
+        check(&[]);
+        check(&[0, 0]);
+        check(&[100; 10_000]);
+        check(&[
+            RECORD - 1,
+            1,
+            RECORD,
+            RECORD + 1,
+            3 * PIECE + 7,
+            5,
+            0,
+            PIECE,
+        ]);
+        check(&[2 << 20]);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn tls_pieces_any_slices(sizes in proptest::collection::vec(
+            prop_oneof![0usize..200, 200usize..20_000, 20_000usize..300_000], 0..24)) {
+            check(&sizes);
+        }
+    }
 }
