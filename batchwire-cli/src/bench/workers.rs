@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -90,7 +91,9 @@ impl<T, E: std::fmt::Display> Context<T> for Result<T, E> {
 pub fn spawn_worker(args: &[String]) -> std::io::Result<Child> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
-    if let Some(dir) = BENCH_TLS.get() {
+    // Only `bench --tls` puts every worker on TLS. A `NAME/tls` entry passes its folder
+    // to its own workers (`--tls-dir`): plaintext entries run after it stay plaintext.
+    if let Some(dir) = tls_for_all() {
         cmd.env(TLS_DIR_ENV, dir);
     }
     let host = placement(args);
@@ -148,6 +151,16 @@ pub const TLS_DIR_ENV: &str = "BATCHWIRE_BENCH_TLS_DIR";
 
 static BENCH_TLS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 
+/// `bench --tls`: every worker runs TLS (see [`spawn_worker`]).
+static TLS_FOR_ALL: AtomicBool = AtomicBool::new(false);
+
+/// The certificates every worker is given: only with `bench --tls`.
+fn tls_for_all() -> Option<&'static std::path::PathBuf> {
+    BENCH_TLS
+        .get()
+        .filter(|_| TLS_FOR_ALL.load(Ordering::Relaxed))
+}
+
 /// A throwaway CA and certificates for the bench's node names, in a temporary folder
 /// (made once per process). Returns the folder.
 pub fn tls_certs() -> Result<std::path::PathBuf, String> {
@@ -171,7 +184,9 @@ pub fn remove_tls_certs() {
 
 /// `bench --tls`: every worker of every scenario runs mutual TLS.
 pub fn enable_tls() -> Result<std::path::PathBuf, String> {
-    tls_certs()
+    let dir = tls_certs()?;
+    TLS_FOR_ALL.store(true, Ordering::Relaxed);
+    Ok(dir)
 }
 
 /// In a worker: TLS from the bench's folder (`--tls`, or a `NAME/tls` entry), if any;
@@ -568,6 +583,21 @@ impl Rng {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `NAME/tls` entry's certificates go to its own workers only; `bench --tls` gives
+    /// them to every worker. (They once went to every worker spawned after the first TLS
+    /// entry: `natural` after `natural/tls` in one bench ran TLS, at half its rate.)
+    #[test]
+    fn only_bench_tls_puts_every_worker_on_tls() {
+        let dir = tls_certs().unwrap();
+        assert!(dir.join("ca.pem").exists());
+        assert_eq!(tls_for_all(), None);
+        assert_eq!(enable_tls().unwrap(), dir);
+        assert_eq!(tls_for_all(), Some(&dir));
+        remove_tls_certs();
+        assert!(!dir.exists());
+    }
+
     #[test]
     fn verifier_counts_faults_per_stream() {
         let mut v = Verifier::new(2, 3);
