@@ -12,13 +12,14 @@
 //! timeout (`write_check`) makes each blocked write return now and then, and the caller
 //! says whether to go on. So no write blocks without a look up.
 
-use std::io::{IoSlice, Read, Write};
+use std::io::{BufRead, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
@@ -161,8 +162,15 @@ impl TlsConfigs {
 
 pub(crate) struct TlsState {
     conn: rustls::Connection,
-    /// Ciphertext read from the socket and not yet handed to rustls.
-    pending: Vec<u8>,
+}
+
+/// Ciphertext read from the socket, handed to rustls from `start` (it takes about 4 KiB
+/// per call); the reader's alone, read into again once rustls has taken all of it.
+#[derive(Default)]
+pub(crate) struct Cipher {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
 }
 
 /// A connection's transport, shared by its reader and its writer.
@@ -178,6 +186,9 @@ pub(crate) enum Link {
         pending_out: AtomicBool,
         /// Wakes the writer for those.
         waker: OnceLock<Box<dyn Fn() + Send + Sync>>,
+        /// Ciphertext read from the socket without holding `state` (the reader's alone:
+        /// its lock is never contended; zeroed once, then reused).
+        cipher: Mutex<Cipher>,
     },
 }
 
@@ -265,12 +276,10 @@ impl Link {
         }
         Ok(Link::Tls {
             sock,
-            state: Mutex::new(TlsState {
-                conn,
-                pending: Vec::new(),
-            }),
+            state: Mutex::new(TlsState { conn }),
             pending_out: AtomicBool::new(false),
             waker: OnceLock::new(),
+            cipher: Mutex::new(Cipher::default()),
         })
     }
 
@@ -285,7 +294,7 @@ impl Link {
         matches!(self, Link::Tls { .. })
     }
 
-    fn lock(state: &Mutex<TlsState>) -> MutexGuard<'_, TlsState> {
+    fn lock<T>(state: &Mutex<T>) -> MutexGuard<'_, T> {
         state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -437,56 +446,100 @@ impl Link {
         }
     }
 
-    pub fn read(&self, out: &mut [u8]) -> std::io::Result<usize> {
+    /// Read some bytes of the stream (at most `want`) onto the end of `buf`; how many, 0
+    /// at its end. Over TLS the plaintext is copied from rustls straight into `buf`'s
+    /// spare capacity (nothing is zeroed first), and ciphertext goes from a reused buffer
+    /// to rustls without a stop in between.
+    pub fn read_append(&self, buf: &mut BytesMut, want: usize) -> std::io::Result<usize> {
         match self {
             Link::Plain(s) => {
-                let mut s = s;
-                s.read(out)
+                let len = buf.len();
+                buf.resize(len + want, 0);
+                let r = (&mut &*s).read(&mut buf[len..]);
+                buf.truncate(len + *r.as_ref().unwrap_or(&0));
+                r
             }
             Link::Tls {
                 sock,
                 state,
                 pending_out,
                 waker,
+                cipher,
             } => {
+                let feed = |conn: &mut rustls::Connection, data: &mut &[u8]| {
+                    conn.read_tls(data)?;
+                    if let Err(e) = conn.process_new_packets() {
+                        // The connection closes; only the writer writes to the socket,
+                        // so no alert goes out from here.
+                        return Err(io_err(e));
+                    }
+                    // Protocol replies (key updates) wait in rustls for the writer, which
+                    // alone writes to the socket.
+                    if conn.wants_write() {
+                        pending_out.store(true, Ordering::Release);
+                        if let Some(wake) = waker.get() {
+                            wake();
+                        }
+                    }
+                    Ok(())
+                };
+                let mut got = 0;
+                let mut cipher = Self::lock(cipher);
                 loop {
                     {
                         let mut st = Self::lock(state);
-                        let TlsState { conn, pending } = &mut *st;
+                        let conn = &mut st.conn;
                         // 1. Plaintext already decrypted goes out first (rustls refuses more
-                        //    ciphertext while its plaintext buffer is full).
-                        match conn.reader().read(out) {
-                            Ok(n) => return Ok(n),
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                            Err(e) => return Err(e),
+                        //    ciphertext while its plaintext buffer is full), as much as
+                        //    `want` takes: a record is at most 16 KiB, a read may be more.
+                        loop {
+                            let mut r = conn.reader();
+                            match r.fill_buf() {
+                                // The end of the stream (after what was copied).
+                                Ok([]) => return Ok(got),
+                                Ok(chunk) => {
+                                    let n = chunk.len().min(want - got);
+                                    buf.extend_from_slice(&chunk[..n]);
+                                    r.consume(n);
+                                    got += n;
+                                    if got == want {
+                                        return Ok(got);
+                                    }
+                                }
+                                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                                // What was copied first; the error comes again next time.
+                                Err(_) if got > 0 => return Ok(got),
+                                Err(e) => return Err(e),
+                            }
                         }
                         // 2. Then feed buffered ciphertext, one call at a time.
-                        if !pending.is_empty() {
-                            let n = conn.read_tls(&mut &pending[..])?;
-                            pending.drain(..n);
-                            if let Err(e) = conn.process_new_packets() {
-                                // The connection closes; only the writer writes to the
-                                // socket, so no alert goes out from here.
-                                return Err(io_err(e));
+                        let c = &mut *cipher;
+                        if c.start < c.end {
+                            let mut rest = &c.buf[c.start..c.end];
+                            if let Err(e) = feed(conn, &mut rest) {
+                                // The connection closes: nothing of this call is handed on.
+                                buf.truncate(buf.len() - got);
+                                return Err(e);
                             }
-                            // Protocol replies (key updates) wait in rustls for the writer,
-                            // which alone writes to the socket.
-                            if conn.wants_write() {
-                                pending_out.store(true, Ordering::Release);
-                                if let Some(wake) = waker.get() {
-                                    wake();
-                                }
-                            }
+                            c.start = c.end - rest.len();
                             continue;
                         }
                     }
-                    // 3. Nothing buffered: read ciphertext from the socket, without the lock,
-                    //    into `out` (free until plaintext is written into it).
-                    let n = (&*sock).read(out)?;
+                    // Nothing more without waiting: hand on what there is.
+                    if got > 0 {
+                        return Ok(got);
+                    }
+                    // 3. Nothing buffered: read ciphertext from the socket without the
+                    //    state lock (rustls takes it in step 2).
+                    let c = &mut *cipher;
+                    if c.buf.is_empty() {
+                        c.buf.resize(TLS_READ, 0);
+                    }
+                    let n = (&*sock).read(&mut c.buf[..])?;
                     if n == 0 {
                         return Ok(0);
                     }
-                    Self::lock(state).pending.extend_from_slice(&out[..n]);
+                    (c.start, c.end) = (0, n);
                 }
             }
         }
@@ -518,6 +571,8 @@ impl Link {
 
 /// A TLS record's most plaintext.
 const RECORD: usize = 16 << 10;
+/// Most ciphertext read from the socket at once.
+const TLS_READ: usize = 64 << 10;
 /// Most plaintext encrypted per turn of the TLS state lock (then written).
 const PIECE: usize = 16 * RECORD;
 
@@ -625,8 +680,78 @@ pub(crate) fn cert_names(cert: &CertificateDer<'_>, node: &str) -> Result<(), St
 
 #[cfg(test)]
 mod tests {
-    use super::{PIECE, RECORD, TlsWrite};
+    use super::{Link, PIECE, RECORD, TlsConfigs, TlsWrite};
+    use crate::config::TlsFiles;
+    use bytes::BytesMut;
     use proptest::prelude::*;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    /// A TLS link pair over loopback with the committed test certificates: (a, b).
+    fn tls_pair() -> (Link, Link) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/certs/main");
+        let cfg = |n: &str| TlsConfigs::load(&TlsFiles::in_dir(&dir, n), n).unwrap();
+        let (ca, cb) = (cfg("a"), cfg("b"));
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let server = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            Link::tls(s, &cb, None, deadline).unwrap()
+        });
+        let a = Link::tls(TcpStream::connect(addr).unwrap(), &ca, Some("b"), deadline).unwrap();
+        let b = server.join().unwrap();
+        for l in [&a, &b] {
+            l.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            l.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        }
+        (a, b)
+    }
+
+    /// What one TLS link writes in pieces (slices of every size), the other reads whole
+    /// and in order, however much each read asks for; a read may take more than a record.
+    #[test]
+    fn tls_reads_append_what_was_written_in_any_amounts() {
+        let (a, b) = tls_pair();
+        let sizes = [
+            1usize, 100, 16_383, 16_384, 16_385, 70_000, 300_000, 5, 1_000_000, 9,
+        ];
+        let data: Vec<Vec<u8>> = (0..40)
+            .map(|i| {
+                let n = sizes[i % sizes.len()];
+                (0..n).map(|j| (i * 7 + j * 13) as u8).collect()
+            })
+            .collect();
+        let want: Vec<u8> = data.concat();
+        let total = want.len();
+        let writer = std::thread::spawn(move || {
+            for chunk in data.chunks(3) {
+                let bufs: Vec<&[u8]> = chunk.iter().map(|d| &d[..]).collect();
+                a.write_vectored(&bufs, &mut || false).unwrap();
+            }
+            a
+        });
+        let asks = [1usize, 7, 100, 16 << 10, 64 << 10, 200 << 10];
+        let mut got = BytesMut::new();
+        let (mut calls, mut more_than_a_record) = (0, 0);
+        while got.len() < total {
+            let ask = asks[calls % asks.len()];
+            let before = got.len();
+            let n = b.read_append(&mut got, ask).unwrap();
+            assert!(n > 0 && n <= ask, "asked {ask}, got {n}");
+            assert_eq!(got.len(), before + n);
+            more_than_a_record += usize::from(n > RECORD);
+            calls += 1;
+        }
+        assert_eq!(&got[..], &want[..]);
+        assert!(more_than_a_record > 0, "no read took more than one record");
+        drop(writer.join().unwrap());
+        // The writer's end closed: the end of the stream or an error, and nothing more.
+        let mut rest = BytesMut::new();
+        let r = b.read_append(&mut rest, 100);
+        assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+        assert!(rest.is_empty());
+    }
 
     /// Records what rustls would be handed, call by call.
     #[derive(Default)]
