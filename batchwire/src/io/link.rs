@@ -820,6 +820,33 @@ mod tests {
         check(&[2 << 20]);
     }
 
+    /// Bytes that are not TLS records after the handshake (written past rustls on the
+    /// socket, after some real records): the reader hands on real plaintext only (all of
+    /// it here, though a read that decrypted the last real record in the same call as it
+    /// met the garbage may drop that call's part: the connection closes either way), then
+    /// an error.
+    #[test]
+    fn tls_garbage_after_the_handshake_is_an_error_not_data() {
+        use std::io::Write;
+        let (a, b) = tls_pair();
+        a.write_all(&[7u8; 40_000]).unwrap();
+        (&mut a.sock())
+            .write_all(&[0x17, 0x03, 0x03, 0x00, 0x20])
+            .unwrap();
+        (&mut a.sock()).write_all(&[0xAB; 32]).unwrap();
+        let mut got = BytesMut::new();
+        let err = loop {
+            match b.read_append(&mut got, 64 << 10) {
+                Ok(0) => panic!("end of stream instead of an error"),
+                Ok(_) => assert!(got.len() <= 40_000),
+                Err(e) => break e,
+            }
+        };
+        assert!(got.iter().all(|&b| b == 7), "garbage handed on as data");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains("TLS"), "{err}");
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         #[test]
