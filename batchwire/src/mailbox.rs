@@ -43,10 +43,7 @@ impl Mailbox {
 
     /// This mailbox's address, to hand to other nodes.
     pub fn address(&self) -> Address {
-        Address {
-            node: self.rt.name.clone(),
-            mailbox: self.queue.name.clone(),
-        }
+        Address::from_names(self.rt.name.clone(), self.queue.name.clone())
     }
 
     /// Wait for the next message. `Err(Closed)` once the node shut down and the queue is

@@ -56,6 +56,47 @@ fn messages_arrive_complete_and_in_order_per_sender() {
     assert!(inbox.try_recv() == Err(RecvError::Empty));
 }
 
+/// One `Address` value used by several nodes of one process, including the node it names:
+/// each node finds the right peer (an address remembers where the last sender found its
+/// node, and another node must not take that for its own), and the named node delivers
+/// locally.
+#[test]
+fn one_address_shared_by_several_nodes_reaches_the_right_node() {
+    let nodes = start(mesh(&["a", "b", "c"]));
+    let inbox = nodes[2].mailbox("inbox").unwrap();
+    let to_c = Address::new("c", "inbox").unwrap();
+    let to_b = Address::new("b", "inbox").unwrap();
+    let b_inbox = nodes[1].mailbox("inbox").unwrap();
+    const N: u64 = 300;
+    for i in 0..N {
+        // a, b and c itself in turn through the same value, and its clone.
+        nodes[(i % 3) as usize].send(&to_c, payload(i, 16)).unwrap();
+        nodes[((i + 1) % 3) as usize]
+            .send(&to_c.clone(), payload(i, 16))
+            .unwrap();
+        // The same value toward b from a and c: never delivered to c.
+        nodes[[0, 2][(i % 2) as usize]]
+            .send(&to_b, payload(i, 16))
+            .unwrap();
+    }
+    let mut per_sender = std::collections::HashMap::new();
+    for _ in 0..2 * N {
+        let e = inbox.recv_timeout(T).unwrap();
+        *per_sender.entry(e.from.node().to_string()).or_insert(0u64) += 1;
+    }
+    assert_eq!(
+        inbox.recv_timeout(Duration::from_millis(200)),
+        Err(RecvError::Timeout)
+    );
+    assert_eq!(per_sender.values().sum::<u64>(), 2 * N);
+    assert_eq!(per_sender.len(), 3, "{per_sender:?}");
+    for _ in 0..N {
+        let e = b_inbox.recv_timeout(T).unwrap();
+        assert_ne!(e.from.node(), "b");
+    }
+    assert_eq!(b_inbox.try_recv(), Err(RecvError::Empty));
+}
+
 #[test]
 fn a_lone_message_is_written_by_its_sender_and_a_stream_still_bundles() {
     let nodes = start(mesh(&["a", "b"]));

@@ -165,10 +165,7 @@ impl Calls {
             return None;
         }
         let e = Envelope::new(
-            Address {
-                node: s.node.clone(),
-                mailbox: s.mailbox.clone(),
-            },
+            Address::from_names(s.node.clone(), s.mailbox.clone()),
             payload,
         );
         let w = Self::settle(t, id, Ok(e));

@@ -57,10 +57,7 @@ impl CallRef {
     pub fn reply_route(&self, node: &Name) -> (Name, Address) {
         (
             call::reply_sender(self.id),
-            Address {
-                node: node.clone(),
-                mailbox: Name::from_static(call::REPLY_INBOX),
-            },
+            Address::from_names(node.clone(), Name::from_static(call::REPLY_INBOX)),
         )
     }
 }
@@ -578,13 +575,7 @@ impl MailboxQueue {
                             *left = 0;
                             break;
                         };
-                        let e = Envelope::new(
-                            Address {
-                                node: from.clone(),
-                                mailbox,
-                            },
-                            payload,
-                        );
+                        let e = Envelope::new(Address::from_names(from.clone(), mailbox), payload);
                         out.put(with_replier(e, &g.replier));
                         taken += used;
                         k += 1;

@@ -323,10 +323,7 @@ impl Peer {
         let messages = msgs
             .into_iter()
             .map(|m| FailedMessage {
-                to: Address {
-                    node: self.name.clone(),
-                    mailbox: m.to,
-                },
+                to: Address::from_names(self.name.clone(), m.to),
                 from: m.from.to_string(),
                 payload: m.payload,
             })

@@ -11,6 +11,7 @@ use batchwire_core::codec::Name;
 use batchwire_core::outbox::Dest;
 use batchwire_core::session::Session;
 
+use crate::address::RouteHint;
 use crate::config::NodeConfig;
 use crate::io::flow::Flow;
 use crate::io::lane::Lane;
@@ -25,6 +26,8 @@ use crate::io::{NameHash, lane_cfg};
 pub(crate) struct Peers(Arc<Inner>);
 
 struct Inner {
+    /// This registry's own tag in route hints (unique in the process, never 0).
+    tag: u32,
     map: RwLock<HashMap<Name, Arc<Peer>, NameHash>>,
     /// The first peers again, for the send path's lookup without a lock.
     index: Index<Arc<Peer>>,
@@ -62,7 +65,9 @@ impl Peers {
         shared_done: Option<Arc<std::sync::atomic::AtomicBool>>,
     ) -> Peers {
         let shared = config.bundler.kind.shared_queue();
+        static TAGS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
         Peers(Arc::new(Inner {
+            tag: TAGS.fetch_add(1, Ordering::Relaxed).max(1),
             map: RwLock::new(HashMap::default()),
             index: Index::new(config.max_peers.min(INDEX_PEERS)),
             by_id: RwLock::new(Vec::new()),
@@ -91,7 +96,32 @@ impl Peers {
     /// lock or a reference count, or, past the index's first peers, under the registry's
     /// read lock.
     pub fn with<R>(&self, name: &[u8], f: impl FnOnce(Option<&Arc<Peer>>) -> R) -> R {
-        if let Some(p) = self.0.index.find(name) {
+        self.with_hint(name, &RouteHint::default(), f)
+    }
+
+    /// The peer called `name` where `hint` says this registry holds it, if it does (a
+    /// route hint from an [`crate::Address`]: the send path's lookup without hashing).
+    #[inline]
+    pub fn hinted(&self, name: &[u8], hint: &RouteHint) -> Option<&Arc<Peer>> {
+        let h = hint.get();
+        if (h >> 32) as u32 != self.0.tag {
+            return None;
+        }
+        self.0
+            .index
+            .at(h as u32 as usize)
+            .filter(|p| batchwire_core::codec::bytes_eq(p.key(), name))
+    }
+
+    /// [`Peers::with`], remembering in `hint` where the peer was found in the index.
+    pub fn with_hint<R>(
+        &self,
+        name: &[u8],
+        hint: &RouteHint,
+        f: impl FnOnce(Option<&Arc<Peer>>) -> R,
+    ) -> R {
+        if let Some((i, p)) = self.0.index.find(name) {
+            hint.set(u64::from(self.0.tag) << 32 | i as u64);
             return f(Some(p));
         }
         if !self.0.index.is_full() {
@@ -242,17 +272,24 @@ impl<T: Keyed + Clone> Index<T> {
         h.finish() as usize & self.mask
     }
 
-    fn find(&self, name: &[u8]) -> Option<&T> {
+    /// The entry called `name` and its slot.
+    fn find(&self, name: &[u8]) -> Option<(usize, &T)> {
         let mut i = self.home(name);
         // At most half the slots are set, so this ends; bounded anyway.
         for _ in 0..self.slots.len() {
             let p = self.slots[i].get()?;
             if batchwire_core::codec::bytes_eq(p.key(), name) {
-                return Some(p);
+                return Some((i, p));
             }
             i = (i + 1) & self.mask;
         }
         None
+    }
+
+    /// The entry in slot `i`, if any.
+    #[inline]
+    fn at(&self, i: usize) -> Option<&T> {
+        self.slots.get(i)?.get()
     }
 
     fn is_full(&self) -> bool {

@@ -559,10 +559,7 @@ impl Reader<'_> {
                         .fail_from(id, &peer.name, Error::Undeliverable { to });
                 }
                 self.events.emit(Event::Undeliverable {
-                    to: Address {
-                        node: peer.name.clone(),
-                        mailbox: u.to,
-                    },
+                    to: Address::from_names(peer.name.clone(), u.to),
                     from: u.from.to_string(),
                     count: u.count as u64,
                 });
@@ -818,10 +815,7 @@ impl Reader<'_> {
             return Ok(());
         }
         let e = Envelope::new(
-            Address {
-                node: peer.name.clone(),
-                mailbox: from.clone(),
-            },
+            Address::from_names(peer.name.clone(), from.clone()),
             payload,
         );
         let pushed = match self.mailboxes.get(to.as_bytes()) {

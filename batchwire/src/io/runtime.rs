@@ -311,16 +311,10 @@ impl Runtime {
         block: bool,
     ) -> Result<(), Error> {
         self.check(&payload)?;
-        if to.node == self.name {
-            return self.deliver_local(from, &to.mailbox, payload, block);
-        }
         let bulk = class == Class::Bulk;
-        // Try without blocking under the registry's read lock (no reference count is
-        // touched); only a sender that must wait takes a reference and waits outside it.
-        let waiting = self.peers.with(to.node.as_bytes(), |peer| {
-            let Some(peer) = peer else {
-                return Err(Error::UnknownNode(to.node.to_string()));
-            };
+        // Try without blocking; only a sender that must wait takes a reference and waits
+        // outside the lookup.
+        let first = |peer: &Arc<Peer>| -> Result<Option<Arc<Peer>>, Error> {
             if peer.state() == PeerState::Down {
                 return Err(Error::PeerDown(to.node.to_string()));
             }
@@ -337,7 +331,23 @@ impl Runtime {
                 Err(PushError::Down) => Err(Error::PeerDown(to.node.to_string())),
                 Err(e) => Err(self.push_error(e, to, payload.clone())),
             }
-        })?;
+        };
+        // Where this address's node was found last time (no hashing, and no comparison
+        // with this node's own name: a hint is only ever set past that check), else the
+        // lookup, which remembers it.
+        let waiting = match self.peers.hinted(to.node.as_bytes(), &to.hint) {
+            Some(peer) => first(peer)?,
+            None => {
+                if to.node == self.name {
+                    return self.deliver_local(from, &to.mailbox, payload, block);
+                }
+                self.peers
+                    .with_hint(to.node.as_bytes(), &to.hint, |peer| match peer {
+                        Some(peer) => first(peer),
+                        None => Err(Error::UnknownNode(to.node.to_string())),
+                    })?
+            }
+        };
         let Some(peer) = waiting else {
             return Ok(());
         };
@@ -406,10 +416,7 @@ impl Runtime {
         if include_self {
             self.deliver_local(from, &mb, payload.clone(), true)?;
         }
-        let to = |node: &Name| Address {
-            node: node.clone(),
-            mailbox: mb.clone(),
-        };
+        let to = |node: &Name| Address::from_names(node.clone(), mb.clone());
         let m = |p: &Peer| Outgoing {
             dest: p.id,
             to: &mb,
@@ -472,20 +479,14 @@ impl Runtime {
                 Ok(c) => charged.push((p, c)),
                 Err(e) => {
                     refund(&charged);
-                    let to = Address {
-                        node: p.name.clone(),
-                        mailbox: mb.clone(),
-                    };
+                    let to = Address::from_names(p.name.clone(), mb.clone());
                     return Err(self.push_error(e, &to, payload.clone()));
                 }
             }
         }
         lane.push(Outgoing { dest: ALL, ..m }, true).map_err(|e| {
             refund(&charged);
-            let to = Address {
-                node: self.name.clone(),
-                mailbox: mb.clone(),
-            };
+            let to = Address::from_names(self.name.clone(), mb.clone());
             self.push_error(e, &to, payload.clone())
         })
     }
@@ -544,10 +545,7 @@ impl Runtime {
             }
             self.mailboxes.note_missing(to, &self.name, count);
             self.events.emit(Event::Undeliverable {
-                to: Address {
-                    node: self.name.clone(),
-                    mailbox: to.clone(),
-                },
+                to: Address::from_names(self.name.clone(), to.clone()),
                 from: from.to_string(),
                 count: count as u64,
             });
@@ -557,10 +555,7 @@ impl Runtime {
             return Ok(());
         };
         let e = Envelope::new(
-            Address {
-                node: self.name.clone(),
-                mailbox: from.clone(),
-            },
+            Address::from_names(self.name.clone(), from.clone()),
             payload,
         );
         match mb.push_one(e, block) {
