@@ -203,3 +203,59 @@ fn a_plaintext_node_and_a_tls_node_refuse_each_other_clearly() {
     );
     assert!(reason.contains("speaks TLS"), "{reason}");
 }
+
+/// A client with a valid certificate that sends bytes that are not TLS records once the
+/// TLS handshake is done: the node refuses that connection, saying it was TLS that failed,
+/// and goes on serving real peers.
+#[test]
+fn garbage_after_the_tls_handshake_closes_only_that_connection() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use std::io::{Read, Write};
+    let certs = test_certs("main");
+    let cfgs = with_tls(mesh(&["a", "b"]), &certs);
+    let b = Node::start(cfgs[1].clone()).unwrap();
+    let events = b.events();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(certs.join("ca.pem")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(certs.join("zz.pem"))
+        .unwrap()
+        .map(|c| c.unwrap())
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(certs.join("zz-key.pem")).unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .unwrap();
+    let mut conn =
+        rustls::ClientConnection::new(std::sync::Arc::new(cfg), "b".try_into().unwrap()).unwrap();
+    let mut sock = std::net::TcpStream::connect(b.local_addr()).unwrap();
+    sock.set_read_timeout(Some(T)).unwrap();
+    for _ in 0..20 {
+        if !conn.is_handshaking() {
+            break;
+        }
+        conn.complete_io(&mut sock).unwrap();
+    }
+    assert!(!conn.is_handshaking(), "the TLS handshake did not finish");
+    // An application-data record header and 32 bytes that do not decrypt.
+    sock.write_all(&[0x17, 0x03, 0x03, 0x00, 0x20]).unwrap();
+    sock.write_all(&[0xAB; 32]).unwrap();
+    let (_, reason) = failure(&events);
+    assert!(reason.contains("TLS"), "{reason}");
+    // The node closed that connection...
+    let mut rest = Vec::new();
+    let _ = sock.read_to_end(&mut rest);
+    // ...and still serves a real peer.
+    let a = Node::start(cfgs[0].clone()).unwrap();
+    let inbox = b.mailbox("inbox").unwrap();
+    a.send(&Address::new("b", "inbox").unwrap(), &b"after"[..])
+        .unwrap();
+    assert_eq!(&inbox.recv_timeout(T).unwrap().payload[..], b"after");
+}
