@@ -1,83 +1,20 @@
 //! Where a message goes: a mailbox on a node, and the rules for names.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use batchwire_core::codec::Name;
 
 use crate::error::Error;
 
 /// A mailbox on a node: where a message goes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Address {
     pub(crate) node: Name,
     pub(crate) mailbox: Name,
-    /// Where the sending node last found `node` among its peers (see [`RouteHint`]).
-    pub(crate) hint: RouteHint,
-}
-
-/// A hint, kept in an [`Address`], of where a node's registry holds the address's node:
-/// the registry's tag in the high 32 bits and the slot in the low ones, 0 for none. Only a
-/// hint: it is checked against the slot's peer name before it is used, and a registry's
-/// slot never changes once set (peers are never removed), so a stale or foreign hint only
-/// costs the ordinary lookup. Copied on clone; not part of equality or hashing.
-#[derive(Default)]
-pub(crate) struct RouteHint(AtomicU64);
-
-impl RouteHint {
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-
-    /// Remember `v`; written only when it changes, so that threads sending to one shared
-    /// address do not keep writing its cache line.
-    pub fn set(&self, v: u64) {
-        if self.get() != v {
-            self.0.store(v, Ordering::Relaxed);
-        }
-    }
-}
-
-impl Clone for Address {
-    fn clone(&self) -> Address {
-        Address {
-            node: self.node.clone(),
-            mailbox: self.mailbox.clone(),
-            hint: RouteHint(AtomicU64::new(self.hint.get())),
-        }
-    }
-}
-
-impl PartialEq for Address {
-    fn eq(&self, other: &Address) -> bool {
-        self.node == other.node && self.mailbox == other.mailbox
-    }
-}
-
-impl Eq for Address {}
-
-impl std::hash::Hash for Address {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        self.node.hash(h);
-        self.mailbox.hash(h);
-    }
-}
-
-impl std::fmt::Debug for Address {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Address")
-            .field("node", &self.node)
-            .field("mailbox", &self.mailbox)
-            .finish()
-    }
 }
 
 impl Address {
     /// From names already checked.
     pub(crate) fn from_names(node: Name, mailbox: Name) -> Address {
-        Address {
-            node,
-            mailbox,
-            hint: RouteHint::default(),
-        }
+        Address { node, mailbox }
     }
 
     /// The mailbox `mailbox` on node `node`. Names are 1..=255 bytes of UTF-8 (the mailbox

@@ -56,10 +56,10 @@ fn messages_arrive_complete_and_in_order_per_sender() {
     assert!(inbox.try_recv() == Err(RecvError::Empty));
 }
 
-/// One `Address` value used by several nodes of one process, including the node it names:
-/// each node finds the right peer (an address remembers where the last sender found its
-/// node, and another node must not take that for its own), and the named node delivers
-/// locally.
+/// One thread sending through several nodes of one process with one `Address` value,
+/// including the node it names: each node finds the right peer (a thread remembers where
+/// it last found a peer, and another node must not take that for its own), and the named
+/// node delivers locally.
 #[test]
 fn one_address_shared_by_several_nodes_reaches_the_right_node() {
     let nodes = start(mesh(&["a", "b", "c"]));

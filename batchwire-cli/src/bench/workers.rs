@@ -93,9 +93,11 @@ pub fn spawn_worker(args: &[String]) -> std::io::Result<Child> {
     let mut cmd = Command::new(exe);
     // Only `bench --tls` puts every worker on TLS. A `NAME/tls` entry passes its folder
     // to its own workers (`--tls-dir`): plaintext entries run after it stay plaintext.
-    if let Some(dir) = tls_for_all() {
-        cmd.env(TLS_DIR_ENV, dir);
-    }
+    match tls_for_all() {
+        Some(dir) => cmd.env(TLS_DIR_ENV, dir),
+        // Nor from this process's own environment.
+        None => cmd.env_remove(TLS_DIR_ENV),
+    };
     let host = placement(args);
     if let Some(ns) = crate::link::hosts::ns_fd(host) {
         use std::os::unix::process::CommandExt;

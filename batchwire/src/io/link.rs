@@ -171,6 +171,9 @@ pub(crate) struct Cipher {
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    /// rustls refused what was read: every later read fails too (what the failing read
+    /// had decrypted was not handed on, so nothing after it may be).
+    failed: bool,
 }
 
 /// A connection's transport, shared by its reader and its writer.
@@ -485,6 +488,12 @@ impl Link {
                 };
                 let mut got = 0;
                 let mut cipher = Self::lock(cipher);
+                if cipher.failed {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "TLS: the connection failed before",
+                    ));
+                }
                 loop {
                     {
                         let mut st = Self::lock(state);
@@ -517,8 +526,10 @@ impl Link {
                         if c.start < c.end {
                             let mut rest = &c.buf[c.start..c.end];
                             if let Err(e) = feed(conn, &mut rest) {
-                                // The connection closes: nothing of this call is handed on.
+                                // The connection closes: nothing of this call is handed on,
+                                // and no later read goes on after it.
                                 buf.truncate(buf.len() - got);
+                                c.failed = true;
                                 return Err(e);
                             }
                             c.start = c.end - rest.len();
@@ -543,6 +554,43 @@ impl Link {
                 }
             }
         }
+    }
+
+    /// TLS: whether more of the stream is at hand without waiting (decrypted, read from
+    /// the socket and not yet decrypted, or in the socket). After a read that filled all
+    /// it asked for, this says whether the reader drained the link. Plain: false.
+    pub fn tls_more_waiting(&self) -> bool {
+        let Link::Tls {
+            sock,
+            state,
+            cipher,
+            ..
+        } = self
+        else {
+            return false;
+        };
+        {
+            let c = Self::lock(cipher);
+            if c.start < c.end {
+                return true;
+            }
+        }
+        if Self::lock(state)
+            .conn
+            .reader()
+            .fill_buf()
+            .is_ok_and(|b| !b.is_empty())
+        {
+            return true;
+        }
+        use std::os::fd::AsRawFd;
+        let mut p = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, borrowed for the call; the fd is open while `sock` is.
+        unsafe { libc::poll(&mut p, 1, 0) > 0 }
     }
 
     pub fn set_read_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
@@ -612,7 +660,8 @@ impl<'a> TlsWrite<'a> {
             }
             let room = piece - fed;
             if self.plain.is_empty() && self.rest.len() >= RECORD {
-                let n = self.rest.len().min(room.max(RECORD));
+                // Whole records only; the tail is gathered with what follows.
+                let n = self.rest.len().min(room.max(RECORD)) / RECORD * RECORD;
                 w.write_all(&self.rest[..n])?;
                 self.rest = &self.rest[n..];
                 fed += n;

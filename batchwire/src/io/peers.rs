@@ -11,7 +11,6 @@ use batchwire_core::codec::Name;
 use batchwire_core::outbox::Dest;
 use batchwire_core::session::Session;
 
-use crate::address::RouteHint;
 use crate::config::NodeConfig;
 use crate::io::flow::Flow;
 use crate::io::lane::Lane;
@@ -26,7 +25,7 @@ use crate::io::{NameHash, lane_cfg};
 pub(crate) struct Peers(Arc<Inner>);
 
 struct Inner {
-    /// This registry's own tag in route hints (unique in the process, never 0).
+    /// This registry's own tag in [`LAST`] (unique in the process, never 0).
     tag: u32,
     map: RwLock<HashMap<Name, Arc<Peer>, NameHash>>,
     /// The first peers again, for the send path's lookup without a lock.
@@ -96,14 +95,15 @@ impl Peers {
     /// lock or a reference count, or, past the index's first peers, under the registry's
     /// read lock.
     pub fn with<R>(&self, name: &[u8], f: impl FnOnce(Option<&Arc<Peer>>) -> R) -> R {
-        self.with_hint(name, &RouteHint::default(), f)
+        self.with_remembered(name, false, f)
     }
 
-    /// The peer called `name` where `hint` says this registry holds it, if it does (a
-    /// route hint from an [`crate::Address`]: the send path's lookup without hashing).
+    /// The peer called `name` if it is the one this thread last found in this registry
+    /// with `remember` (see [`LAST`]): the send path's lookup without hashing, for a
+    /// thread that keeps sending to one node.
     #[inline]
-    pub fn hinted(&self, name: &[u8], hint: &RouteHint) -> Option<&Arc<Peer>> {
-        let h = hint.get();
+    pub fn last_found(&self, name: &[u8]) -> Option<&Arc<Peer>> {
+        let h = LAST.get();
         if (h >> 32) as u32 != self.0.tag {
             return None;
         }
@@ -113,15 +113,19 @@ impl Peers {
             .filter(|p| batchwire_core::codec::bytes_eq(p.key(), name))
     }
 
-    /// [`Peers::with`], remembering in `hint` where the peer was found in the index.
-    pub fn with_hint<R>(
+    /// [`Peers::with`]; with `remember`, the peer found in the index is the one
+    /// [`Peers::last_found`] gives this thread next. (The send path remembers only names
+    /// it has checked are not this node's own.)
+    pub fn with_remembered<R>(
         &self,
         name: &[u8],
-        hint: &RouteHint,
+        remember: bool,
         f: impl FnOnce(Option<&Arc<Peer>>) -> R,
     ) -> R {
         if let Some((i, p)) = self.0.index.find(name) {
-            hint.set(u64::from(self.0.tag) << 32 | i as u64);
+            if remember {
+                LAST.set(u64::from(self.0.tag) << 32 | i as u64);
+            }
             return f(Some(p));
         }
         if !self.0.index.is_full() {
@@ -224,6 +228,14 @@ impl Peers {
         map.insert(name.clone(), peer.clone());
         Ok(peer)
     }
+}
+
+thread_local! {
+    /// Where this thread last found a peer in the index: the registry's tag in the high 32
+    /// bits, the slot in the low ones (0: none). Only a hint: checked against the slot's
+    /// peer name before use, and a slot never changes once set (peers are never removed),
+    /// so a hint from another registry or for another name only costs the ordinary lookup.
+    static LAST: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// The index holds at most this many peers (the others are looked up under the lock).

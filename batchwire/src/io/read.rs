@@ -345,7 +345,8 @@ impl Reader<'_> {
         // buffer's end of a stream (1 KB 0.87x / 0.91x in both orders); counted as not, a
         // stream that stopped exactly there would hold its acknowledgement back behind a
         // blocking read. So the next read looks first, without waiting.
-        side.drained = n < want;
+        // Over TLS a read that filled all it asked for looks whether more is at hand.
+        side.drained = n < want || (self.conn.link.is_tls() && !self.conn.link.tls_more_waiting());
         side.look = shrunk && n == want;
         side.idle_said = false;
         self.peer.stats.bytes_received.fetch_add(n as u64, Relaxed);

@@ -332,17 +332,17 @@ impl Runtime {
                 Err(e) => Err(self.push_error(e, to, payload.clone())),
             }
         };
-        // Where this address's node was found last time (no hashing, and no comparison
-        // with this node's own name: a hint is only ever set past that check), else the
-        // lookup, which remembers it.
-        let waiting = match self.peers.hinted(to.node.as_bytes(), &to.hint) {
+        // The peer this thread sent to last, if this address names it (no hashing, and no
+        // comparison with this node's own name: only a name past that check is
+        // remembered), else the lookup, which remembers it.
+        let waiting = match self.peers.last_found(to.node.as_bytes()) {
             Some(peer) => first(peer)?,
             None => {
                 if to.node == self.name {
                     return self.deliver_local(from, &to.mailbox, payload, block);
                 }
                 self.peers
-                    .with_hint(to.node.as_bytes(), &to.hint, |peer| match peer {
+                    .with_remembered(to.node.as_bytes(), true, |peer| match peer {
                         Some(peer) => first(peer),
                         None => Err(Error::UnknownNode(to.node.to_string())),
                     })?
