@@ -452,8 +452,14 @@ impl Link {
     /// Read some bytes of the stream (at most `want`) onto the end of `buf`; how many, 0
     /// at its end. Over TLS the plaintext is copied from rustls straight into `buf`'s
     /// spare capacity (nothing is zeroed first), and ciphertext goes from a reused buffer
-    /// to rustls without a stop in between.
-    pub fn read_append(&self, buf: &mut BytesMut, want: usize) -> std::io::Result<usize> {
+    /// to rustls without a stop in between. Without `wait`, `WouldBlock` if nothing is at
+    /// hand (TLS; a plain link's socket decides for itself).
+    pub fn read_append(
+        &self,
+        buf: &mut BytesMut,
+        want: usize,
+        wait: bool,
+    ) -> std::io::Result<usize> {
         match self {
             Link::Plain(s) => {
                 let len = buf.len();
@@ -546,7 +552,11 @@ impl Link {
                     if c.buf.is_empty() {
                         c.buf.resize(TLS_READ, 0);
                     }
-                    let n = (&*sock).read(&mut c.buf[..])?;
+                    let n = if wait {
+                        (&*sock).read(&mut c.buf[..])?
+                    } else {
+                        recv_now(sock, &mut c.buf[..])?
+                    };
                     if n == 0 {
                         return Ok(0);
                     }
@@ -554,43 +564,6 @@ impl Link {
                 }
             }
         }
-    }
-
-    /// TLS: whether more of the stream is at hand without waiting (decrypted, read from
-    /// the socket and not yet decrypted, or in the socket). After a read that filled all
-    /// it asked for, this says whether the reader drained the link. Plain: false.
-    pub fn tls_more_waiting(&self) -> bool {
-        let Link::Tls {
-            sock,
-            state,
-            cipher,
-            ..
-        } = self
-        else {
-            return false;
-        };
-        {
-            let c = Self::lock(cipher);
-            if c.start < c.end {
-                return true;
-            }
-        }
-        if Self::lock(state)
-            .conn
-            .reader()
-            .fill_buf()
-            .is_ok_and(|b| !b.is_empty())
-        {
-            return true;
-        }
-        use std::os::fd::AsRawFd;
-        let mut p = libc::pollfd {
-            fd: sock.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, borrowed for the call; the fd is open while `sock` is.
-        unsafe { libc::poll(&mut p, 1, 0) > 0 }
     }
 
     pub fn set_read_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
@@ -614,6 +587,30 @@ impl Link {
         }
         self.set_read_timeout(Some(left))?;
         self.set_write_timeout(Some(left))
+    }
+}
+
+/// One read from `sock` without waiting: `WouldBlock` if nothing is there.
+fn recv_now(sock: &TcpStream, out: &mut [u8]) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: recv(2) writes at most `out.len()` bytes into `out`, which is borrowed
+        // mutably for the call; the fd is open while `sock` is borrowed.
+        let r = unsafe {
+            libc::recv(
+                sock.as_raw_fd(),
+                out.as_mut_ptr().cast(),
+                out.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 

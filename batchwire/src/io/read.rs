@@ -345,9 +345,9 @@ impl Reader<'_> {
         // buffer's end of a stream (1 KB 0.87x / 0.91x in both orders); counted as not, a
         // stream that stopped exactly there would hold its acknowledgement back behind a
         // blocking read. So the next read looks first, without waiting.
-        // Over TLS a read that filled all it asked for looks whether more is at hand.
-        side.drained = n < want || (self.conn.link.is_tls() && !self.conn.link.tls_more_waiting());
-        side.look = shrunk && n == want;
+        // Over TLS too: a read that filled all it asked for cannot tell either.
+        side.drained = n < want;
+        side.look = (shrunk || self.conn.link.is_tls()) && n == want;
         side.idle_said = false;
         self.peer.stats.bytes_received.fetch_add(n as u64, Relaxed);
         self.peer
@@ -869,8 +869,7 @@ impl Reader<'_> {
 /// bytes are not zeroed first. (Zeroing `want` bytes before every read cost a pass over
 /// 64 KiB per read, whatever arrived: 113 of the receiving process's 673 instructions per
 /// 100 B message under callgrind.) TLS copies rustls' plaintext into the spare capacity.
-/// Without `wait`, a plain link's read returns `WouldBlock` at once if nothing is there (a
-/// TLS link always waits).
+/// Without `wait`, a read returns `WouldBlock` at once if nothing is there.
 pub(crate) fn read_more(
     link: &crate::io::link::Link,
     buf: &mut BytesMut,
@@ -898,7 +897,7 @@ pub(crate) fn read_more(
         return Ok(r);
     }
     buf.reserve(want);
-    link.read_append(buf, want)
+    link.read_append(buf, want, wait)
 }
 
 /// One read from a plain link's socket, without waiting (`WouldBlock` if nothing is

@@ -57,7 +57,7 @@ fn tls_reads_append_what_was_written_in_any_amounts() {
     while got.len() < total {
         let ask = asks[calls % asks.len()];
         let before = got.len();
-        let n = b.read_append(&mut got, ask).unwrap();
+        let n = b.read_append(&mut got, ask, true).unwrap();
         assert!(n > 0 && n <= ask, "asked {ask}, got {n}");
         assert_eq!(got.len(), before + n);
         more_than_a_record += usize::from(n > RECORD);
@@ -68,7 +68,7 @@ fn tls_reads_append_what_was_written_in_any_amounts() {
     drop(writer.join().unwrap());
     // The writer's end closed: the end of the stream or an error, and nothing more.
     let mut rest = BytesMut::new();
-    let r = b.read_append(&mut rest, 100);
+    let r = b.read_append(&mut rest, 100, true);
     assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
     assert!(rest.is_empty());
 }
@@ -158,7 +158,7 @@ fn tls_garbage_after_the_handshake_is_an_error_not_data() {
     (&mut a.sock()).write_all(&[0xAB; 32]).unwrap();
     let mut got = BytesMut::new();
     let err = loop {
-        match b.read_append(&mut got, 64 << 10) {
+        match b.read_append(&mut got, 64 << 10, true) {
             Ok(0) => panic!("end of stream instead of an error"),
             Ok(_) => assert!(got.len() <= 40_000),
             Err(e) => break e,
@@ -167,7 +167,7 @@ fn tls_garbage_after_the_handshake_is_an_error_not_data() {
     assert!(got.iter().all(|&b| b == 7), "garbage handed on as data");
     // And so does every read after it (nothing past the refused record is handed on).
     let before = got.len();
-    assert!(b.read_append(&mut got, 64 << 10).is_err());
+    assert!(b.read_append(&mut got, 64 << 10, true).is_err());
     assert_eq!(got.len(), before);
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{err}");
     assert!(err.to_string().contains("TLS"), "{err}");
@@ -182,20 +182,29 @@ proptest! {
     }
 }
 
-/// After a read that took all it asked for, the reader can tell whether more is at hand
-/// (to acknowledge at once when the stream stopped there, not after `ack_delay`).
+/// A read without waiting takes what is at hand, and says `WouldBlock` once nothing is
+/// (the reader looks so after a read that took all it asked for, to acknowledge at once
+/// when a stream stopped exactly there).
 #[test]
-fn tls_says_whether_more_is_waiting_after_a_full_read() {
+fn tls_reads_without_waiting_take_what_is_at_hand() {
     let (a, b) = tls_pair();
-    a.write_all(&vec![3u8; 100_000]).unwrap();
     let mut got = BytesMut::new();
-    assert_eq!(b.read_append(&mut got, 1000).unwrap(), 1000);
-    assert!(b.tls_more_waiting());
+    let r = b.read_append(&mut got, 1000, false);
+    assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    a.write_all(&vec![3u8; 100_000]).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while got.len() < 100_000 {
         assert!(Instant::now() < deadline);
         let left = 100_000 - got.len();
-        b.read_append(&mut got, left).unwrap();
+        match b.read_append(&mut got, left, false) {
+            Ok(n) => assert!(n > 0 && n <= left),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("{e}"),
+        }
     }
-    assert!(!b.tls_more_waiting());
+    assert_eq!(&got[..], &vec![3u8; 100_000][..]);
+    let r = b.read_append(&mut got, 1000, false);
+    assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
 }
