@@ -527,6 +527,11 @@ fn root() -> bool {
 }
 
 /// The bench's namespaces now present (`bw<pid>-...`).
+/// The tests that make network namespaces run one at a time: each checks that its bench
+/// left none behind, and must not see the other's (seen in CI: the WAN test found the
+/// Ctrl-C test's four namespaces, which that test was still waiting to see removed).
+static NETNS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn bench_namespaces() -> Vec<String> {
     std::fs::read_dir("/run/netns")
         .map(|d| {
@@ -543,6 +548,7 @@ fn bench_runs_over_an_emulated_wan_link_and_chaos_on_a_lossy_one_loses_nothing()
     if !root() {
         return;
     }
+    let _alone = NETNS.lock().unwrap_or_else(|p| p.into_inner());
     // Roundtrip, the seed's experiment, cut to a few batches over a short link.
     let (v, out) = bench(
         "wan-roundtrip",
@@ -614,6 +620,7 @@ fn ctrl_c_during_a_wan_run_removes_the_hosts() {
     if !root() {
         return;
     }
+    let _alone = NETNS.lock().unwrap_or_else(|p| p.into_inner());
     let mut p = Proc(
         Command::new(EXE)
             .args([
