@@ -93,6 +93,13 @@ fn a_graceful_leave_is_a_leave_not_a_suspicion() {
     let b = node("b", Some(a.local_addr()));
     let c = node("c", Some(a.local_addr()));
     assert!(sees(&a, &["b", "c"]) && sees(&c, &["a", "b"]));
+    // b tells the members it is connected to that it leaves; the others learn it by
+    // gossip, as a member gone down. Members connect as they need to: make sure b and c
+    // are (seen once in CI under load: c had no connection from b yet, and saw b down).
+    let c_inbox = c.mailbox("inbox").unwrap();
+    b.send(&Address::new("c", "inbox").unwrap(), &b"hi"[..])
+        .unwrap();
+    assert_eq!(&c_inbox.recv_timeout(T).unwrap().payload[..], b"hi");
     let (ev_a, ev_c) = (a.events(), c.events());
     b.shutdown();
     for (n, ev) in [(&a, &ev_a), (&c, &ev_c)] {
