@@ -62,8 +62,8 @@ pub(crate) struct ReadSide {
     /// of a piece (and the next frame's fields), so that a piece after it can be read in
     /// place (see `read.rs`).
     pub next_read: Option<usize>,
-    /// The last read was cut short to a frame's end and got all it asked for: whether
-    /// more is waiting is not known, so the next read looks without waiting.
+    /// The last read got all it asked for after being cut short to a frame's end, or over
+    /// TLS: whether more is waiting is not known, so the next read looks without waiting.
     pub look: bool,
 }
 

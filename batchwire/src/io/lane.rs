@@ -814,8 +814,8 @@ impl Lane {
     }
 }
 
-/// A lane of its own (1 MiB queues, 64 KiB frames and pieces), for the io layer's tests.
-/// The messages of encoded MESSAGES frames (for failure reports: the lane's, the writer's).
+/// The messages of encoded MESSAGES frames (for failure reports of the transfer-queue
+/// bundler's frames, which hold no payload by reference).
 pub(crate) fn decode_frames<'a>(frames: impl Iterator<Item = &'a [u8]>) -> Vec<Message> {
     let mut out = Vec::new();
     for f in frames {
@@ -827,6 +827,7 @@ pub(crate) fn decode_frames<'a>(frames: impl Iterator<Item = &'a [u8]>) -> Vec<M
     out
 }
 
+/// A lane of its own (1 MiB queues, 64 KiB frames and pieces), for the io layer's tests.
 #[cfg(test)]
 pub(crate) fn test_lane() -> std::sync::Arc<Lane> {
     let b = batchwire_core::bundler::BundlerConfig::default().build();

@@ -168,9 +168,8 @@ pub(crate) struct TlsState {
 /// per call); the reader's alone, read into again once rustls has taken all of it.
 #[derive(Default)]
 pub(crate) struct Cipher {
-    buf: Vec<u8>,
+    buf: BytesMut,
     start: usize,
-    end: usize,
     /// rustls refused what was read: every later read fails too (what the failing read
     /// had decrypted was not handed on, so nothing after it may be).
     failed: bool,
@@ -190,7 +189,7 @@ pub(crate) enum Link {
         /// Wakes the writer for those.
         waker: OnceLock<Box<dyn Fn() + Send + Sync>>,
         /// Ciphertext read from the socket without holding `state` (the reader's alone:
-        /// its lock is never contended; zeroed once, then reused).
+        /// its lock is never contended; its buffer is reused).
         cipher: Mutex<Cipher>,
     },
 }
@@ -529,8 +528,8 @@ impl Link {
                         }
                         // 2. Then feed buffered ciphertext, one call at a time.
                         let c = &mut *cipher;
-                        if c.start < c.end {
-                            let mut rest = &c.buf[c.start..c.end];
+                        if c.start < c.buf.len() {
+                            let mut rest = &c.buf[c.start..];
                             if let Err(e) = feed(conn, &mut rest) {
                                 // The connection closes: nothing of this call is handed on,
                                 // and no later read goes on after it.
@@ -538,7 +537,7 @@ impl Link {
                                 c.failed = true;
                                 return Err(e);
                             }
-                            c.start = c.end - rest.len();
+                            c.start = c.buf.len() - rest.len();
                             continue;
                         }
                     }
@@ -549,18 +548,12 @@ impl Link {
                     // 3. Nothing buffered: read ciphertext from the socket without the
                     //    state lock (rustls takes it in step 2).
                     let c = &mut *cipher;
-                    if c.buf.is_empty() {
-                        c.buf.resize(TLS_READ, 0);
-                    }
-                    let n = if wait {
-                        (&*sock).read(&mut c.buf[..])?
-                    } else {
-                        recv_now(sock, &mut c.buf[..])?
-                    };
-                    if n == 0 {
+                    c.buf.clear();
+                    c.start = 0;
+                    use std::os::fd::AsRawFd;
+                    if recv_append(sock.as_raw_fd(), &mut c.buf, TLS_READ, wait)? == 0 {
                         return Ok(0);
                     }
-                    (c.start, c.end) = (0, n);
                 }
             }
         }
@@ -590,28 +583,32 @@ impl Link {
     }
 }
 
-/// One read from `sock` without waiting: `WouldBlock` if nothing is there.
-fn recv_now(sock: &TcpStream, out: &mut [u8]) -> std::io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    loop {
-        // SAFETY: recv(2) writes at most `out.len()` bytes into `out`, which is borrowed
-        // mutably for the call; the fd is open while `sock` is borrowed.
-        let r = unsafe {
-            libc::recv(
-                sock.as_raw_fd(),
-                out.as_mut_ptr().cast(),
-                out.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if r >= 0 {
-            return Ok(r as usize);
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
+/// One `recv(2)` of at most `max` bytes from `fd` onto the end of `buf`, straight into its
+/// spare capacity (nothing zeroed first); how many, 0 at the end of the stream. Without
+/// `wait`, `WouldBlock` at once if nothing is there; with it, the socket's read timeout
+/// applies. The caller keeps `fd` open for the call.
+pub(crate) fn recv_append(
+    fd: std::os::fd::RawFd,
+    buf: &mut BytesMut,
+    max: usize,
+    wait: bool,
+) -> std::io::Result<usize> {
+    buf.reserve(max);
+    let len = buf.len();
+    let spare = buf.spare_capacity_mut();
+    let n = spare.len().min(max);
+    let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
+    // SAFETY: recv(2) writes at most `n` bytes through a raw pointer into the spare
+    // capacity (no reference to uninitialized memory is made) and returns how many it
+    // wrote; exactly those are then counted as initialized by `set_len`.
+    let r = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), n, flags) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
     }
+    let r = r as usize;
+    // SAFETY: the first `r` bytes of the spare capacity were written by recv above.
+    unsafe { buf.set_len(len + r) };
+    Ok(r)
 }
 
 /// A TLS record's most plaintext.
@@ -623,8 +620,8 @@ const PIECE: usize = 16 * RECORD;
 
 /// Hands the plaintext of one TLS write to rustls a piece at a time, gathering small
 /// slices into whole records: a write per slice made a record per slice, and a payload
-/// sent by reference is a slice of its own. A large slice at a record's start goes as it
-/// is. (Handing rustls all the slices at once with `write_vectored` made no progress when
+/// sent by reference is a slice of its own. The whole records of a large slice at a
+/// record's start go as they are. (Handing rustls all the slices at once with `write_vectored` made no progress when
 /// connections broke every 60 ms, most likely for the reason pieces are needed: a record
 /// per slice made encrypting the whole window slower than a connection lived. One buffer
 /// for the whole write cost 10 KB messages 0.81x: an allocation of megabytes per write.)

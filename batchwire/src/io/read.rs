@@ -876,25 +876,10 @@ pub(crate) fn read_more(
     want: usize,
     wait: bool,
 ) -> std::io::Result<usize> {
-    let len = buf.len();
     #[cfg(unix)]
     if let Some(fd) = link.plain_fd() {
-        buf.reserve(want);
-        let spare = buf.spare_capacity_mut();
-        let n = spare.len().min(want);
-        let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
-        // SAFETY: recv(2) writes at most `n` bytes through a raw pointer into the spare
-        // capacity (no reference to uninitialized memory is made) and returns how many it
-        // wrote; exactly those are then counted as initialized by `set_len`. The fd is the
-        // link's socket, open for as long as `link` is borrowed.
-        let r = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), n, flags) };
-        if r < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let r = r as usize;
-        // SAFETY: the first `r` bytes of the spare capacity were written by recv above.
-        unsafe { buf.set_len(len + r) };
-        return Ok(r);
+        // The fd is the link's socket, open for as long as `link` is borrowed.
+        return crate::io::link::recv_append(fd, buf, want, wait);
     }
     buf.reserve(want);
     link.read_append(buf, want, wait)
