@@ -92,10 +92,11 @@ fn a_graceful_leave_is_a_leave_not_a_suspicion() {
     let a = node("a", None);
     let b = node("b", Some(a.local_addr()));
     let c = node("c", Some(a.local_addr()));
-    assert!(sees(&a, &["b", "c"]) && sees(&c, &["a", "b"]));
+    assert!(sees(&a, &["b", "c"]) && sees(&b, &["a", "c"]) && sees(&c, &["a", "b"]));
     // b tells the members it is connected to that it leaves; the others learn it by
     // gossip, as a member gone down. Members connect as they need to: make sure b and c
-    // are (seen once in CI under load: c had no connection from b yet, and saw b down).
+    // are (seen once in CI under load: c had no connection from b yet, and saw b down;
+    // and b must know c before it can send to it: once in CI it did not yet, UnknownNode).
     let c_inbox = c.mailbox("inbox").unwrap();
     b.send(&Address::new("c", "inbox").unwrap(), &b"hi"[..])
         .unwrap();
