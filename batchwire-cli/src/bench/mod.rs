@@ -10,6 +10,7 @@ pub mod fanin;
 pub mod hol;
 pub mod membership;
 pub mod mperf;
+mod payloads;
 pub mod pingpong;
 pub mod plot;
 pub mod roundtrip;

@@ -10,9 +10,9 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
+use super::payloads::Payloads;
 use super::{
     BenchResult, CTL, Common, Context, Ctl, Faults, Overrides, Progress, Verifier, mesh_config,
     parse_results, print_result, run_workers, si, u32_at, u64_at, worker_args,
@@ -79,22 +79,15 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     let (node, _) = super::start_cluster_node(cfg, i, n)?;
     let mut ctl = Ctl::new(&node, i, n)?;
     let mb = node.mailbox(MAILBOX).ctx("mailbox mperf")?;
+    let payloads = Payloads::new(a.messages, a.size.max(HEADER), Some(i as u32));
     ctl.barrier(READY, Duration::from_secs(60))?;
     let t0 = Instant::now();
-    let size = a.size.max(HEADER);
     let node_ref = &node;
     let (v, secs) = std::thread::scope(|s| -> Result<(Verifier, f64), String> {
         let sender = s.spawn(move || -> Result<(), String> {
-            let mut chunk = BytesMut::new();
-            for seq in 0..a.messages {
-                if chunk.capacity() < size {
-                    chunk = BytesMut::with_capacity((1 << 20).max(size));
-                }
-                chunk.put_u64_le(seq);
-                chunk.put_u32_le(i as u32);
-                chunk.put_bytes(0, size - HEADER);
+            for p in payloads {
                 node_ref
-                    .send_all(MAILBOX, chunk.split().freeze())
+                    .send_all(MAILBOX, p)
                     .map_err(|e| format!("send_all: {e}"))?;
             }
             Ok(())
@@ -260,11 +253,12 @@ fn table(rows: &[BenchResult], o: &Options, c: &Common) -> String {
     let t = super::rate_table(rows, c.runs, c.show_idle(), "MB/s/node");
     format!(
         "\nmperf: {} nodes, each sends {} x {} B to every member (itself included) with send_all; \
-         msgs/s received per node (mean over the nodes) of {} alternating runs\n{}",
+         msgs/s received per node (mean over the nodes) of {} alternating runs; {}\n{}",
         o.nodes,
         o.messages,
         first.size,
         c.runs,
+        super::payloads::how(o.messages, first.size),
         t.render()
     )
 }

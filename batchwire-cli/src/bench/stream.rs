@@ -6,9 +6,10 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
 
+use super::payloads::Payloads;
 use super::{CTL, Context, Ctl, Verifier, now_ns, print_result, process_cpu_ns, u64_at};
 use batchwire::{Address, Node, NodeConfig, RecvError};
 use batchwire_core::bundler::BundlerKind;
@@ -143,6 +144,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 return Err("receiver did not come up within 30 s".into());
             }
             let to = Address::new("n1", "sink").ctx("address")?;
+            let payloads = Payloads::new(a.messages, a.size, None);
             let start_ns = now_ns();
             let cpu0 = process_cpu_ns();
             let sending = AtomicBool::new(true);
@@ -159,7 +161,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                         }
                     });
                 }
-                let res = stream(&node, &to, a.messages, a.size);
+                let res = stream(&node, &to, payloads);
                 // Keep breaking until everything is acknowledged, then stop the chaos thread.
                 let deadline = std::time::Instant::now() + Duration::from_secs(300);
                 while a.break_every > 0
@@ -293,9 +295,10 @@ fn duplex(a: &WorkerArgs, secret: &[u8], me: usize) -> Result<(), String> {
     let mb = node.mailbox("sink").ctx("mailbox sink")?;
     let to = Address::new(other, "sink").ctx("address")?;
     let mut v = Verifier::new(1, a.messages);
+    let payloads = Payloads::new(a.messages, a.size, None);
     let start_ns = now_ns();
     let end_ns = std::thread::scope(|sc| -> Result<u128, String> {
-        let sender = sc.spawn(|| stream(&node, &to, a.messages, a.size));
+        let sender = sc.spawn(|| stream(&node, &to, payloads));
         let mut batch = Vec::with_capacity(8192);
         while v.distinct < a.messages {
             match mb.recv_batch_into(&mut batch, 8192, Duration::from_secs(30)) {
@@ -322,82 +325,17 @@ fn duplex(a: &WorkerArgs, secret: &[u8], me: usize) -> Result<(), String> {
     })
 }
 
-/// Send `n` numbered messages of `size` bytes to `to`. Payloads are cut from 1 MiB chunks,
-/// as a careful application would do: none allocated in batchwire, and a chunk is used
-/// again once every payload cut from it is dropped. Payloads of 512 B or more are sent by
-/// reference (not copied), so batchwire holds them until the peer acknowledges them: a
-/// few retired chunks wait for that ([`CHUNKS`]), and the first one free is taken again.
-/// A new chunk per 1 MiB cost the sending thread page faults on fresh pages (at 10 KB,
-/// with payloads by reference: 2.4% of all samples in page faults and zeroing, and the
-/// payload fill twice as costly on cold pages); with 16 chunks, a chaos run at 1 KB
-/// (acknowledgements lost at every break, so the window full) ran out of free ones.
-fn stream(node: &Node, to: &Address, n: u64, size: usize) -> Result<(), String> {
-    let size = size.max(8);
-    let block = (1 << 20).max(size);
-    let mut chunk = BytesMut::with_capacity(block);
-    let mut retired: std::collections::VecDeque<BytesMut> = Default::default();
-    for i in 0..n {
-        if chunk.capacity() < size {
-            chunk = next_chunk(chunk, &mut retired, block);
-        }
-        chunk.put_u64_le(i);
-        chunk.put_bytes(0, size - 8);
-        node.send(to, chunk.split().freeze()).ctx("send")?;
+/// Send every payload of `payloads` to `to`, in order.
+fn stream(node: &Node, to: &Address, payloads: Payloads) -> Result<(), String> {
+    for p in payloads {
+        node.send(to, p).ctx("send")?;
     }
     Ok(())
-}
-
-/// Retired payload chunks a sender keeps: enough for what batchwire may hold by reference
-/// with the default limits (a 4 MiB queue and a 16 MiB send window), 40 MiB at most.
-const CHUNKS: usize = 40;
-
-/// The next chunk to cut payloads from, with room for `block` bytes: `used` itself or a
-/// retired one if every payload cut from it was dropped, else a new one. `used` is
-/// retired (the oldest retired chunk goes beyond [`CHUNKS`]); it must have a buffer (not
-/// `BytesMut::new()`).
-fn next_chunk(
-    mut used: BytesMut,
-    retired: &mut std::collections::VecDeque<BytesMut>,
-    block: usize,
-) -> BytesMut {
-    if used.try_reclaim(block) {
-        return used;
-    }
-    let free = (0..retired.len()).find(|&i| retired[i].try_reclaim(block));
-    let next = match free.and_then(|i| retired.remove(i)) {
-        Some(c) => c,
-        None => BytesMut::with_capacity(block),
-    };
-    if retired.len() == CHUNKS {
-        retired.pop_front();
-    }
-    retired.push_back(used);
-    next
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn payload_chunks_are_taken_again_once_their_payloads_are_dropped() {
-        let mut retired = Default::default();
-        let mut c = BytesMut::with_capacity(1000);
-        let first = c.as_ptr();
-        c.put_bytes(1, 1000);
-        let held = c.split().freeze();
-        // A payload of it is alive: a new chunk, and the used one is retired.
-        let mut c = next_chunk(c, &mut retired, 1000);
-        assert_ne!(c.as_ptr(), first);
-        assert_eq!(retired.len(), 1);
-        c.put_bytes(2, 1000);
-        let _held2 = c.split().freeze();
-        drop(held);
-        // The first chunk's payload is gone: it is taken again.
-        let c = next_chunk(c, &mut retired, 1000);
-        assert_eq!(c.as_ptr(), first);
-        assert_eq!(retired.len(), 1);
-    }
 
     #[test]
     fn verifier_counts_faults() {

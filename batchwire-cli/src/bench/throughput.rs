@@ -404,12 +404,16 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool, 
         "one sender thread"
     };
     println!(
-        "\nthroughput: {} B messages, {how}, 2 processes {}; msgs/s, median of {runs} alternating runs",
+        "\nthroughput: {} B messages, {how}, 2 processes {}; msgs/s, median of {runs} alternating runs; {}",
         first.size,
         match crate::link::hosts::active_link() {
             Some(l) => format!("on 2 hosts over the emulated link {l}"),
             None => "on loopback".into(),
-        }
+        },
+        super::payloads::how(
+            rows.iter().map(|r| r.messages).max().unwrap_or(0),
+            first.size
+        ),
     );
     print!("{:<25} {:>9}", "bundler", "messages");
     for i in 0..runs {
