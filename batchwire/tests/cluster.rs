@@ -281,6 +281,37 @@ fn undeliverable_mailbox_is_reported_to_the_sender_and_nothing_crashes() {
     assert_eq!(&inbox.recv_timeout(T).unwrap().payload[..], b"still here");
 }
 
+/// A mailbox dropped and opened again under the same name gets what is sent to it after:
+/// the connection's reader, which keeps the queue the last run went to, must not hand
+/// runs to the dropped one (they were reported undeliverable until the tenth session of
+/// issue 14). Several rounds, so that the reader has the old queue at hand each time.
+#[test]
+fn a_mailbox_opened_again_under_the_same_name_gets_what_comes_after() {
+    let nodes = start(mesh(&["a", "b"]));
+    let events = nodes[0].events();
+    let to = Address::new("b", "inbox").unwrap();
+    for round in 0u8..5 {
+        let inbox = nodes[1].mailbox("inbox").unwrap();
+        for i in 0u8..3 {
+            nodes[0].send(&to, vec![round, i]).unwrap();
+        }
+        let t0 = std::time::Instant::now();
+        for i in 0u8..3 {
+            let e = inbox.recv_timeout(T).unwrap_or_else(|e| {
+                panic!("round {round}, message {i}: {e:?} after {:?}", t0.elapsed())
+            });
+            assert_eq!(&e.payload[..], [round, i]);
+        }
+        drop(inbox);
+    }
+    assert_eq!(nodes[1].stats().undeliverable, 0);
+    assert!(
+        events
+            .try_iter()
+            .all(|e| !matches!(e, Event::Undeliverable { .. }))
+    );
+}
+
 #[test]
 fn wrong_secret_is_refused_on_both_sides_and_others_keep_working() {
     let mut cfgs = mesh(&["a", "b"]);

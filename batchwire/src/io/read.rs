@@ -663,27 +663,19 @@ impl Reader<'_> {
                 bytes += len;
                 continue;
             }
-            if cache.as_ref().is_none_or(|mb| mb.name.as_bytes() != to) {
-                *cache = self.mailboxes.get(to);
-            }
             let data = list.body().slice(range);
             let len = data.len();
-            match cache.as_ref() {
-                Some(mb) => {
-                    // Past its credit: a violation, and nothing of this run is delivered.
-                    if let Err(e) = peer.flow.charge(&mb.name, len as u64) {
-                        result = Err(e.into());
-                        break;
-                    }
-                    let held = Held::new(peer.flow.clone(), mb.name.clone(), len as u64);
-                    if mb.push_run(&peer.name, data.clone(), count, held).is_err() {
-                        // Dropped meanwhile (its credit went back with the refused run).
-                        *cache = None;
-                        self.undeliverable(to, data, false);
-                    }
-                }
+            match self.push_run(cache, to, &data, count) {
+                Ok(Pushed::Queued) => {}
                 // No such mailbox: counted, reported, and its credit given back.
-                None => self.undeliverable(to, data, true),
+                Ok(Pushed::NoMailbox) => self.undeliverable(to, data, true),
+                // Dropped meanwhile (its credit went back with the refused run).
+                Ok(Pushed::Closed) => self.undeliverable(to, data, false),
+                // Past its credit: a violation, and nothing of this run is delivered.
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
             }
             upto += count as u64;
             bytes += len;
@@ -691,6 +683,40 @@ impl Reader<'_> {
         peer.session(|s, now| s.end_delivery(now, d, upto, bytes));
         self.snapshot_if_asked();
         result
+    }
+
+    /// Queue a run of `count` messages for mailbox `to`, charging its credit. `cache` is the
+    /// queue the last run went to: looked up again if it is another mailbox's, or if it
+    /// refuses the run because it was dropped meanwhile (a mailbox opened again under the
+    /// same name since then takes the run: at most two tries).
+    fn push_run(
+        &self,
+        cache: &mut Option<Arc<MailboxQueue>>,
+        to: &[u8],
+        data: &Bytes,
+        count: u32,
+    ) -> Result<Pushed, LinkError> {
+        let peer = self.peer;
+        let len = data.len() as u64;
+        for retry in [false, true] {
+            if retry || cache.as_ref().is_none_or(|mb| mb.name.as_bytes() != to) {
+                *cache = self.mailboxes.get(to);
+            }
+            let Some(mb) = cache.as_ref() else {
+                return Ok(if retry {
+                    Pushed::Closed
+                } else {
+                    Pushed::NoMailbox
+                });
+            };
+            peer.flow.charge(&mb.name, len)?;
+            let held = Held::new(peer.flow.clone(), mb.name.clone(), len);
+            if mb.push_run(&peer.name, data.clone(), count, held).is_ok() {
+                return Ok(Pushed::Queued);
+            }
+            *cache = None;
+        }
+        Ok(Pushed::Closed)
     }
 
     /// A run of replies to this node's requests: each completes its call (if still
@@ -861,6 +887,16 @@ impl Reader<'_> {
             self.report_missing(&to, &f, n);
         }
     }
+}
+
+/// What became of a run [`Reader::push_run`] was given.
+enum Pushed {
+    Queued,
+    /// No mailbox of that name: its credit is still to be given back.
+    NoMailbox,
+    /// Its mailbox was dropped while the run was pushed, and none of that name is open
+    /// now: its credit went back with the refused run.
+    Closed,
 }
 
 /// Read once into the spare room at the end of `buf`, making room for `want` bytes.
