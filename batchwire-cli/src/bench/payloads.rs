@@ -3,7 +3,7 @@
 //!
 //! Each payload starts with its sequence number (u64, little endian), then the sender's tag
 //! (u32) if it has one; the rest is zeros. They are built before the clock starts whenever
-//! all of them fit in [`PREBUILT_BYTES`], as `raw` encodes all its frames before its clock:
+//! all of them fit in [`PREBUILT_BYTES`] (512 MiB), as `raw` encodes all its frames before its clock:
 //! a figure is then what sending costs, not what building costs. (Until the tenth session
 //! of issue 14 the payloads of these two scenarios were built inside the timed loop; at
 //! 100 B that was about a quarter of the sending thread's time. `fan-in` has always built
@@ -14,12 +14,15 @@ use std::collections::VecDeque;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-/// The most a sender builds before its clock starts: every payload of a run, if they fit.
-pub const PREBUILT_BYTES: u64 = 1 << 30;
+/// The most a sending process builds before its clock starts: every payload of its run, if
+/// they fit (the default runs need at most 300 MB). Per process: mperf's N nodes may each
+/// hold this much.
+pub const PREBUILT_BYTES: u64 = 512 << 20;
 
-/// Whether `n` payloads of `size` bytes are built before the clock.
+/// Whether `n` payloads of `size` bytes (at least the 8-byte header) are built before the
+/// clock.
 pub fn prebuilt(n: u64, size: usize) -> bool {
-    n.saturating_mul(size as u64) <= PREBUILT_BYTES
+    n.saturating_mul(size.max(8) as u64) <= PREBUILT_BYTES
 }
 
 /// How the payloads of a run were built, for a table's title.
@@ -27,7 +30,7 @@ pub fn how(n: u64, size: usize) -> &'static str {
     if prebuilt(n, size) {
         "payloads built before the clock starts, as raw's frames"
     } else {
-        "payloads built while sending (more than 1 GiB in all)"
+        "payloads built while sending (more than 512 MiB per sender)"
     }
 }
 
@@ -190,8 +193,10 @@ mod tests {
 
     #[test]
     fn runs_above_the_bound_are_built_while_sending() {
-        assert!(prebuilt(1_000_000, 1000));
+        assert!(prebuilt(300_000, 1000));
         assert!(!prebuilt(3_000_000, 1000));
+        // A size below the header is built at the header's size.
+        assert!(!prebuilt(PREBUILT_BYTES / 8 + 1, 2));
         assert!(!prebuilt(u64::MAX, 2));
         let mut p = Payloads::new(PREBUILT_BYTES / 100 + 1, 100, None);
         assert!(matches!(p.how, How::WhileSending { .. }));

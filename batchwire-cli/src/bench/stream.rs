@@ -291,11 +291,12 @@ fn duplex(a: &WorkerArgs, secret: &[u8], me: usize) -> Result<(), String> {
     if !node.wait_for_peers(&[other], Duration::from_secs(30)) {
         return Err(format!("{other} did not come up within 30 s"));
     }
-    ctl.barrier(1, Duration::from_secs(60))?;
+    // Payloads and the mailbox first: the other node's clock starts at the barrier too.
+    let payloads = Payloads::new(a.messages, a.size, None);
     let mb = node.mailbox("sink").ctx("mailbox sink")?;
+    ctl.barrier(1, Duration::from_secs(60))?;
     let to = Address::new(other, "sink").ctx("address")?;
     let mut v = Verifier::new(1, a.messages);
-    let payloads = Payloads::new(a.messages, a.size, None);
     let start_ns = now_ns();
     let end_ns = std::thread::scope(|sc| -> Result<u128, String> {
         let sender = sc.spawn(|| stream(&node, &to, payloads));

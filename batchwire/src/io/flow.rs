@@ -141,6 +141,12 @@ pub(crate) struct Held {
     pending: u64,
 }
 
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Held({} B for {})", self.bytes, self.mailbox)
+    }
+}
+
 /// Bytes of a run's credit given back at once when it is taken a little at a time.
 const RELEASE_STEP: u64 = 16 << 10;
 

@@ -412,14 +412,10 @@ impl MailboxQueue {
     }
 
     /// Queue a run of `count` validated, encoded messages from node `from` (a connection
-    /// reader's path): never waits. `held` is the run's credit.
-    pub fn push_run(
-        &self,
-        from: &Name,
-        data: Bytes,
-        count: u32,
-        held: Held,
-    ) -> Result<(), Refused> {
+    /// reader's path): never waits. `held` is the run's credit. Refused only if the mailbox
+    /// was closed (dropped): then `held` comes back, for another queue of the same name or
+    /// to be dropped (which gives the credit back).
+    pub fn push_run(&self, from: &Name, data: Bytes, count: u32, held: Held) -> Result<(), Held> {
         let cost = data.len() + PER_MESSAGE * count as usize;
         let item = Item::Run {
             from: from.clone(),
@@ -427,7 +423,10 @@ impl MailboxQueue {
             left: count,
             held,
         };
-        self.push(item, cost, None).map_err(|(_, r)| r)
+        self.push(item, cost, None).map_err(|(item, _)| match item {
+            Item::Run { held, .. } => held,
+            Item::One(..) => unreachable!("pushed a Run"),
+        })
     }
 
     /// Queue one whole message from another node (reassembled from pieces, or sent in one

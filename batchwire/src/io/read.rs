@@ -669,7 +669,7 @@ impl Reader<'_> {
                 Ok(Pushed::Queued) => {}
                 // No such mailbox: counted, reported, and its credit given back.
                 Ok(Pushed::NoMailbox) => self.undeliverable(to, data, true),
-                // Dropped meanwhile (its credit went back with the refused run).
+                // Dropped meanwhile (its credit already given back).
                 Ok(Pushed::Closed) => self.undeliverable(to, data, false),
                 // Past its credit: a violation, and nothing of this run is delivered.
                 Err(e) => {
@@ -685,10 +685,10 @@ impl Reader<'_> {
         result
     }
 
-    /// Queue a run of `count` messages for mailbox `to`, charging its credit. `cache` is the
-    /// queue the last run went to: looked up again if it is another mailbox's, or if it
-    /// refuses the run because it was dropped meanwhile (a mailbox opened again under the
-    /// same name since then takes the run: at most two tries).
+    /// Queue a run of `count` messages for mailbox `to`, charging its credit once. `cache`
+    /// is the queue the last run went to: looked up again if it is another mailbox's, or if
+    /// it refuses the run because it was dropped meanwhile (a mailbox opened again under
+    /// the same name since then takes the run, with the same credit: at most two tries).
     fn push_run(
         &self,
         cache: &mut Option<Arc<MailboxQueue>>,
@@ -698,23 +698,33 @@ impl Reader<'_> {
     ) -> Result<Pushed, LinkError> {
         let peer = self.peer;
         let len = data.len() as u64;
+        // The run's credit once charged: a refused push hands it back.
+        let mut held: Option<Held> = None;
         for retry in [false, true] {
             if retry || cache.as_ref().is_none_or(|mb| mb.name.as_bytes() != to) {
                 *cache = self.mailboxes.get(to);
             }
             let Some(mb) = cache.as_ref() else {
-                return Ok(if retry {
-                    Pushed::Closed
-                } else {
-                    Pushed::NoMailbox
+                // Dropping `held` (if charged) gives its credit back.
+                return Ok(match held {
+                    None => Pushed::NoMailbox,
+                    Some(_) => Pushed::Closed,
                 });
             };
-            peer.flow.charge(&mb.name, len)?;
-            let held = Held::new(peer.flow.clone(), mb.name.clone(), len);
-            if mb.push_run(&peer.name, data.clone(), count, held).is_ok() {
-                return Ok(Pushed::Queued);
+            let h = match held.take() {
+                Some(h) => h,
+                None => {
+                    peer.flow.charge(&mb.name, len)?;
+                    Held::new(peer.flow.clone(), mb.name.clone(), len)
+                }
+            };
+            match mb.push_run(&peer.name, data.clone(), count, h) {
+                Ok(()) => return Ok(Pushed::Queued),
+                Err(h) => {
+                    held = Some(h);
+                    *cache = None;
+                }
             }
-            *cache = None;
         }
         Ok(Pushed::Closed)
     }
@@ -895,7 +905,7 @@ enum Pushed {
     /// No mailbox of that name: its credit is still to be given back.
     NoMailbox,
     /// Its mailbox was dropped while the run was pushed, and none of that name is open
-    /// now: its credit went back with the refused run.
+    /// now: its credit was given back (once) before this returned.
     Closed,
 }
 
