@@ -261,7 +261,7 @@ impl SendWindow {
     /// their messages. Returns the message count.
     pub fn hold(&mut self, frames: &[(&[u8], u32)]) -> u64 {
         let need: usize = frames.iter().map(|f| f.0.len()).sum();
-        let mut data = self.take_free(need, need);
+        let mut data = self.take_fitting(need);
         let first = self.next_seq;
         for (f, n) in frames {
             let start = data.len();
@@ -286,7 +286,7 @@ impl SendWindow {
             .filter(|f| f.messages > 0)
             .map(|f| f.len())
             .sum();
-        let mut data = self.take_free(need, need);
+        let mut data = self.take_fitting(need);
         let Batch {
             buf,
             frames,
@@ -375,6 +375,29 @@ impl SendWindow {
                 v
             }
             None => Vec::with_capacity(new),
+        }
+    }
+
+    /// A buffer to copy `need` bytes into: a free one, unless it is one a large batch
+    /// could move into (at least [`MOVE_BYTES`]) and more than twice what is needed; else
+    /// a new one of exactly that size. A small batch that took a large free buffer held
+    /// it in the window for a round trip with a few KiB in it (memory the window's byte
+    /// count does not see), and the next large batch found none to move into. Counted in
+    /// a scratch build, a 100 B stream of 4,000,000 messages: 91% of small batches took a
+    /// free buffer, of 1.3 MB on average for 4.6 KB, and 58% of the large batches then
+    /// found none; with this rule (its first form) 35%. Neither the rate nor the page
+    /// faults moved measurably on the 2-vCPU VM (`docs/compare-v12-session10.txt`).
+    fn take_fitting(&mut self, need: usize) -> Vec<u8> {
+        match self.best_fit(need) {
+            Some(i)
+                if self.free[i].capacity() < MOVE_BYTES
+                    || self.free[i].capacity() <= need.saturating_mul(2) =>
+            {
+                let v = self.free.swap_remove(i);
+                self.free_bytes -= v.capacity();
+                v
+            }
+            _ => Vec::with_capacity(need),
         }
     }
 

@@ -128,10 +128,18 @@ fn a_large_batch_moves_in_uncopied_and_the_outbox_gets_a_buffer_as_large() {
     );
     ack_all(&mut w);
     // A small batch is copied even with a buffer free (cheap, and the outbox keeps its
-    // own).
+    // own), and not into that free buffer, which is far larger than it: it stays free for
+    // the next large batch to move into.
+    assert_eq!(w.free.len(), 1);
+    let free_ptr = w.free[0].as_ptr();
     let mut small = numbered(0..50);
     assert_eq!(w.hold_batch(&mut small), 50);
     assert!(!small.buf.is_empty(), "small: copied");
+    assert_eq!(w.free.len(), 1, "the large free buffer is still free");
+    assert_ne!(w.unwritten().chunks[0].as_ptr(), free_ptr);
+    let mut b = big(0..300);
+    assert_eq!(w.hold_batch(&mut b), 300);
+    assert_eq!(b.buf.as_ptr(), free_ptr, "taken by the next large batch");
     // So is a batch with a control frame in it (its message frames only).
     let mut ob = crate::outbox::Outbox::new(1 << 10);
     ob.push_message(
@@ -146,7 +154,7 @@ fn a_large_batch_moves_in_uncopied_and_the_outbox_gets_a_buffer_as_large() {
     ob.take(usize::MAX, usize::MAX, &mut mixed, None);
     assert_eq!(w.hold_batch(&mut mixed), 1);
     assert!(!mixed.buf.is_empty(), "copied, not moved");
-    assert_eq!(w.next_seq(), 651);
+    assert_eq!(w.next_seq(), 951);
 }
 
 /// The same messages held in two windows, one with every payload copied and one with
