@@ -526,12 +526,12 @@ fn root() -> bool {
     ok
 }
 
-/// The bench's namespaces now present (`bw<pid>-...`).
 /// The tests that make network namespaces run one at a time: each checks that its bench
 /// left none behind, and must not see the other's (seen in CI: the WAN test found the
 /// Ctrl-C test's four namespaces, which that test was still waiting to see removed).
 static NETNS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The bench's namespaces now present (`bw<pid>-...`).
 fn bench_namespaces() -> Vec<String> {
     std::fs::read_dir("/run/netns")
         .map(|d| {

@@ -369,13 +369,16 @@ impl SendWindow {
     /// pages, and it may serve a later batch as it is).
     fn take_free(&mut self, need: usize, new: usize) -> Vec<u8> {
         match self.best_fit(need) {
-            Some(i) => {
-                let v = self.free.swap_remove(i);
-                self.free_bytes -= v.capacity();
-                v
-            }
+            Some(i) => self.take_slot(i),
             None => Vec::with_capacity(new),
         }
+    }
+
+    /// Free buffer `i`, taken off the free list.
+    fn take_slot(&mut self, i: usize) -> Vec<u8> {
+        let v = self.free.swap_remove(i);
+        self.free_bytes -= v.capacity();
+        v
     }
 
     /// A buffer to copy `need` bytes into: a free one, unless it is one a large batch
@@ -393,9 +396,7 @@ impl SendWindow {
                 if self.free[i].capacity() < MOVE_BYTES
                     || self.free[i].capacity() <= need.saturating_mul(2) =>
             {
-                let v = self.free.swap_remove(i);
-                self.free_bytes -= v.capacity();
-                v
+                self.take_slot(i)
             }
             _ => Vec::with_capacity(need),
         }

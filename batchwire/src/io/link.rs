@@ -449,24 +449,20 @@ impl Link {
     }
 
     /// Read some bytes of the stream (at most `want`) onto the end of `buf`; how many, 0
-    /// at its end. Over TLS the plaintext is copied from rustls straight into `buf`'s
-    /// spare capacity (nothing is zeroed first), and ciphertext goes from a reused buffer
-    /// to rustls without a stop in between. Without `wait`, `WouldBlock` if nothing is at
-    /// hand (TLS; a plain link's socket decides for itself).
+    /// at its end. Nothing is zeroed first: a plain link's socket is read straight into
+    /// `buf`'s spare capacity ([`recv_append`]); over TLS the plaintext is copied there
+    /// from rustls, and ciphertext goes from a reused buffer to rustls without a stop in
+    /// between. Without `wait`, `WouldBlock` if nothing is at hand.
     pub fn read_append(
         &self,
         buf: &mut BytesMut,
         want: usize,
         wait: bool,
     ) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
         match self {
-            Link::Plain(s) => {
-                let len = buf.len();
-                buf.resize(len + want, 0);
-                let r = (&mut &*s).read(&mut buf[len..]);
-                buf.truncate(len + *r.as_ref().unwrap_or(&0));
-                r
-            }
+            // The fd is this link's socket, open for as long as `self` is borrowed.
+            Link::Plain(s) => recv_append(s.as_raw_fd(), buf, want, wait),
             Link::Tls {
                 sock,
                 state,
@@ -491,6 +487,7 @@ impl Link {
                     }
                     Ok(())
                 };
+                buf.reserve(want);
                 let mut got = 0;
                 let mut cipher = Self::lock(cipher);
                 if cipher.failed {
@@ -550,7 +547,6 @@ impl Link {
                     let c = &mut *cipher;
                     c.buf.clear();
                     c.start = 0;
-                    use std::os::fd::AsRawFd;
                     if recv_append(sock.as_raw_fd(), &mut c.buf, TLS_READ, wait)? == 0 {
                         return Ok(0);
                     }
@@ -621,10 +617,11 @@ const PIECE: usize = 16 * RECORD;
 /// Hands the plaintext of one TLS write to rustls a piece at a time, gathering small
 /// slices into whole records: a write per slice made a record per slice, and a payload
 /// sent by reference is a slice of its own. The whole records of a large slice at a
-/// record's start go as they are. (Handing rustls all the slices at once with `write_vectored` made no progress when
-/// connections broke every 60 ms, most likely for the reason pieces are needed: a record
-/// per slice made encrypting the whole window slower than a connection lived. One buffer
-/// for the whole write cost 10 KB messages 0.81x: an allocation of megabytes per write.)
+/// record's start go as they are. (Handing rustls all the slices at once with
+/// `write_vectored` made no progress when connections broke every 60 ms, most likely for
+/// the reason pieces are needed: a record per slice made encrypting the whole window
+/// slower than a connection lived. One buffer for the whole write cost 10 KB messages
+/// 0.81x: an allocation of megabytes per write.)
 struct TlsWrite<'a> {
     bufs: std::slice::Iter<'a, &'a [u8]>,
     rest: &'a [u8],

@@ -909,25 +909,19 @@ enum Pushed {
     Closed,
 }
 
-/// Read once into the spare room at the end of `buf`, making room for `want` bytes.
+/// Read once into the spare room at the end of `buf`, making room for `want` bytes
+/// ([`Link::read_append`](crate::io::link::Link::read_append)).
 ///
-/// On a plain TCP link the kernel writes straight into the buffer's spare capacity: the
-/// bytes are not zeroed first. (Zeroing `want` bytes before every read cost a pass over
-/// 64 KiB per read, whatever arrived: 113 of the receiving process's 673 instructions per
-/// 100 B message under callgrind.) TLS copies rustls' plaintext into the spare capacity.
-/// Without `wait`, a read returns `WouldBlock` at once if nothing is there.
+/// Nothing is zeroed first. (Zeroing `want` bytes before every read cost a pass over 64
+/// KiB per read, whatever arrived: 113 of the receiving process's 673 instructions per
+/// 100 B message under callgrind.) Without `wait`, a read returns `WouldBlock` at once if
+/// nothing is there.
 pub(crate) fn read_more(
     link: &crate::io::link::Link,
     buf: &mut BytesMut,
     want: usize,
     wait: bool,
 ) -> std::io::Result<usize> {
-    #[cfg(unix)]
-    if let Some(fd) = link.plain_fd() {
-        // The fd is the link's socket, open for as long as `link` is borrowed.
-        return crate::io::link::recv_append(fd, buf, want, wait);
-    }
-    buf.reserve(want);
     link.read_append(buf, want, wait)
 }
 
