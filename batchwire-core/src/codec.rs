@@ -162,6 +162,7 @@ impl Name {
     /// The name at `range` of `data`, already checked to be UTF-8 and at most 255 bytes
     /// long (by `frame::check_message`): copied if short, else a slice of `data`. Were the
     /// bytes not checked, `as_str` would give "" rather than misbehave.
+    #[inline(always)]
     pub(crate) fn from_validated(data: &Bytes, range: std::ops::Range<usize>) -> Name {
         if range.len() <= Self::INLINE {
             // A fixed-size copy (a few vector moves, no call) when the buffer goes on that

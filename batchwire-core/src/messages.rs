@@ -213,9 +213,17 @@ impl Codec for MessageList {
         let mut first_to = None;
         let mut one_run = true;
         for _ in 0..count {
-            let s = check_message(&body, pos, prev.as_ref())?;
-            let f = *first_to.get_or_insert(s.to);
-            one_run = one_run && bytes_eq(&body[f.0..f.1], &body[s.to.0..s.to.1]);
+            // Most messages of a list carry the same two names as the one before: then one
+            // comparison checks both (and `one_run` cannot change).
+            let s = match prev.as_ref().and_then(|p| same_names(&body, pos, p)) {
+                Some(s) => s,
+                None => {
+                    let s = check_message(&body, pos, prev.as_ref())?;
+                    let f = *first_to.get_or_insert(s.to);
+                    one_run = one_run && bytes_eq(&body[f.0..f.1], &body[s.to.0..s.to.1]);
+                    s
+                }
+            };
             pos = s.end;
             prev = Some(s);
         }
@@ -264,6 +272,33 @@ pub fn message_span(b: &[u8], pos: usize) -> Result<MessageSpan, DecodeError> {
     Ok(MessageSpan {
         to,
         from,
+        payload: (start, end),
+        end,
+    })
+}
+
+/// The message at `pos` of a message-list body, if its names (both length bytes and both
+/// names) are byte for byte those of `prev`, a message already checked before it, and its
+/// payload fits: then it needs no other check. `None` sends it to [`check_message`], which
+/// also names what is wrong, if anything is.
+#[inline]
+fn same_names(b: &[u8], pos: usize, prev: &MessageSpan) -> Option<MessageSpan> {
+    // The names run from the destination's length byte to the end of the sending mailbox.
+    let names = prev.to.0 - 1..prev.from.1;
+    let len_at = pos.checked_add(names.len())?;
+    if !bytes_eq(b.get(pos..len_at)?, &b[names.clone()]) {
+        return None;
+    }
+    let l = b.get(len_at..len_at.checked_add(4)?)?;
+    let start = len_at + 4;
+    let end = start
+        .checked_add(u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize)
+        .filter(|e| *e <= b.len())?;
+    // `pos` lies past `prev`, so the shift is positive.
+    let shift = pos - names.start;
+    Some(MessageSpan {
+        to: (prev.to.0 + shift, prev.to.1 + shift),
+        from: (prev.from.0 + shift, prev.from.1 + shift),
         payload: (start, end),
         end,
     })
@@ -357,12 +392,23 @@ impl MessageList {
 /// Take the next message off the front of validated message bytes (a run handed out by
 /// [`MessageList::runs`]): its sending mailbox and payload, as slices of `data`. `None` if
 /// `data` is empty or (never, for validated bytes) malformed.
+#[inline]
 pub fn next_message(data: &mut Bytes) -> Option<(Name, Bytes, usize)> {
-    let s = message_span(data, 0).ok()?;
-    let from = Name::from_validated(data, s.from.0..s.from.1);
-    let payload = data.slice(s.payload.0..s.payload.1);
-    bytes::Buf::advance(data, s.end);
-    Some((from, payload, s.end))
+    // `message_span`'s walk without its errors: the bytes were checked when the list was
+    // read, so only slicing's own bounds checks remain (a malformed run ends the walk).
+    let b = &data[..];
+    let from_at = 1 + *b.first()? as usize;
+    let len_at = from_at + 1 + *b.get(from_at)? as usize;
+    let l = b.get(len_at..len_at + 4)?;
+    let start = len_at + 4;
+    let end = start + u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize;
+    if end > b.len() {
+        return None;
+    }
+    let from = Name::from_validated(data, from_at + 1..len_at);
+    let payload = data.slice(start..end);
+    bytes::Buf::advance(data, end);
+    Some((from, payload, end))
 }
 
 fn read_message(r: &mut Reader) -> Result<Message, DecodeError> {

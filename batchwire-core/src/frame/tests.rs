@@ -365,6 +365,86 @@ proptest! {
     }
 }
 
+/// Messages whose names come from a small pool (inline, shared and non-ASCII), so that
+/// consecutive messages often repeat both names, one, or neither.
+fn pooled_messages() -> impl Strategy<Value = Vec<Message>> {
+    let pool = [
+        "sink",
+        "a",
+        "",
+        "é",
+        "mailbox/with/a/name/longer/than/inline",
+    ];
+    proptest::collection::vec(
+        (
+            0..pool.len(),
+            0..pool.len(),
+            proptest::collection::vec(any::<u8>(), 0..40),
+        ),
+        0..30,
+    )
+    .prop_map(move |v| {
+        v.into_iter()
+            .map(|(t, f, p)| msg(pool[t], pool[f], &p))
+            .collect()
+    })
+}
+
+/// What a message-list body means, checked the slow way: every message on its own, each
+/// name in full, as if none repeated the one before. The reference for `MessageList::read`.
+fn read_slowly(body: &[u8], count: u32, first_seq: u64) -> Result<MessageList, DecodeError> {
+    let (mut pos, mut msgs) = (0, Vec::new());
+    for _ in 0..count {
+        let s = check_message(body, pos, None)?;
+        let name = |r: (usize, usize)| Name::new(std::str::from_utf8(&body[r.0..r.1]).unwrap());
+        msgs.push(Message {
+            to: name(s.to).unwrap(),
+            from: name(s.from).unwrap(),
+            payload: Bytes::copy_from_slice(&body[s.payload.0..s.payload.1]),
+        });
+        pos = s.end;
+    }
+    if pos != body.len() {
+        return Err(DecodeError::TrailingBytes(body.len() - pos));
+    }
+    let mut list = MessageList::from_messages(&msgs);
+    list.first_seq = first_seq;
+    Ok(list)
+}
+
+proptest! {
+    /// The shortcut for a message that repeats the names before it accepts and refuses
+    /// exactly what checking every message in full does, with the same error, for valid
+    /// lists and for lists with one byte changed or cut short anywhere after the count.
+    #[test]
+    fn a_message_list_is_read_as_checking_each_message_in_full_would(
+        msgs in pooled_messages(),
+        change in proptest::option::of((any::<prop::sample::Index>(), any::<u8>())),
+        cut in proptest::option::of(any::<prop::sample::Index>()),
+    ) {
+        let mut v = Vec::new();
+        Frame::Messages(MessageList::from_messages(&msgs)).encode(&mut v);
+        let body_at = LIST_OVERHEAD;
+        if let Some((i, b)) = change && v.len() > body_at {
+            let i = body_at + i.index(v.len() - body_at);
+            v[i] = b;
+        }
+        if let Some(i) = cut && v.len() > body_at {
+            v.truncate(body_at + i.index(v.len() - body_at));
+            // The frame's length says how much it holds.
+            let len = (v.len() - 4) as u32;
+            v[..4].copy_from_slice(&len.to_le_bytes());
+        }
+        let count = u32::from_le_bytes(v[HEADER_LEN..HEADER_LEN + 4].try_into().unwrap());
+        let expect = read_slowly(&v[body_at..], count, 0);
+        match (decode(&mut BytesMut::from(&v[..]), MAX), expect) {
+            (Ok(Some(Frame::Messages(got))), Ok(want)) => prop_assert_eq!(got, want),
+            (Err(FrameError::Malformed { source, .. }), Err(want)) => prop_assert_eq!(source, want),
+            (got, want) => prop_assert!(false, "read {got:?}, checked in full {want:?}"),
+        }
+    }
+}
+
 fn msg(to: &str, from: &str, p: &[u8]) -> Message {
     Message {
         to: Name::new(to).unwrap(),

@@ -90,6 +90,7 @@ pub struct Envelope {
 impl Envelope {
     /// A received message from `from`. A sender field that carries a call tag (see
     /// `batchwire_core::call`) makes it a request: the tag is taken off the sender's name.
+    #[inline(always)]
     pub(crate) fn new(mut from: Address, payload: Bytes) -> Envelope {
         let mut call = None;
         // One byte compared per message; only a reserved name is parsed.
