@@ -212,18 +212,20 @@ impl Codec for MessageList {
         let mut prev: Option<MessageSpan> = None;
         let mut first_to = None;
         let mut one_run = true;
+        // Where the last message's names (both length bytes and both names) began, and how
+        // long they are: most messages of a list carry the same two names as the one
+        // before, and then one comparison checks both (and `one_run` cannot change).
+        let mut names = (0, 0);
         for _ in 0..count {
-            // Most messages of a list carry the same two names as the one before: then one
-            // comparison checks both (and `one_run` cannot change).
-            let s = match prev.as_ref().and_then(|p| same_names(&body, pos, p)) {
-                Some(s) => s,
-                None => {
-                    let s = check_message(&body, pos, prev.as_ref())?;
-                    let f = *first_to.get_or_insert(s.to);
-                    one_run = one_run && bytes_eq(&body[f.0..f.1], &body[s.to.0..s.to.1]);
-                    s
-                }
-            };
+            if let Some(end) = same_names(&body, pos, names) {
+                names.0 = pos;
+                pos = end;
+                continue;
+            }
+            let s = check_message(&body, pos, prev.as_ref())?;
+            let f = *first_to.get_or_insert(s.to);
+            one_run = one_run && bytes_eq(&body[f.0..f.1], &body[s.to.0..s.to.1]);
+            names = (pos, s.from.1 - pos);
             pos = s.end;
             prev = Some(s);
         }
@@ -277,31 +279,21 @@ pub fn message_span(b: &[u8], pos: usize) -> Result<MessageSpan, DecodeError> {
     })
 }
 
-/// The message at `pos` of a message-list body, if its names (both length bytes and both
-/// names) are byte for byte those of `prev`, a message already checked before it, and its
-/// payload fits: then it needs no other check. `None` sends it to [`check_message`], which
-/// also names what is wrong, if anything is.
+/// Where the message at `pos` of a message-list body ends, if its names are byte for byte
+/// the `names.1` bytes at `names.0`, those of a message already checked before it (both
+/// length bytes and both names: so they are valid, and the same), and its payload fits:
+/// then it needs no other check. `None` sends it to [`check_message`], which also names
+/// what is wrong, if anything is. (No names yet, `names.1` 0, never matches.)
 #[inline]
-fn same_names(b: &[u8], pos: usize, prev: &MessageSpan) -> Option<MessageSpan> {
-    // The names run from the destination's length byte to the end of the sending mailbox.
-    let names = prev.to.0 - 1..prev.from.1;
-    let len_at = pos.checked_add(names.len())?;
-    if !bytes_eq(b.get(pos..len_at)?, &b[names.clone()]) {
+fn same_names(b: &[u8], pos: usize, names: (usize, usize)) -> Option<usize> {
+    let len_at = pos.checked_add(names.1)?;
+    if names.1 == 0 || !bytes_eq(b.get(pos..len_at)?, &b[names.0..names.0 + names.1]) {
         return None;
     }
     let l = b.get(len_at..len_at.checked_add(4)?)?;
-    let start = len_at + 4;
-    let end = start
+    (len_at + 4)
         .checked_add(u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize)
-        .filter(|e| *e <= b.len())?;
-    // `pos` lies past `prev`, so the shift is positive.
-    let shift = pos - names.start;
-    Some(MessageSpan {
-        to: (prev.to.0 + shift, prev.to.1 + shift),
-        from: (prev.from.0 + shift, prev.from.1 + shift),
-        payload: (start, end),
-        end,
-    })
+        .filter(|e| *e <= b.len())
 }
 
 /// Check the message at `pos` of a message-list body (lengths, and that both names are
@@ -392,7 +384,7 @@ impl MessageList {
 /// Take the next message off the front of validated message bytes (a run handed out by
 /// [`MessageList::runs`]): its sending mailbox and payload, as slices of `data`. `None` if
 /// `data` is empty or (never, for validated bytes) malformed.
-#[inline]
+#[inline(always)]
 pub fn next_message(data: &mut Bytes) -> Option<(Name, Bytes, usize)> {
     // `message_span`'s walk without its errors: the bytes were checked when the list was
     // read, so only slicing's own bounds checks remain (a malformed run ends the walk).

@@ -544,11 +544,11 @@ impl MailboxQueue {
     /// Move up to `max` messages from the queue to `out`, giving the requests among them
     /// their way back; returns how many. Their credit goes back to their senders.
     fn drain<S: Sink>(g: &mut Inner, out: &mut S, max: usize) -> usize {
-        let with_replier = |mut e: Envelope, r: &Option<Weak<dyn Outbound>>| {
+        // A request gets its way back; the envelope is built where it goes, not moved.
+        let with_replier = |e: &mut Envelope, r: &Option<Weak<dyn Outbound>>| {
             if let Some(c) = &mut e.call {
                 c.replier = r.clone();
             }
-            e
         };
         let mut n = 0;
         let mut freed = 0;
@@ -556,9 +556,10 @@ impl MailboxQueue {
             let Some(front) = g.q.front_mut() else { break };
             match front {
                 Item::One(..) => {
-                    if let Some(Item::One(e, held)) = g.q.pop_front() {
+                    if let Some(Item::One(mut e, held)) = g.q.pop_front() {
                         freed += e.payload.len() + e.from.mailbox.len() + PER_MESSAGE;
-                        out.put(with_replier(e, &g.replier));
+                        with_replier(&mut e, &g.replier);
+                        out.put(e);
                         drop(held);
                         n += 1;
                     }
@@ -575,8 +576,10 @@ impl MailboxQueue {
                             *left = 0;
                             break;
                         };
-                        let e = Envelope::new(Address::from_names(from.clone(), mailbox), payload);
-                        out.put(with_replier(e, &g.replier));
+                        let mut e =
+                            Envelope::new(Address::from_names(from.clone(), mailbox), payload);
+                        with_replier(&mut e, &g.replier);
+                        out.put(e);
                         taken += used;
                         k += 1;
                         *left -= 1;
