@@ -121,7 +121,7 @@ impl SendCredit {
 
     /// [`SendCredit::admits`], also returning the mailbox's slot (if it has one) for
     /// [`SendCredit::charge_at`]: a sender then looks its mailbox up once per message.
-    #[inline]
+    #[inline(always)]
     pub fn admits_at(&self, to: &[u8]) -> (bool, Option<usize>) {
         match self.lookup(to) {
             Some(i) => (self.slots[i].1 < self.window, Some(i)),

@@ -28,7 +28,7 @@ pub fn encode_message(out: &mut Vec<u8>, to: &Name, from: &Name, payload: &[u8])
 }
 
 /// Append a message's names and payload length, without the payload.
-#[inline]
+#[inline(always)]
 fn encode_message_head(out: &mut Vec<u8>, to: &Name, from: &Name, payload_len: usize) {
     to.encode(out);
     from.encode(out);
