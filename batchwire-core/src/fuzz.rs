@@ -151,7 +151,7 @@ pub fn frames(data: &[u8]) {
         assert!(sw.base() >= base && sw.base() <= sw.next_seq());
         // What a (new) connection would be given is all that is held, byte for byte.
         let u = sw.unwritten();
-        assert_eq!(u.chunks.iter().map(|c| c.len()).sum::<usize>(), sw.bytes());
+        assert_eq!(u.wire_len(), sw.bytes());
         assert_eq!(u.messages, sw.messages());
     }
     // A recount walks every message held, in place; a failure hands every one of them back.

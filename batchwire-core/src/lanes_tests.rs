@@ -166,11 +166,12 @@ impl Node {
         }
         self.bulk_high = self.bulk_high.max(self.s.bulk_bytes());
         let u = self.s.unwritten(self.id);
+        let segments = u.segments();
         let mut written = 0;
-        for (i, c) in u.chunks.iter().enumerate() {
-            // A piece is two chunks (its head, then its data) with the same end: never
+        for (i, (c, end)) in segments.iter().enumerate() {
+            // A piece is two slices (its head, then its data) with the same end: never
             // stop between them (a writer goes on with the rest of a partial write).
-            let continues = i > 0 && u.ends[i] == u.ends[i - 1];
+            let continues = i > 0 && *end == segments[i - 1].1;
             if w.bytes.len() >= w.cap && !continues {
                 break;
             }
@@ -179,7 +180,7 @@ impl Node {
         }
         if written > 0 {
             self.s
-                .mark_written(now, self.id, u.generation, u.ends[written - 1]);
+                .mark_written(now, self.id, u.generation, segments[written - 1].1);
         } else {
             self.s.note_sent(now, self.id);
         }

@@ -13,6 +13,7 @@
 //! handed back to the application as failed.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -78,8 +79,15 @@ struct Chunk {
     /// A piece of a message in pieces: its data is written from the caller's payload.
     piece: Option<HeldPiece>,
     /// Payloads sent by reference (see `outbox`): on the wire each goes in before the
-    /// byte at its offset of `data`. Usually none.
-    refs: Vec<ByRef>,
+    /// byte at its offset of `data`. None for most chunks. Shared with the writes that
+    /// carry the chunk ([`Unwritten`]): a write takes one reference count per chunk, not
+    /// one per payload.
+    refs: Option<Arc<[ByRef]>>,
+}
+
+/// Payloads by reference as a chunk keeps them (none: `None`).
+fn shared(refs: Vec<ByRef>) -> Option<Arc<[ByRef]>> {
+    (!refs.is_empty()).then(|| refs.into())
 }
 
 /// A piece in the window: a slice of the whole message's payload, which is kept (shared,
@@ -105,43 +113,27 @@ impl HeldPiece {
 }
 
 impl Chunk {
+    fn refs(&self) -> &[ByRef] {
+        self.refs.as_deref().unwrap_or(&[])
+    }
+
     /// Bytes this chunk puts on the wire.
     fn wire_len(&self) -> usize {
         self.data.len()
             + self.piece.as_ref().map_or(0, |p| p.len)
-            + self.refs.iter().map(|r| r.payload.len()).sum::<usize>()
+            + self.refs().iter().map(|r| r.payload.len()).sum::<usize>()
     }
 
     /// Walk the messages of its MESSAGES frames where they lie (nothing copied): `f(seq,
     /// message)`.
     fn each_message<'a>(&'a self, mut f: impl FnMut(u64, MessageAt<'a>)) {
-        let (mut off, mut refs, mut seq) = (0, &self.refs[..], self.first_seq);
+        let (mut off, mut refs, mut seq) = (0, self.refs(), self.first_seq);
         while let Some((end, n, _)) = frame_at(&self.data, off, refs) {
             walk_messages(&self.data, (off, end), &refs[..n], |m| {
                 f(seq + m.index as u64, m)
             });
             seq += frame::list_count(&self.data[off..end]).unwrap_or(0) as u64;
             (off, refs) = (end, &refs[n..]);
-        }
-    }
-
-    /// Append the chunk's bytes to `out` as slices (none copied): its data, cut where a
-    /// payload sent by reference goes in.
-    fn segments(&self, out: &mut Vec<Bytes>) {
-        if self.refs.is_empty() {
-            out.push(self.data.clone());
-            return;
-        }
-        let mut from = 0;
-        for r in &self.refs {
-            if r.at > from {
-                out.push(self.data.slice(from..r.at));
-            }
-            out.push(r.payload.clone());
-            from = r.at;
-        }
-        if from < self.data.len() {
-            out.push(self.data.slice(from..));
         }
     }
 }
@@ -173,11 +165,13 @@ fn header_len(data: &[u8], off: usize) -> Option<usize> {
     body.checked_add(4)
 }
 
-/// What the current connection has not been given yet (cheap clones of the held chunks).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What the current connection has not been given yet: the held chunks, shared (one
+/// reference count per chunk, none per message), with their slices in wire order for one
+/// vectored write ([`Unwritten::slices`]).
+#[derive(Debug, Clone, Default)]
 pub struct Unwritten {
     /// The chunks, oldest first.
-    pub chunks: Vec<Bytes>,
+    pub(crate) parts: Vec<Part>,
     /// Where each chunk ends: one past its last message's sequence number.
     pub ends: Vec<u64>,
     /// Messages (and pieces) in them.
@@ -186,6 +180,83 @@ pub struct Unwritten {
     pub frames: u64,
     /// Pass back to `mark_written`: a connection change in between makes it stale.
     pub generation: u64,
+}
+
+/// One chunk of an [`Unwritten`]: its data, cut where a payload by reference goes in, or a
+/// piece's header and then its data.
+#[derive(Debug, Clone)]
+pub(crate) struct Part {
+    data: Bytes,
+    refs: Option<Arc<[ByRef]>>,
+    piece: Option<Bytes>,
+}
+
+impl Part {
+    /// Its bytes as slices (none copied), in wire order, to `f`.
+    fn each<'a>(&'a self, f: &mut impl FnMut(&'a [u8], &'a Bytes, Option<std::ops::Range<usize>>)) {
+        let mut from = 0;
+        for r in self.refs.as_deref().unwrap_or(&[]) {
+            if r.at > from {
+                f(&self.data[from..r.at], &self.data, Some(from..r.at));
+            }
+            f(&r.payload, &r.payload, None);
+            from = r.at;
+        }
+        if from < self.data.len() || (from == 0 && self.refs.is_none()) {
+            f(&self.data[from..], &self.data, Some(from..self.data.len()));
+        }
+        if let Some(p) = &self.piece {
+            f(p, p, None);
+        }
+    }
+}
+
+impl Unwritten {
+    /// Nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// At least as many as [`Unwritten::slices`] gives (a vector's capacity).
+    pub fn slices_bound(&self) -> usize {
+        (self.parts.iter())
+            .map(|p| 2 + 2 * p.refs.as_deref().map_or(0, <[ByRef]>::len))
+            .sum()
+    }
+
+    /// Append its bytes to `out` as slices, in wire order (for one vectored write).
+    pub fn slices<'a>(&'a self, out: &mut Vec<&'a [u8]>) {
+        for p in &self.parts {
+            p.each(&mut |s, _, _| out.push(s));
+        }
+    }
+
+    /// The same slices as [`Unwritten::slices`], as shared buffers (the rest of a write
+    /// that was cut short, tests), each with where its chunk ends.
+    pub fn segments(&self) -> Vec<(Bytes, u64)> {
+        let mut out = Vec::new();
+        for (p, end) in self.parts.iter().zip(&self.ends) {
+            p.each(&mut |_, b, range| {
+                out.push((range.map_or_else(|| b.clone(), |r| b.slice(r)), *end))
+            });
+        }
+        out
+    }
+
+    /// The slices as shared buffers, without where their chunks end (tests).
+    #[cfg(test)]
+    pub(crate) fn chunks(&self) -> Vec<Bytes> {
+        self.segments().into_iter().map(|s| s.0).collect()
+    }
+
+    /// Its bytes on the wire.
+    pub fn wire_len(&self) -> usize {
+        let mut n = 0;
+        for p in &self.parts {
+            p.each(&mut |s, _, _| n += s.len());
+        }
+        n
+    }
 }
 
 /// The sending side of one peer's stream.
@@ -272,7 +343,7 @@ impl SendWindow {
         if self.next_seq == first {
             return 0;
         }
-        self.push_chunk(Bytes::from(data), first, Vec::new());
+        self.push_chunk(Bytes::from(data), first, None);
         self.next_seq - first
     }
 
@@ -316,7 +387,7 @@ impl SendWindow {
         if self.next_seq == first {
             return 0;
         }
-        self.push_chunk(Bytes::from(data), first, refs);
+        self.push_chunk(Bytes::from(data), first, shared(refs));
         self.next_seq - first
     }
 
@@ -359,7 +430,8 @@ impl SendWindow {
         let replacement = self.take_free(batch.buf.len(), batch.buf.capacity());
         let data = std::mem::replace(&mut batch.buf, replacement);
         batch.frames.clear();
-        let refs = batch.refs.drain(..).collect();
+        // Collected straight into the shared slice (drained: the batch keeps its vector).
+        let refs = (!batch.refs.is_empty()).then(|| batch.refs.drain(..).collect());
         self.push_chunk(Bytes::from(data), first, refs);
         self.next_seq - first
     }
@@ -411,7 +483,7 @@ impl SendWindow {
     }
 
     /// Append a chunk of MESSAGES frames numbered from `first` to `self.next_seq`.
-    fn push_chunk(&mut self, data: Bytes, first: u64, refs: Vec<ByRef>) {
+    fn push_chunk(&mut self, data: Bytes, first: u64, refs: Option<Arc<[ByRef]>>) {
         let c = Chunk {
             data,
             first_seq: first,
@@ -457,7 +529,7 @@ impl SendWindow {
                 offset: p.offset,
                 len: p.len,
             }),
-            refs: Vec::new(),
+            refs: None,
         };
         self.bytes += c.wire_len();
         self.bulk_bytes += c.wire_len();
@@ -501,20 +573,16 @@ impl SendWindow {
         };
         for c in self.chunks.iter().skip(self.cursor) {
             u.messages += c.end_seq - c.first_seq;
-            match &c.piece {
-                Some(p) => {
-                    u.chunks.push(c.data.clone());
-                    u.frames += 1;
-                    if p.len > 0 {
-                        u.chunks.push(p.data());
-                    }
-                }
-                None => {
-                    c.segments(&mut u.chunks);
-                    u.frames += frame_count(&c.data, &c.refs);
-                }
-            }
-            u.ends.resize(u.chunks.len(), c.end_seq);
+            u.frames += match c.piece {
+                Some(_) => 1,
+                None => frame_count(&c.data, c.refs()),
+            };
+            u.parts.push(Part {
+                data: c.data.clone(),
+                refs: c.refs.clone(),
+                piece: c.piece.as_ref().filter(|p| p.len > 0).map(HeldPiece::data),
+            });
+            u.ends.push(c.end_seq);
         }
         u
     }
@@ -644,7 +712,7 @@ impl SendWindow {
             return;
         }
         let (mut off, mut first, mut refs, mut wire) = (0usize, c.first_seq, 0usize, 0usize);
-        while let Some((end, n, len)) = frame_at(&c.data, off, &c.refs[refs..]) {
+        while let Some((end, n, len)) = frame_at(&c.data, off, &c.refs()[refs..]) {
             let count = frame::list_count(&c.data[off..end]).unwrap_or(u32::MAX) as u64;
             if first.saturating_add(count) > peer_next || end >= c.data.len() {
                 break;
@@ -656,10 +724,12 @@ impl SendWindow {
         }
         if off > 0 {
             c.data = c.data.slice(off..);
-            c.refs.drain(..refs);
-            for r in &mut c.refs {
-                r.at -= off;
-            }
+            // After a break only: the rest of the references, moved to the new start.
+            let rest = c.refs()[refs..].iter().map(|r| ByRef {
+                at: r.at - off,
+                payload: r.payload.clone(),
+            });
+            c.refs = shared(rest.collect());
             c.first_seq = first;
             self.bytes -= wire;
         }

@@ -68,7 +68,15 @@ fn mixed(nums: std::ops::Range<u64>, by_ref: usize, max_bytes: usize) -> Vec<Bat
 /// What `w` would write now, as one byte string.
 fn wire_of(w: &mut SendWindow) -> (Vec<u8>, u64) {
     let u = w.unwritten();
-    (u.chunks.concat(), u.frames)
+    // What a writer writes (the slices), the same as the shared buffers it keeps for the
+    // rest of a partial write, and as long as it says.
+    let mut slices = Vec::new();
+    u.slices(&mut slices);
+    assert!(slices.len() <= u.slices_bound());
+    let wire = slices.concat();
+    assert_eq!(wire, u.chunks().concat());
+    assert_eq!(wire.len(), u.wire_len());
+    (wire, u.frames)
 }
 
 /// The messages of a chunk's MESSAGES frames, checking that they are numbered from `first`.
@@ -107,14 +115,15 @@ fn a_large_batch_moves_in_uncopied_and_the_outbox_gets_a_buffer_as_large() {
     );
     assert!(b.buf.capacity() >= cap, "with a buffer as large");
     let u = w.unwritten();
-    assert_eq!(u.chunks.len(), 1);
+    let chunks = u.chunks();
+    assert_eq!(chunks.len(), 1);
     assert_eq!(
-        (u.chunks[0].as_ptr(), u.chunks[0].len()),
+        (chunks[0].as_ptr(), chunks[0].len()),
         (ptr, len),
         "not copied"
     );
-    assert_eq!(numbers_in(&u.chunks[0], 0), (0..300).collect::<Vec<_>>());
-    drop(u);
+    assert_eq!(numbers_in(&chunks[0], 0), (0..300).collect::<Vec<_>>());
+    drop((u, chunks));
     ack_all(&mut w);
     // Its buffer, acknowledged, is free: the next large batch moves and takes it.
     assert_eq!(w.free.len(), 1);
@@ -123,7 +132,7 @@ fn a_large_batch_moves_in_uncopied_and_the_outbox_gets_a_buffer_as_large() {
     assert_eq!(b.buf.as_ptr(), ptr, "the acknowledged buffer, reused");
     assert!(w.free.is_empty());
     assert_eq!(
-        numbers_in(&w.unwritten().chunks[0], 300),
+        numbers_in(&w.unwritten().chunks()[0], 300),
         (0..300).collect::<Vec<_>>()
     );
     ack_all(&mut w);
@@ -136,7 +145,7 @@ fn a_large_batch_moves_in_uncopied_and_the_outbox_gets_a_buffer_as_large() {
     assert_eq!(w.hold_batch(&mut small), 50);
     assert!(!small.buf.is_empty(), "small: copied");
     assert_eq!(w.free.len(), 1, "the large free buffer is still free");
-    assert_ne!(w.unwritten().chunks[0].as_ptr(), free_ptr);
+    assert_ne!(w.unwritten().chunks()[0].as_ptr(), free_ptr);
     let mut b = big(0..300);
     assert_eq!(w.hold_batch(&mut b), 300);
     assert_eq!(b.buf.as_ptr(), free_ptr, "taken by the next large batch");
@@ -180,10 +189,14 @@ fn payloads_by_reference_write_the_same_bytes_through_acks_and_rewinds() {
                 "the batch is left empty"
             );
             let u = by_ref.unwritten();
+            let chunks = u.chunks();
             for p in payloads {
-                assert!(u.chunks.iter().any(|c| c.as_ptr() == p), "not copied");
+                assert!(chunks.iter().any(|c| c.as_ptr() == p), "not copied");
             }
-            assert_eq!(u.ends.len(), u.chunks.len());
+            // One end per chunk (not per slice), the last where the window ends.
+            assert!(u.ends.windows(2).all(|e| e[0] < e[1]));
+            assert_eq!(u.ends.last(), Some(&by_ref.next_seq()));
+            assert_eq!(u.wire_len(), chunks.iter().map(|c| c.len()).sum::<usize>());
         }
         assert!(refs > 100, "{refs} payloads by reference");
         assert_eq!(copy.bytes(), by_ref.bytes());
@@ -303,7 +316,7 @@ fn simulate(seed: u64, total: u64) -> (Vec<u64>, u32) {
             // connection breaks (the rest of the write is lost).
             3 | 4 => {
                 let u = sw.unwritten();
-                for c in &u.chunks {
+                for c in &u.chunks() {
                     conn.wire.extend_from_slice(c);
                 }
                 if let Some(end) = u.ends.last() {
@@ -380,7 +393,7 @@ fn acks_free_whole_chunks_and_rewind_resends_from_the_oldest() {
     hold(&mut w, 10..20);
     assert_eq!((w.base(), w.next_seq(), w.messages()), (0, 20, 20));
     let u = w.unwritten();
-    let (c, g) = (u.chunks, u.generation);
+    let (c, g) = (u.chunks(), u.generation);
     assert_eq!((c.len(), u.messages), (2, 20));
     w.mark_written(g, u.ends[1]);
     assert!(!w.has_unwritten());
@@ -412,7 +425,7 @@ fn an_ack_during_the_write_does_not_shift_what_is_marked_written() {
     w.mark_written(u.generation, *u.ends.last().unwrap());
     let rest = w.unwritten();
     assert_eq!(
-        rest.chunks.len(),
+        rest.chunks().len(),
         1,
         "the third chunk is still to be written"
     );
@@ -612,7 +625,7 @@ fn a_rewind_writes_again_only_the_frames_the_peer_lacks() {
     // What is written again starts at or below 150, at a frame boundary, and holds 150..200.
     assert!(w.base() <= 150 && w.base() > 0, "base {}", w.base());
     let mut wire = BytesMut::new();
-    for c in &again.chunks {
+    for c in &again.chunks() {
         wire.extend_from_slice(c);
     }
     let mut rw = RecvWindow::default();

@@ -507,16 +507,19 @@ impl Side {
         }
         let u = self.s.unwritten(self.id);
         let g = u.generation;
-        let mut written = 0;
-        for c in &u.chunks {
-            if w.bytes.len() >= w.cap {
+        // Whole chunks (all the slices of one) until the wire is full.
+        let segments = u.segments();
+        let mut written = None;
+        for (i, (c, end)) in segments.iter().enumerate() {
+            let continues = i > 0 && segments[i - 1].1 == *end;
+            if w.bytes.len() >= w.cap && !continues {
                 break;
             }
             w.bytes.extend_from_slice(c);
-            written += 1;
+            written = Some(*end);
         }
-        if written > 0 {
-            self.s.mark_written(now, self.id, g, u.ends[written - 1]);
+        if let Some(end) = written {
+            self.s.mark_written(now, self.id, g, end);
         }
     }
 

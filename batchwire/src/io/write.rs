@@ -260,14 +260,14 @@ fn write_pending(
     });
     let notices = peer.take_notices(control);
     peer.take_members(control);
-    if control.is_empty() && u.chunks.is_empty() {
+    if control.is_empty() && u.is_empty() {
         return true;
     }
-    let mut bufs: Vec<&[u8]> = Vec::with_capacity(u.chunks.len() + 1);
+    let mut bufs: Vec<&[u8]> = Vec::with_capacity(u.slices_bound() + 1);
     if !control.is_empty() {
         bufs.push(control);
     }
-    bufs.extend(u.chunks.iter().map(|b| &b[..]));
+    u.slices(&mut bufs);
     let written = match mode {
         Mode::Wait => c.link.write_vectored(&bufs, &mut go_on),
         Mode::NoWait => match c.link.try_write_vectored(&bufs) {
@@ -278,7 +278,8 @@ fn write_pending(
                     // (the control bytes copied, the data as slices of the window's
                     // chunks). It counts as written here; the window keeps it until
                     // acknowledged, like anything written.
-                    c.set_carry(rest_after(control, &u.chunks, n));
+                    let segments: Vec<Bytes> = u.segments().into_iter().map(|s| s.0).collect();
+                    c.set_carry(rest_after(control, &segments, n));
                     peer.lane.poke();
                 }
                 Ok(total)
@@ -295,7 +296,7 @@ fn write_pending(
             });
             let st = &peer.stats;
             st.bytes_sent.fetch_add(bytes as u64, Relaxed);
-            if !u.chunks.is_empty() {
+            if !u.is_empty() {
                 st.frames_sent.fetch_add(u.frames, Relaxed);
                 st.record_write(u.messages);
                 if mode == Mode::NoWait {
