@@ -393,10 +393,9 @@ pub fn next_message(data: &mut Bytes) -> Option<(Name, Bytes, usize)> {
     let len_at = from_at + 1 + *b.get(from_at)? as usize;
     let l = b.get(len_at..len_at + 4)?;
     let start = len_at + 4;
-    let end = start + u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize;
-    if end > b.len() {
-        return None;
-    }
+    let end = start
+        .checked_add(u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize)
+        .filter(|e| *e <= b.len())?;
     let from = Name::from_validated(data, from_at + 1..len_at);
     let payload = data.slice(start..end);
     bytes::Buf::advance(data, end);

@@ -354,6 +354,22 @@ proptest! {
         }
     }
 
+    /// `next_message` is public: on bytes nobody checked it stops (`None`), never panics,
+    /// and never hands out more bytes than it was given.
+    #[test]
+    fn next_message_on_unchecked_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+        let mut data = Bytes::from(bytes);
+        let mut taken = 0;
+        for _ in 0..300 {
+            let before = data.len();
+            let Some((_, payload, used)) = next_message(&mut data) else { break };
+            prop_assert!(used <= before && payload.len() <= used);
+            prop_assert_eq!(data.len(), before - used);
+            taken += used;
+        }
+        prop_assert!(taken <= 300);
+    }
+
     #[test]
     fn random_bodies_behind_valid_headers_never_panic(
         kind in 0u8..8, body in proptest::collection::vec(any::<u8>(), 0..256)
