@@ -290,10 +290,19 @@ fn same_names(b: &[u8], pos: usize, names: (usize, usize)) -> Option<usize> {
     if names.1 == 0 || !bytes_eq(b.get(pos..len_at)?, &b[names.0..names.0 + names.1]) {
         return None;
     }
+    payload_at(b, len_at).map(|p| p.1)
+}
+
+/// Where the payload whose 4-byte length is at `len_at` of `b` lies, if all of it is there
+/// (the walks that need no error saying what is missing).
+#[inline(always)]
+fn payload_at(b: &[u8], len_at: usize) -> Option<(usize, usize)> {
     let l = b.get(len_at..len_at.checked_add(4)?)?;
-    (len_at + 4)
+    let start = len_at + 4;
+    let end = start
         .checked_add(u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize)
-        .filter(|e| *e <= b.len())
+        .filter(|e| *e <= b.len())?;
+    Some((start, end))
 }
 
 /// Check the message at `pos` of a message-list body (lengths, and that both names are
@@ -391,11 +400,7 @@ pub fn next_message(data: &mut Bytes) -> Option<(Name, Bytes, usize)> {
     let b = &data[..];
     let from_at = 1 + *b.first()? as usize;
     let len_at = from_at + 1 + *b.get(from_at)? as usize;
-    let l = b.get(len_at..len_at + 4)?;
-    let start = len_at + 4;
-    let end = start
-        .checked_add(u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize)
-        .filter(|e| *e <= b.len())?;
+    let (start, end) = payload_at(b, len_at)?;
     let from = Name::from_validated(data, from_at + 1..len_at);
     let payload = data.slice(start..end);
     bytes::Buf::advance(data, end);

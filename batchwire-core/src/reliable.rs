@@ -192,21 +192,21 @@ pub(crate) struct Part {
 }
 
 impl Part {
-    /// Its bytes as slices (none copied), in wire order, to `f`.
-    fn each<'a>(&'a self, f: &mut impl FnMut(&'a [u8], &'a Bytes, Option<std::ops::Range<usize>>)) {
+    /// Its bytes in wire order, to `f` as ranges of buffers (none copied).
+    fn each<'a>(&'a self, f: &mut impl FnMut(&'a Bytes, std::ops::Range<usize>)) {
         let mut from = 0;
         for r in self.refs.as_deref().unwrap_or(&[]) {
             if r.at > from {
-                f(&self.data[from..r.at], &self.data, Some(from..r.at));
+                f(&self.data, from..r.at);
             }
-            f(&r.payload, &r.payload, None);
+            f(&r.payload, 0..r.payload.len());
             from = r.at;
         }
         if from < self.data.len() || (from == 0 && self.refs.is_none()) {
-            f(&self.data[from..], &self.data, Some(from..self.data.len()));
+            f(&self.data, from..self.data.len());
         }
         if let Some(p) = &self.piece {
-            f(p, p, None);
+            f(p, 0..p.len());
         }
     }
 }
@@ -227,33 +227,35 @@ impl Unwritten {
     /// Append its bytes to `out` as slices, in wire order (for one vectored write).
     pub fn slices<'a>(&'a self, out: &mut Vec<&'a [u8]>) {
         for p in &self.parts {
-            p.each(&mut |s, _, _| out.push(s));
+            p.each(&mut |b, r| out.push(&b[r]));
         }
     }
 
-    /// The same slices as [`Unwritten::slices`], as shared buffers (the rest of a write
-    /// that was cut short, tests), each with where its chunk ends.
+    /// The same slices as [`Unwritten::slices`], as shared buffers, each with where its
+    /// chunk ends (tests that write some chunks and not the rest).
     pub fn segments(&self) -> Vec<(Bytes, u64)> {
         let mut out = Vec::new();
         for (p, end) in self.parts.iter().zip(&self.ends) {
-            p.each(&mut |_, b, range| {
-                out.push((range.map_or_else(|| b.clone(), |r| b.slice(r)), *end))
-            });
+            p.each(&mut |b, r| out.push((b.slice(r), *end)));
         }
         out
     }
 
-    /// The slices as shared buffers, without where their chunks end (tests).
-    #[cfg(test)]
-    pub(crate) fn chunks(&self) -> Vec<Bytes> {
-        self.segments().into_iter().map(|s| s.0).collect()
+    /// The same slices as [`Unwritten::slices`], as shared buffers (the rest of a write
+    /// that was cut short).
+    pub fn chunks(&self) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        for p in &self.parts {
+            p.each(&mut |b, r| out.push(b.slice(r)));
+        }
+        out
     }
 
     /// Its bytes on the wire.
     pub fn wire_len(&self) -> usize {
         let mut n = 0;
         for p in &self.parts {
-            p.each(&mut |s, _, _| n += s.len());
+            p.each(&mut |_, r| n += r.len());
         }
         n
     }

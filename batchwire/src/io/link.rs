@@ -452,7 +452,9 @@ impl Link {
     /// at its end. Nothing is zeroed first: a plain link's socket is read straight into
     /// `buf`'s spare capacity ([`recv_append`]); over TLS the plaintext is copied there
     /// from rustls, and ciphertext goes from a reused buffer to rustls without a stop in
-    /// between. Without `wait`, `WouldBlock` if nothing is at hand.
+    /// between. (Zeroing `want` bytes before every read cost a pass over 64 KiB per read,
+    /// whatever arrived: 113 of the receiving process's 673 instructions per 100 B message
+    /// under callgrind.) Without `wait`, `WouldBlock` if nothing is at hand.
     pub fn read_append(
         &self,
         buf: &mut BytesMut,

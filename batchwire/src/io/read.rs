@@ -327,7 +327,7 @@ impl Reader<'_> {
             }
             None => (self.read_bytes, false),
         };
-        let n = match read_more(&self.conn.link, side.ring.room(want), want, wait) {
+        let n = match self.conn.link.read_append(side.ring.room(want), want, wait) {
             Ok(0) => return Err(LinkError::Eof),
             Ok(n) => n,
             // A look after a read cut short found the socket empty: it was drained after
@@ -907,22 +907,6 @@ enum Pushed {
     /// Its mailbox was dropped while the run was pushed, and none of that name is open
     /// now: its credit was given back (once) before this returned.
     Closed,
-}
-
-/// Read once into the spare room at the end of `buf`, making room for `want` bytes
-/// ([`Link::read_append`](crate::io::link::Link::read_append)).
-///
-/// Nothing is zeroed first. (Zeroing `want` bytes before every read cost a pass over 64
-/// KiB per read, whatever arrived: 113 of the receiving process's 673 instructions per
-/// 100 B message under callgrind.) Without `wait`, a read returns `WouldBlock` at once if
-/// nothing is there.
-pub(crate) fn read_more(
-    link: &crate::io::link::Link,
-    buf: &mut BytesMut,
-    want: usize,
-    wait: bool,
-) -> std::io::Result<usize> {
-    link.read_append(buf, want, wait)
 }
 
 /// One read from a plain link's socket, without waiting (`WouldBlock` if nothing is

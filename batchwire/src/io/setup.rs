@@ -26,7 +26,7 @@ use crate::io::mailbox::Mailboxes;
 use crate::io::members::Members;
 use crate::io::peer::Peer;
 use crate::io::peers::{AddError, Peers};
-use crate::io::read::{Reader, read_more};
+use crate::io::read::Reader;
 use crate::io::shutdown::Shutdown;
 use crate::stats::SecurityCounters;
 
@@ -565,7 +565,7 @@ fn read_small(
     if link.set_deadline(deadline).is_err() {
         return Err(timed_out);
     }
-    match read_more(link, buf, 512, true) {
+    match link.read_append(buf, 512, true) {
         Ok(0) => Err(LinkError::Eof),
         Ok(_) => Ok(()),
         Err(e)

@@ -278,8 +278,7 @@ fn write_pending(
                     // (the control bytes copied, the data as slices of the window's
                     // chunks). It counts as written here; the window keeps it until
                     // acknowledged, like anything written.
-                    let segments: Vec<Bytes> = u.segments().into_iter().map(|s| s.0).collect();
-                    c.set_carry(rest_after(control, &segments, n));
+                    c.set_carry(rest_after(control, &u.chunks(), n));
                     peer.lane.poke();
                 }
                 Ok(total)
