@@ -320,6 +320,62 @@ fn a_mailbox_opened_again_under_the_same_name_gets_what_comes_after() {
     }
 }
 
+/// Local delivery remembers, per thread, the mailbox it delivered to last (no table lookup
+/// per message). It must still find a mailbox opened again under the same name, keep two
+/// nodes of one process apart (each has its own "inbox"), and report a send after the
+/// mailbox is gone as undeliverable, not hand it to the dropped queue (which may still be
+/// alive, and closed).
+#[test]
+fn local_delivery_follows_a_mailbox_opened_again_and_keeps_nodes_apart() {
+    let nodes = start(mesh(&["a", "b"]));
+    let (to_a, to_b) = (
+        Address::new("a", "inbox").unwrap(),
+        Address::new("b", "inbox").unwrap(),
+    );
+    for round in 0u8..4 {
+        let (in_a, in_b) = (
+            nodes[0].mailbox("inbox").unwrap(),
+            nodes[1].mailbox("inbox").unwrap(),
+        );
+        // a's connection reader keeps the queue of its last run: the dropped one stays
+        // alive, so next round this thread's remembered queue is still there, but closed.
+        nodes[1].send(&to_a, vec![3, round]).unwrap();
+        assert_eq!(&in_a.recv_timeout(T).unwrap().payload[..], [3, round]);
+        for i in 0u8..3 {
+            // Alternating between the nodes, from this one thread.
+            nodes[0].send(&to_a, vec![0, round, i]).unwrap();
+            nodes[1].send(&to_b, vec![1, round, i]).unwrap();
+        }
+        nodes[0].send_all("inbox", vec![2, round]).unwrap();
+        for i in 0u8..3 {
+            assert_eq!(&in_a.recv_timeout(T).unwrap().payload[..], [0, round, i]);
+            assert_eq!(&in_b.recv_timeout(T).unwrap().payload[..], [1, round, i]);
+        }
+        // send_all reached a's own inbox and b's (over the connection).
+        assert_eq!(&in_a.recv_timeout(T).unwrap().payload[..], [2, round]);
+        assert_eq!(&in_b.recv_timeout(T).unwrap().payload[..], [2, round]);
+        assert!(in_a.try_recv().is_err() && in_b.try_recv().is_err());
+        drop((in_a, in_b));
+    }
+    assert_eq!(nodes[0].stats().undeliverable, 0);
+    // Gone: undeliverable, counted once, whatever this thread remembered.
+    let events = nodes[0].events();
+    nodes[0].send(&to_a, &b"nobody"[..]).unwrap();
+    assert_eq!(nodes[0].stats().undeliverable, 1);
+    assert!(
+        wait_event(
+            &events,
+            T,
+            |e| matches!(e, Event::Undeliverable { to, .. } if *to == to_a)
+        )
+        .is_some()
+    );
+    // And the next one opened gets what comes after.
+    let in_a = nodes[0].mailbox("inbox").unwrap();
+    nodes[0].send(&to_a, &b"back"[..]).unwrap();
+    assert_eq!(&in_a.recv_timeout(T).unwrap().payload[..], b"back");
+}
+
 #[test]
 fn wrong_secret_is_refused_on_both_sides_and_others_keep_working() {
     let mut cfgs = mesh(&["a", "b"]);

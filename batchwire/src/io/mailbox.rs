@@ -796,7 +796,40 @@ struct Registry {
 /// Mailbox names logged as missing, at most (further names are counted only).
 const LOGGED_NAMES: usize = 1024;
 
+thread_local! {
+    /// The mailbox this thread last delivered to locally, and the registry it came from
+    /// (see [`Mailboxes::get_local`]). Weak both: the cache keeps neither a dropped
+    /// mailbox's queue nor a stopped node's table alive, only the registry's allocation,
+    /// so its address cannot be another node's meanwhile.
+    static LAST_LOCAL: std::cell::RefCell<Option<(Weak<Registry>, Weak<MailboxQueue>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 impl Mailboxes {
+    /// The queue called `name` for a local send: the one this thread delivered to last,
+    /// if it has that name and is still alive, without the table's lock and hash (about
+    /// 160 instructions a message in mperf, where every `send_all` delivers one message
+    /// here). It may have been dropped (closed) since: a push it refuses as closed asks
+    /// again with [`Mailboxes::get_again`].
+    pub fn get_local(&self, name: &[u8]) -> Option<Arc<MailboxQueue>> {
+        let hit = LAST_LOCAL.with_borrow(|c| {
+            let (reg, q) = c.as_ref()?;
+            if !std::ptr::eq(reg.as_ptr(), Arc::as_ptr(&self.0)) {
+                return None;
+            }
+            q.upgrade().filter(|q| q.name.as_bytes() == name)
+        });
+        hit.or_else(|| self.get_again(name))
+    }
+
+    /// The queue called `name` from the table, remembered for this thread's next
+    /// [`Mailboxes::get_local`].
+    pub fn get_again(&self, name: &[u8]) -> Option<Arc<MailboxQueue>> {
+        let q = self.get(name)?;
+        LAST_LOCAL.set(Some((Arc::downgrade(&self.0), Arc::downgrade(&q))));
+        Some(q)
+    }
+
     pub fn get(&self, name: &[u8]) -> Option<Arc<MailboxQueue>> {
         self.0
             .map

@@ -550,32 +550,43 @@ impl Runtime {
                 count: count as u64,
             });
         };
-        let Some(mb) = self.mailboxes.get(to.as_bytes()) else {
-            missing(1);
-            return Ok(());
-        };
-        let e = Envelope::new(
+        let mut mb = self.mailboxes.get_local(to.as_bytes());
+        let mut e = Envelope::new(
             Address::from_names(self.name.clone(), from.clone()),
             payload,
         );
-        match mb.push_one(e, block) {
-            Ok(()) => {
-                self.local_messages.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            Err((e, _)) if self.shutdown.is_shutting_down() => Err(Error::ShutDown {
-                payload: Some(e.payload),
-            }),
-            Err((e, Refused::Full)) => Err(Error::Full {
-                to: format!("{to}@{}", self.name),
-                payload: e.payload,
-            }),
-            // The mailbox was dropped while we waited for room.
-            Err(_) => {
-                missing(1);
-                Ok(())
+        for again in [false, true] {
+            let Some(q) = mb.take() else { break };
+            match q.push_one(e, block) {
+                Ok(()) => {
+                    self.local_messages.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err((e, _)) if self.shutdown.is_shutting_down() => {
+                    return Err(Error::ShutDown {
+                        payload: Some(e.payload),
+                    });
+                }
+                Err((e, Refused::Full)) => {
+                    return Err(Error::Full {
+                        to: format!("{to}@{}", self.name),
+                        payload: e.payload,
+                    });
+                }
+                // Dropped since this thread last delivered to it, or while it waited for
+                // room: a mailbox opened again under the name takes it (the table is
+                // asked once more), else it has none.
+                Err((back, Refused::Closed)) => {
+                    e = back;
+                    mb = (!again)
+                        .then(|| self.mailboxes.get_again(to.as_bytes()))
+                        .flatten()
+                        .filter(|fresh| !Arc::ptr_eq(fresh, &q));
+                }
             }
         }
+        missing(1);
+        Ok(())
     }
 
     /// The requests in flight.
