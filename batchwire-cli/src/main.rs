@@ -129,7 +129,7 @@ struct BenchArgs {
     /// Scenario to run (default: a quick version of every scenario).
     #[arg(value_enum)]
     scenario: Option<Scenario>,
-    /// Bundlers to compare: comma-separated names, `raw` (throughput's TCP ceiling), or `all`.
+    /// Bundlers to compare: comma-separated names, `raw` (the TCP ceiling of throughput and mperf), or `all`.
     #[arg(long, default_value = "all")]
     bundler: String,
     /// Idle levels (1..=10) to run each bundler with, comma-separated.
@@ -590,8 +590,8 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
         Some(s) => vec![s],
         // With --peers only the scenarios that can use them.
         None if remote.is_some() => vec![Scenario::Rpc, Scenario::Roundtrip],
-        // `raw` is throughput's ceiling; the other scenarios compare bundlers only.
-        None if only_raw => vec![Scenario::Throughput],
+        // `raw` is the ceiling of throughput and mperf; the others compare bundlers only.
+        None if only_raw => vec![Scenario::Throughput, Scenario::Mperf],
         None => Scenario::ALL.to_vec(),
     };
     let common = Common {
@@ -604,6 +604,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                 | throughput::Entry::Raw => None,
             })
             .collect(),
+        raw: entries.contains(&throughput::Entry::Raw),
         idle_levels: a.idle_cpu_level.clone(),
         runs: a.runs.unwrap_or(if quick { 3 } else { 5 }),
         base_port: a.base_port,

@@ -378,8 +378,18 @@ fn bench_mperf_runs_three_nodes() {
         &["mperf", "--nodes", "3", "--messages", "500", "--size", "64"],
     );
     assert!(stdout.contains("mperf: 3 nodes"), "{stdout}");
+    // Every bundler and the raw ceiling (whose 3 processes check what they got too:
+    // check_report wants nothing lost, duplicated or reordered in any row).
+    assert!(
+        stdout.contains("natural: ") && stdout.contains("% of raw"),
+        "{stdout}"
+    );
     let rows = check_report(&v, "mperf");
-    assert_eq!(rows.len(), batchwire::BundlerKind::ALL.len());
+    assert_eq!(rows.len(), batchwire::BundlerKind::ALL.len() + 1);
+    assert!(
+        rows.iter()
+            .any(|r| r["bundler"] == "raw" && r["idle_cpu_level"].is_null())
+    );
     assert!(
         rows.iter()
             .all(|r| r["nodes"] == 3 && r["unit"] == "msgs/s/node")

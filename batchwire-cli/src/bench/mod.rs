@@ -13,6 +13,7 @@ pub mod mperf;
 mod payloads;
 pub mod pingpong;
 pub mod plot;
+mod rawtcp;
 pub mod roundtrip;
 pub mod rpc;
 pub mod scale;
@@ -38,6 +39,9 @@ use batchwire::{Address, BundlerKind, Node, NodeConfig, PeerSpec};
 pub struct Common {
     /// Bundlers to compare (`raw` is throughput's own and is passed to it separately).
     pub bundlers: Vec<BundlerKind>,
+    /// `raw` was asked for: the raw-TCP ceiling of the scenarios that have one (throughput
+    /// takes its entries itself; mperf runs its own).
+    pub raw: bool,
     pub idle_levels: Vec<u8>,
     pub runs: usize,
     /// Node i of a run listens on `base_port + i`.
@@ -67,7 +71,7 @@ impl Common {
     pub fn require_bundlers(&self, scenario: &str) -> Result<(), String> {
         if self.bundlers.is_empty() {
             return Err(format!(
-                "{scenario} compares bundlers; `raw` is the throughput scenario's ceiling only"
+                "{scenario} compares bundlers; `raw` is the ceiling of throughput and mperf only"
             ));
         }
         Ok(())

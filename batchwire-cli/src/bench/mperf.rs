@@ -7,17 +7,28 @@
 //! "ctl" mailboxes); a node's rate is what it received divided by the time from that
 //! barrier to its last delivery (its own clock only). A run's figure is the mean of the
 //! nodes' rates, in messages per second per node, as in the JGroups table.
+//!
+//! `raw` is the ceiling, run in the same rounds: the same N processes exchange the same
+//! messages pre-encoded as MESSAGES frames over plain TCP (a writer thread per peer, a
+//! reading and checking thread per peer), with no node, window, acknowledgement or flow
+//! control; a process's own messages are decoded and checked from its frames in memory
+//! (local delivery at the cost of a decode). What is left between the two is what
+//! batchwire does per message.
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::payloads::Payloads;
+use super::rawtcp;
 use super::{
     BenchResult, CTL, Common, Context, Ctl, Faults, Overrides, Progress, Verifier, mesh_config,
-    parse_results, print_result, run_workers, si, u32_at, u64_at, worker_args,
+    node_name, parse_results, print_result, run_workers, si, u32_at, u64_at, worker_args,
 };
 use batchwire::{BundlerKind, RecvError};
+use batchwire_core::codec::Name;
 
 /// The payload header: sequence number (u64) and sending node (u32), little-endian.
 pub const HEADER: usize = 12;
@@ -30,7 +41,7 @@ const READY: u8 = 1;
 /// Arguments of the worker processes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
-    /// node (the only role).
+    /// node, or raw (the ceiling).
     #[arg(long)]
     pub role: String,
     /// This node's index (it listens on base-port + index).
@@ -63,8 +74,10 @@ pub struct NodeReport {
 
 /// Run a worker; prints its report line on stdout.
 pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
-    if a.role != "node" {
-        return Err(format!("unknown mperf role {:?}", a.role));
+    match a.role.as_str() {
+        "node" => {}
+        "raw" => return raw_worker(a),
+        other => return Err(format!("unknown mperf role {other:?}")),
     }
     let (i, n) = (a.index, a.nodes);
     let cfg = mesh_config(
@@ -100,10 +113,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             match mb.recv_batch_into(&mut batch, 8192, wait) {
                 Ok(_) => {
                     for e in batch.drain(..) {
-                        match (u64_at(&e.payload, 0), u32_at(&e.payload, 8)) {
-                            (Some(seq), Some(from)) => v.see(from as usize, seq),
-                            _ => v.malformed(),
-                        }
+                        see(&mut v, &e.payload);
                     }
                     wait = Duration::from_secs(10);
                 }
@@ -121,6 +131,105 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     drop(mb);
     ctl.finish(Duration::from_secs(300))?;
     node.shutdown();
+    print_result(&NodeReport {
+        distinct: v.distinct,
+        duplicated: v.duplicated,
+        reordered: v.reordered,
+        secs,
+    })
+}
+
+/// Check one payload: (sequence, sending node).
+fn see(v: &mut Verifier, p: &[u8]) {
+    match (u64_at(p, 0), u32_at(p, 8)) {
+        (Some(seq), Some(from)) => v.see(from as usize, seq),
+        _ => v.malformed(),
+    }
+}
+
+/// The `raw` ceiling's node `index`: listen, dial every other node and accept each of
+/// theirs, meet them (one byte each way, sent once every connection is up), then write the
+/// pre-encoded frames to every peer while reading and checking theirs and its own.
+fn raw_worker(a: &WorkerArgs) -> Result<(), String> {
+    let (i, n) = (a.index, a.nodes);
+    let addr = |j: usize| SocketAddr::from(([127, 0, 0, 1], a.base_port + j as u16));
+    let l = TcpListener::bind(addr(i)).ctx(&format!("raw listen on {}", addr(i)))?;
+    let frames = rawtcp::encode(
+        a.messages,
+        a.size.max(HEADER),
+        Some(i as u32),
+        &Name::from_static(MAILBOX),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut outs = Vec::with_capacity(n - 1);
+    for j in (0..n).filter(|j| *j != i) {
+        let s = loop {
+            match TcpStream::connect(addr(j)) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!("raw connect to {}: {e}", node_name(j)));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
+        let _ = s.set_nodelay(true);
+        outs.push(s);
+    }
+    let mut ins = Vec::with_capacity(n - 1);
+    for _ in 1..n {
+        // Every node dials before it accepts, so this waits for nothing but their dials.
+        ins.push(l.accept().ctx("raw accept")?.0);
+    }
+    for s in &mut outs {
+        s.write_all(&[READY]).ctx("raw barrier")?;
+    }
+    for s in &mut ins {
+        let mut b = [0u8];
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .ctx("raw barrier")?;
+        s.read_exact(&mut b).ctx("raw barrier")?;
+        s.set_read_timeout(None).ctx("raw barrier")?;
+    }
+    let t0 = Instant::now();
+    let frames = &frames;
+    let (v, secs) = std::thread::scope(|sc| -> Result<(Verifier, f64), String> {
+        let writers: Vec<_> = outs
+            .into_iter()
+            .map(|mut s| {
+                sc.spawn(move || -> Result<(), String> {
+                    for c in frames.chunks(rawtcp::FRAME_BYTES) {
+                        s.write_all(c).ctx("raw write")?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        let readers: Vec<_> = ins
+            .into_iter()
+            .map(|mut s| {
+                sc.spawn(move || -> Result<(Verifier, Duration), String> {
+                    let mut v = Verifier::new(n, a.messages);
+                    rawtcp::read(&mut s, a.messages, || {}, |p| see(&mut v, p))?;
+                    Ok((v, t0.elapsed()))
+                })
+            })
+            .collect();
+        let mut v = Verifier::new(n, a.messages);
+        rawtcp::read(&mut &frames[..], a.messages, || {}, |p| see(&mut v, p))?;
+        let mut end = t0.elapsed();
+        let panicked = || "a raw thread panicked".to_string();
+        for r in readers {
+            let (rv, at) = r.join().map_err(|_| panicked())??;
+            v.distinct += rv.distinct;
+            v.duplicated += rv.duplicated;
+            v.reordered += rv.reordered;
+            end = end.max(at);
+        }
+        for w in writers {
+            w.join().map_err(|_| panicked())??;
+        }
+        Ok((v, end.as_secs_f64()))
+    })?;
     print_result(&NodeReport {
         distinct: v.distinct,
         duplicated: v.duplicated,
@@ -153,9 +262,10 @@ impl Options {
     }
 }
 
-/// One measured run: the mean of the nodes' rates, and the faults of all nodes.
+/// One measured run of `bundler` (`None`: the raw ceiling): the mean of the nodes'
+/// rates, and the faults of all nodes.
 pub fn one_run(
-    bundler: BundlerKind,
+    bundler: Option<BundlerKind>,
     idle: u8,
     size: usize,
     o: &Options,
@@ -163,19 +273,18 @@ pub fn one_run(
 ) -> Result<(f64, Faults), String> {
     let args: Vec<Vec<String>> = (0..o.nodes)
         .map(|i| {
-            worker_args(
-                "mperf",
-                "node",
-                &[
-                    ("index", i.to_string()),
-                    ("nodes", o.nodes.to_string()),
-                    ("base-port", base_port.to_string()),
-                    ("messages", o.messages.to_string()),
-                    ("size", size.to_string()),
-                    ("bundler", bundler.name().to_string()),
-                    ("idle-cpu-level", idle.to_string()),
-                ],
-            )
+            let mut kv = vec![
+                ("index", i.to_string()),
+                ("nodes", o.nodes.to_string()),
+                ("base-port", base_port.to_string()),
+                ("messages", o.messages.to_string()),
+                ("size", size.to_string()),
+            ];
+            if let Some(b) = bundler {
+                kv.push(("bundler", b.name().to_string()));
+                kv.push(("idle-cpu-level", idle.to_string()));
+            }
+            worker_args("mperf", bundler.map_or("raw", |_| "node"), &kv)
         })
         .collect();
     let reports: Vec<NodeReport> = parse_results(&run_workers(&args, Duration::from_secs(600))?)?;
@@ -198,25 +307,33 @@ pub fn one_run(
 /// Run the scenario: for each size, `runs` rounds of every (bundler, idle level) pair.
 pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
     c.refuse_remote("mperf")?;
-    c.require_bundlers("mperf")?;
+    if !c.raw {
+        c.require_bundlers("mperf")?;
+    }
     let o = Options::resolve(c, ov)?;
-    let combos = c.combos();
+    // Every (bundler, idle level) pair, then the raw ceiling (no transport threads: once).
+    let mut entries: Vec<(Option<BundlerKind>, u8)> =
+        c.combos().into_iter().map(|(b, l)| (Some(b), l)).collect();
+    if c.raw {
+        entries.push((None, 0));
+    }
     let progress = Progress::new(
-        (o.sizes.len() * c.runs * combos.len()) as u64,
+        (o.sizes.len() * c.runs * entries.len()) as u64,
         "mperf",
         c.quiet,
     );
+    let label = |b: Option<BundlerKind>, idle: u8| match b {
+        None => "raw".to_string(),
+        Some(b) if c.show_idle() => format!("{b} (idle {idle})"),
+        Some(b) => b.to_string(),
+    };
     let mut results = Vec::new();
     for &size in &o.sizes {
-        let mut rates = vec![Vec::new(); combos.len()];
-        let mut faults = vec![Faults::default(); combos.len()];
+        let mut rates = vec![Vec::new(); entries.len()];
+        let mut faults = vec![Faults::default(); entries.len()];
         for run in 0..c.runs {
-            for (i, &(b, idle)) in combos.iter().enumerate() {
-                let name = if c.show_idle() {
-                    format!("{b} (idle {idle})")
-                } else {
-                    b.to_string()
-                };
+            for (i, &(b, idle)) in entries.iter().enumerate() {
+                let name = label(b, idle);
                 let what = format!("mperf {size} B {name:<20} run {}/{}", run + 1, c.runs);
                 progress.running(what.clone());
                 let (rate, f) = one_run(b, idle, size, &o, c.base_port)?;
@@ -226,11 +343,11 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
             }
         }
         let first = results.len();
-        for (i, &(b, idle)) in combos.iter().enumerate() {
+        for (i, &(b, idle)) in entries.iter().enumerate() {
             let mut r = BenchResult::new(
                 "mperf",
-                b.name(),
-                Some(idle),
+                b.map_or("raw", |b| b.name()),
+                b.map(|_| idle),
                 size,
                 rates[i].clone(),
                 "msgs/s/node",
@@ -245,20 +362,43 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
     Ok(results)
 }
 
-/// The table of one size, as JGroups prints MPerf: one column per run.
+/// The table of one size, as JGroups prints MPerf: one column per run; then each
+/// bundler's median as a share of raw's, if raw ran.
 fn table(rows: &[BenchResult], o: &Options, c: &Common) -> String {
     let Some(first) = rows.first() else {
         return String::new();
     };
     let t = super::rate_table(rows, c.runs, c.show_idle(), "MB/s/node");
+    let raw = rows
+        .iter()
+        .find(|r| r.bundler == "raw" && !r.failed())
+        .map(|r| r.median);
+    let shares: String = rows
+        .iter()
+        .filter(|r| r.bundler != "raw" && !r.failed())
+        .filter_map(|r| {
+            let raw = raw.filter(|v| *v > 0.0)?;
+            Some(format!(
+                "{}: {:.0}% of raw\n",
+                r.label(c.show_idle()),
+                100.0 * r.median / raw
+            ))
+        })
+        .collect();
     format!(
         "\nmperf: {} nodes, each sends {} x {} B to every member (itself included) with send_all; \
-         msgs/s received per node (mean over the nodes) of {} alternating runs; {}\n{}",
+         msgs/s received per node (mean over the nodes) of {} alternating runs; {}{}\n{}{}",
         o.nodes,
         o.messages,
         first.size,
         c.runs,
         super::payloads::how(o.messages, first.size),
-        t.render()
+        if raw.is_some() {
+            "; raw: the same frames over plain TCP, no node"
+        } else {
+            ""
+        },
+        t.render(),
+        shares
     )
 }

@@ -116,11 +116,11 @@ impl Iterator for Payloads {
     }
 }
 
-fn header_len(tag: Option<u32>) -> usize {
+pub(super) fn header_len(tag: Option<u32>) -> usize {
     8 + if tag.is_some() { 4 } else { 0 }
 }
 
-fn stamp(p: &mut [u8], seq: u64, tag: Option<u32>) {
+pub(super) fn stamp(p: &mut [u8], seq: u64, tag: Option<u32>) {
     p[..8].copy_from_slice(&seq.to_le_bytes());
     if let Some(t) = tag {
         p[8..12].copy_from_slice(&t.to_le_bytes());

@@ -1,20 +1,19 @@
 //! The worker side of the `throughput` scenario: the processes that send, receive, or
 //! both (`--duplex`), and the raw-TCP ceiling's pair. Each prints one report line.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
 
 use super::payloads::Payloads;
+use super::rawtcp;
 use super::{CTL, Context, Ctl, Verifier, now_ns, print_result, process_cpu_ns, u64_at};
 use batchwire::{Address, Node, NodeConfig, RecvError};
 use batchwire_core::bundler::BundlerKind;
 use batchwire_core::codec::Name;
-use batchwire_core::frame::{self, Frame, ListWriter};
 
 /// What the sending worker reports.
 #[derive(Debug, Serialize, Deserialize)]
@@ -200,25 +199,15 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             let l = TcpListener::bind(a.listen).ctx(&format!("raw listen on {}", a.listen))?;
             let (mut s, _) = l.accept().ctx("raw accept")?;
             let mut v = Verifier::new(1, a.messages);
-            let mut buf = BytesMut::with_capacity(1 << 17);
             let mut cpu0 = None;
-            while v.distinct < a.messages {
-                let len = buf.len();
-                buf.resize(len + (64 << 10), 0);
-                let n = s.read(&mut buf[len..]).ctx("raw read")?;
-                buf.truncate(len + n);
-                if n == 0 {
-                    break;
-                }
-                cpu0.get_or_insert_with(process_cpu_ns);
-                while let Some(f) = frame::decode(&mut buf, 1 << 26).ctx("raw decode")? {
-                    if let Frame::Messages(list) = f {
-                        for m in list.iter() {
-                            see(&mut v, &m.payload);
-                        }
-                    }
-                }
-            }
+            rawtcp::read(
+                &mut s,
+                a.messages,
+                || {
+                    cpu0 = Some(process_cpu_ns());
+                },
+                |p| see(&mut v, p),
+            )?;
             let end_ns = now_ns();
             print_result(&super::RecvReport {
                 distinct: v.distinct,
@@ -230,20 +219,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             Ok(())
         }
         "raw-send" => {
-            let (to, from) = (Name::from_static("sink"), Name::from_static(""));
-            let size = a.size.max(8);
-            let mut payload = vec![0u8; size];
-            let mut out = Vec::with_capacity((a.messages as usize) * (size + 16));
-            let mut w = ListWriter::start(&mut out);
-            for i in 0..a.messages {
-                payload[..8].copy_from_slice(&i.to_le_bytes());
-                if !w.is_empty() && w.len(&out) + size + 16 > 64 << 10 {
-                    w.finish(&mut out);
-                    w = ListWriter::start(&mut out);
-                }
-                w.push(&mut out, &to, &from, &payload);
-            }
-            w.finish(&mut out);
+            let out = rawtcp::encode(a.messages, a.size, None, &Name::from_static("sink"));
             let deadline = Instant::now() + Duration::from_secs(30);
             let mut s = loop {
                 match TcpStream::connect(a.peer) {
@@ -255,7 +231,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             let _ = s.set_nodelay(true);
             let start_ns = now_ns();
             let cpu0 = process_cpu_ns();
-            for c in out.chunks(64 << 10) {
+            for c in out.chunks(rawtcp::FRAME_BYTES) {
                 s.write_all(c).ctx("raw write")?;
             }
             print_result(&SendReport {

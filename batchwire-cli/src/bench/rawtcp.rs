@@ -1,0 +1,73 @@
+//! The raw-TCP ceilings' two halves: messages pre-encoded as batchwire MESSAGES frames and
+//! written with plain `write(2)`s, and a read loop that decodes them. No node, no window,
+//! no acknowledgement, no flow control: what the machine does with the same bytes.
+//! `throughput`'s `raw` and `mperf`'s `raw` are built from these.
+
+use std::io::Read;
+
+use bytes::BytesMut;
+
+use super::Context;
+use super::payloads::{header_len, stamp};
+use batchwire_core::codec::Name;
+use batchwire_core::frame::{self, Frame, ListWriter};
+
+/// The most a frame of pre-encoded messages holds (and the size of each write).
+pub const FRAME_BYTES: usize = 64 << 10;
+
+/// `n` numbered messages of `size` bytes (the payload header as [`super::payloads`] stamps
+/// it: sequence, then `tag` if any) for mailbox `to`, encoded as MESSAGES frames of at most
+/// [`FRAME_BYTES`], back to back.
+pub fn encode(n: u64, size: usize, tag: Option<u32>, to: &Name) -> Vec<u8> {
+    let from = Name::from_static("");
+    let size = size.max(header_len(tag));
+    let mut payload = vec![0u8; size];
+    let mut out = Vec::with_capacity(n as usize * (size + 16 + to.len()));
+    let mut w = ListWriter::start(&mut out);
+    for seq in 0..n {
+        stamp(&mut payload, seq, tag);
+        if !w.is_empty() && w.len(&out) + size + 16 > FRAME_BYTES {
+            w.finish(&mut out);
+            w = ListWriter::start(&mut out);
+        }
+        w.push(&mut out, to, &from, &payload);
+    }
+    w.finish(&mut out);
+    out
+}
+
+/// Read frames from `s` until `expected` messages have come (or the stream ends), handing
+/// each payload to `see`. Returns the messages read. `first` is called once, when the
+/// first bytes arrive (a CPU clock's start).
+pub fn read(
+    s: &mut impl Read,
+    expected: u64,
+    mut first: impl FnMut(),
+    mut see: impl FnMut(&[u8]),
+) -> Result<u64, String> {
+    let mut buf = BytesMut::with_capacity(2 * FRAME_BYTES);
+    let mut got = 0;
+    let mut started = false;
+    while got < expected {
+        let len = buf.len();
+        buf.resize(len + FRAME_BYTES, 0);
+        let n = s.read(&mut buf[len..]).ctx("raw read")?;
+        buf.truncate(len + n);
+        if n == 0 {
+            break;
+        }
+        if !started {
+            started = true;
+            first();
+        }
+        while let Some(f) = frame::decode(&mut buf, 1 << 26).ctx("raw decode")? {
+            if let Frame::Messages(list) = f {
+                for m in list.iter() {
+                    see(&m.payload);
+                    got += 1;
+                }
+            }
+        }
+    }
+    Ok(got)
+}
