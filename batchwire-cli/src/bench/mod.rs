@@ -37,7 +37,7 @@ use batchwire::{Address, BundlerKind, Node, NodeConfig, PeerSpec};
 /// What every scenario is told.
 #[derive(Debug, Clone)]
 pub struct Common {
-    /// Bundlers to compare (`raw` is throughput's own and is passed to it separately).
+    /// Bundlers to compare (`raw` is not one: see `raw`).
     pub bundlers: Vec<BundlerKind>,
     /// `raw` was asked for: the raw-TCP ceiling of the scenarios that have one (throughput
     /// takes its entries itself; mperf runs its own).

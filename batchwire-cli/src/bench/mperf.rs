@@ -148,8 +148,10 @@ fn see(v: &mut Verifier, p: &[u8]) {
 }
 
 /// The `raw` ceiling's node `index`: listen, dial every other node and accept each of
-/// theirs, meet them (one byte each way, sent once every connection is up), then write the
-/// pre-encoded frames to every peer while reading and checking theirs and its own.
+/// theirs, meet them (each dialer sends its index once every connection is up, so a
+/// stream is known by its sender), then write the pre-encoded frames to every peer while
+/// reading and checking theirs and its own. A stream that ends early shows as lost
+/// messages, as a node's would.
 fn raw_worker(a: &WorkerArgs) -> Result<(), String> {
     let (i, n) = (a.index, a.nodes);
     let addr = |j: usize| SocketAddr::from(([127, 0, 0, 1], a.base_port + j as u16));
@@ -173,32 +175,40 @@ fn raw_worker(a: &WorkerArgs) -> Result<(), String> {
             }
         };
         let _ = s.set_nodelay(true);
-        outs.push(s);
+        outs.push((j, s));
     }
     let mut ins = Vec::with_capacity(n - 1);
     for _ in 1..n {
         // Every node dials before it accepts, so this waits for nothing but their dials.
         ins.push(l.accept().ctx("raw accept")?.0);
     }
-    for s in &mut outs {
-        s.write_all(&[READY]).ctx("raw barrier")?;
+    for (j, s) in &mut outs {
+        s.write_all(&(i as u32).to_le_bytes())
+            .ctx(&format!("raw barrier to {}", node_name(*j)))?;
     }
+    let mut from = Vec::with_capacity(n - 1);
     for s in &mut ins {
-        let mut b = [0u8];
+        let mut b = [0u8; 4];
         s.set_read_timeout(Some(Duration::from_secs(60)))
             .ctx("raw barrier")?;
         s.read_exact(&mut b).ctx("raw barrier")?;
         s.set_read_timeout(None).ctx("raw barrier")?;
+        let j = u32::from_le_bytes(b) as usize;
+        if j >= n || j == i || from.contains(&j) {
+            return Err(format!("raw barrier: a stream says it comes from node {j}"));
+        }
+        from.push(j);
     }
     let t0 = Instant::now();
     let frames = &frames;
     let (v, secs) = std::thread::scope(|sc| -> Result<(Verifier, f64), String> {
         let writers: Vec<_> = outs
             .into_iter()
-            .map(|mut s| {
+            .map(|(j, mut s)| {
                 sc.spawn(move || -> Result<(), String> {
                     for c in frames.chunks(rawtcp::FRAME_BYTES) {
-                        s.write_all(c).ctx("raw write")?;
+                        s.write_all(c)
+                            .ctx(&format!("raw write to {}", node_name(j)))?;
                     }
                     Ok(())
                 })
@@ -206,10 +216,21 @@ fn raw_worker(a: &WorkerArgs) -> Result<(), String> {
             .collect();
         let readers: Vec<_> = ins
             .into_iter()
-            .map(|mut s| {
+            .zip(from)
+            .map(|(mut s, j)| {
                 sc.spawn(move || -> Result<(Verifier, Duration), String> {
                     let mut v = Verifier::new(n, a.messages);
-                    rawtcp::read(&mut s, a.messages, || {}, |p| see(&mut v, p))?;
+                    // Only node j's messages belong on this stream.
+                    rawtcp::read(
+                        &mut s,
+                        a.messages,
+                        || {},
+                        |p| match u32_at(p, 8) {
+                            Some(f) if f as usize == j => see(&mut v, p),
+                            _ => v.malformed(),
+                        },
+                    )
+                    .map_err(|e| format!("from {}: {e}", node_name(j)))?;
                     Ok((v, t0.elapsed()))
                 })
             })

@@ -37,7 +37,8 @@ pub fn encode(n: u64, size: usize, tag: Option<u32>, to: &Name) -> Vec<u8> {
 }
 
 /// Read frames from `s` until `expected` messages have come (or the stream ends), handing
-/// each payload to `see`. Returns the messages read. `first` is called once, when the
+/// each payload to `see`. Returns the messages read (a stream that ended early is not an
+/// error here: the caller's count of what arrived shows it). `first` is called once, when the
 /// first bytes arrive (a CPU clock's start).
 pub fn read(
     s: &mut impl Read,

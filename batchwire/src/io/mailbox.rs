@@ -803,37 +803,51 @@ struct Registry {
 /// Mailbox names logged as missing, at most (further names are counted only).
 const LOGGED_NAMES: usize = 1024;
 
+/// A mailbox a thread delivered to locally, and the node's table it came from: weak
+/// references both, so the cache keeps no dropped mailbox's messages and no stopped node's
+/// table alive (only their allocations, so a cached address cannot be another node's or
+/// another mailbox's meanwhile).
+type LocalEntry = (Weak<Registry>, Weak<MailboxQueue>);
+
 thread_local! {
-    /// The mailbox this thread last delivered to locally, and the registry it came from
-    /// (see [`Mailboxes::get_local`]). Weak both: the cache keeps neither a dropped
-    /// mailbox's queue nor a stopped node's table alive, only the registry's allocation,
-    /// so its address cannot be another node's meanwhile.
-    static LAST_LOCAL: std::cell::RefCell<Option<(Weak<Registry>, Weak<MailboxQueue>)>> =
-        const { std::cell::RefCell::new(None) };
+    /// The two mailboxes this thread last delivered to locally, the latest first (see
+    /// [`Mailboxes::get_local`]): two, so that a thread alternating between two local
+    /// mailboxes, or between two nodes of one process, still finds them.
+    static LAST_LOCAL: std::cell::RefCell<[Option<LocalEntry>; 2]> =
+        const { std::cell::RefCell::new([None, None]) };
 }
 
 impl Mailboxes {
-    /// The queue called `name` for a local send: the one this thread delivered to last,
-    /// if it has that name and is still alive, without the table's lock and hash (about
-    /// 160 instructions a message in mperf, where every `send_all` delivers one message
-    /// here). It may have been dropped (closed) since: a push it refuses as closed asks
-    /// again with [`Mailboxes::get_again`].
+    /// The queue called `name` for a local send: one this thread delivered to lately, if it
+    /// has that name, is this node's and is still alive, without the table's lock and hash
+    /// (about 160 instructions a message in mperf, where every `send_all` delivers one
+    /// message here). It may have been dropped (closed) since: a push it refuses as closed
+    /// asks again with [`Mailboxes::get_again`]. (A queue leaves the table closed, under
+    /// the table's lock, so one that is open is still the table's.)
     pub fn get_local(&self, name: &[u8]) -> Option<Arc<MailboxQueue>> {
-        let hit = LAST_LOCAL.with_borrow(|c| {
-            let (reg, q) = c.as_ref()?;
-            if !std::ptr::eq(reg.as_ptr(), Arc::as_ptr(&self.0)) {
-                return None;
-            }
-            q.upgrade().filter(|q| q.name.as_bytes() == name)
-        });
+        let hit = LAST_LOCAL
+            .try_with(|c| {
+                c.borrow().iter().flatten().find_map(|(reg, q)| {
+                    if !std::ptr::eq(reg.as_ptr(), Arc::as_ptr(&self.0)) {
+                        return None;
+                    }
+                    q.upgrade().filter(|q| q.name.as_bytes() == name)
+                })
+            })
+            .ok()
+            .flatten();
         hit.or_else(|| self.get_again(name))
     }
 
     /// The queue called `name` from the table, remembered for this thread's next
-    /// [`Mailboxes::get_local`].
+    /// [`Mailboxes::get_local`] (unless the thread is exiting: then only looked up).
     pub fn get_again(&self, name: &[u8]) -> Option<Arc<MailboxQueue>> {
         let q = self.get(name)?;
-        LAST_LOCAL.set(Some((Arc::downgrade(&self.0), Arc::downgrade(&q))));
+        let _ = LAST_LOCAL.try_with(|c| {
+            let mut c = c.borrow_mut();
+            c[1] = c[0].take();
+            c[0] = Some((Arc::downgrade(&self.0), Arc::downgrade(&q)));
+        });
         Some(q)
     }
 
@@ -859,14 +873,17 @@ impl Mailboxes {
     }
 
     /// Forget `q` (if it is still the one registered under its name) and close it.
-    /// Returns how many messages were left in it.
+    /// Returns how many messages were left in it. It is closed before the table is let go:
+    /// a local sender that kept it (see [`Mailboxes::get_local`]) finds it closed and asks
+    /// the table, which may hold a mailbox opened again under the name, rather than
+    /// pushing into one that is gone.
     pub fn remove(&self, q: &Arc<MailboxQueue>) -> usize {
         let mut g = self.0.map.write().unwrap_or_else(|p| p.into_inner());
         if g.get(&q.name).is_some_and(|m| Arc::ptr_eq(m, q)) {
             g.remove(&q.name);
         }
-        drop(g);
         q.close();
+        drop(g);
         q.len()
     }
 
