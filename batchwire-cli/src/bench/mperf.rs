@@ -153,6 +153,8 @@ fn see(v: &mut Verifier, p: &[u8]) {
 /// reading and checking theirs and its own. A stream that ends early shows as lost
 /// messages, as a node's would.
 fn raw_worker(a: &WorkerArgs) -> Result<(), String> {
+    /// The longest a raw stream may stall, reading or writing, before the run gives up.
+    const IDLE: Duration = Duration::from_secs(10);
     let (i, n) = (a.index, a.nodes);
     let addr = |j: usize| SocketAddr::from(([127, 0, 0, 1], a.base_port + j as u16));
     let l = TcpListener::bind(addr(i)).ctx(&format!("raw listen on {}", addr(i)))?;
@@ -175,6 +177,8 @@ fn raw_worker(a: &WorkerArgs) -> Result<(), String> {
             }
         };
         let _ = s.set_nodelay(true);
+        s.set_write_timeout(Some(IDLE))
+            .ctx(&format!("raw connect to {}", node_name(j)))?;
         outs.push((j, s));
     }
     let mut ins = Vec::with_capacity(n - 1);
@@ -192,7 +196,9 @@ fn raw_worker(a: &WorkerArgs) -> Result<(), String> {
         s.set_read_timeout(Some(Duration::from_secs(60)))
             .ctx("raw barrier")?;
         s.read_exact(&mut b).ctx("raw barrier")?;
-        s.set_read_timeout(None).ctx("raw barrier")?;
+        // Then, as a node's receiver: 10 s without a byte ends the wait (and shows as lost
+        // messages, or as an error naming the peer).
+        s.set_read_timeout(Some(IDLE)).ctx("raw barrier")?;
         let j = u32::from_le_bytes(b) as usize;
         if j >= n || j == i || from.contains(&j) {
             return Err(format!("raw barrier: a stream says it comes from node {j}"));
