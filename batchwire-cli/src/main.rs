@@ -129,7 +129,7 @@ struct BenchArgs {
     /// Scenario to run (default: a quick version of every scenario).
     #[arg(value_enum)]
     scenario: Option<Scenario>,
-    /// Bundlers to compare: comma-separated names, `raw` (the TCP ceiling of throughput and mperf), or `all`.
+    /// Bundlers to compare: comma-separated names, `raw` (the TCP ceiling of throughput, fan-in and mperf), or `all`.
     #[arg(long, default_value = "all")]
     bundler: String,
     /// Idle levels (1..=10) to run each bundler with, comma-separated.
@@ -590,8 +590,9 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
         Some(s) => vec![s],
         // With --peers only the scenarios that can use them.
         None if remote.is_some() => vec![Scenario::Rpc, Scenario::Roundtrip],
-        // `raw` is the ceiling of throughput and mperf; the others compare bundlers only.
-        None if only_raw => vec![Scenario::Throughput, Scenario::Mperf],
+        // `raw` is the ceiling of throughput, fan-in and mperf; the others compare bundlers
+        // only.
+        None if only_raw => vec![Scenario::Throughput, Scenario::FanIn, Scenario::Mperf],
         None => Scenario::ALL.to_vec(),
     };
     let common = Common {

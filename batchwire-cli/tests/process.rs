@@ -331,8 +331,17 @@ fn bench_fan_in_runs_every_bundler_with_a_few_threads() {
         &["fan-in", "--messages", "2000", "--threads", "8"],
     );
     assert!(stdout.contains("from 8 threads"), "{stdout}");
+    assert!(
+        stdout.contains("natural: ") && stdout.contains("% of raw"),
+        "{stdout}"
+    );
     let rows = check_report(&v, "fan-in");
-    assert_eq!(rows.len(), batchwire::BundlerKind::ALL.len());
+    // Every bundler, and the raw ceiling (`all` includes it), nothing lost.
+    assert_eq!(rows.len(), batchwire::BundlerKind::ALL.len() + 1);
+    assert!(
+        rows.iter()
+            .any(|r| r["bundler"] == "raw" && r["idle_cpu_level"].is_null())
+    );
     for r in &rows {
         assert_eq!(
             (&r["threads"], &r["messages"], &r["size"]),

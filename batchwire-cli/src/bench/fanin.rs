@@ -7,6 +7,11 @@
 //! each thread's order. The rate is N divided by the time from the release of all sender
 //! threads (a gate they wait at, opened once every one of them is ready) to n1's last
 //! delivery; both processes read the same wall clock on one host.
+//!
+//! `raw` (in `all`) is the ceiling, run in the same rounds: the same threads send the same
+//! payloads through one mutex-guarded queue (each encoded into the frame open at its end,
+//! as a lane does) that one writer thread drains to a plain TCP stream
+//! ([`super::faninraw`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,7 +36,7 @@ pub const HEADER: usize = 12;
 /// Arguments of the worker processes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
-    /// send or recv.
+    /// send or recv (a node), raw-send or raw-recv (the ceiling).
     #[arg(long)]
     pub role: String,
     #[arg(long)]
@@ -66,7 +71,7 @@ pub struct SendReport {
 /// Where the sender threads wait until every one of them is ready. Only the last arrival
 /// wakes the thread that opens the gate (`arrived`), and none wakes the threads already
 /// waiting (`opened`).
-struct Gate {
+pub(super) struct Gate {
     /// Threads expected.
     all: usize,
     state: Mutex<(usize, Option<bool>)>,
@@ -75,7 +80,7 @@ struct Gate {
 }
 
 impl Gate {
-    fn new(all: usize) -> Gate {
+    pub(super) fn new(all: usize) -> Gate {
         Gate {
             all,
             state: Mutex::new((0, None)),
@@ -85,7 +90,7 @@ impl Gate {
     }
 
     /// Arrive and wait for the verdict: true to go, false to give up.
-    fn arrive_and_wait(&self) -> bool {
+    pub(super) fn arrive_and_wait(&self) -> bool {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         g.0 += 1;
         if g.0 == self.all {
@@ -100,14 +105,14 @@ impl Gate {
     }
 
     /// Wait until every thread arrived.
-    fn wait_all(&self) {
+    pub(super) fn wait_all(&self) {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         while g.0 < self.all {
             g = self.arrived.wait(g).unwrap_or_else(|p| p.into_inner());
         }
     }
 
-    fn open(&self, go: bool) {
+    pub(super) fn open(&self, go: bool) {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = Some(go);
         self.opened.notify_all();
     }
@@ -122,6 +127,8 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     match a.role.as_str() {
         "recv" => recv(a, secret),
         "send" => send(a, secret),
+        "raw-recv" => super::faninraw::recv(a),
+        "raw-send" => super::faninraw::send(a),
         other => Err(format!("unknown fan-in role {other:?}")),
     }
 }
@@ -331,8 +338,9 @@ impl Options {
 }
 
 /// Start the two worker processes for one run and collect the outcome.
+/// `bundler` `None` runs the raw ceiling.
 pub fn one_run(
-    bundler: BundlerKind,
+    bundler: Option<BundlerKind>,
     idle: u8,
     size: usize,
     o: &Options,
@@ -347,18 +355,24 @@ pub fn one_run(
             ("messages", o.messages.to_string()),
             ("threads", o.threads.to_string()),
             ("size", size.to_string()),
-            ("bundler", bundler.name().to_string()),
-            ("idle-cpu-level", idle.to_string()),
         ];
+        if let Some(b) = bundler {
+            flags.push(("bundler", b.name().to_string()));
+            flags.push(("idle-cpu-level", idle.to_string()));
+        }
         if o.pin {
             flags.push(("pin-cpu", cpu.to_string()));
         }
         worker_args("fan-in", role, &flags)
     };
+    let [send_role, recv_role] = match bundler {
+        Some(_) => ["send", "recv"],
+        None => ["raw-send", "raw-recv"],
+    };
     let lines = run_workers(
         &[
-            args("recv", recv_addr, send_addr, 1),
-            args("send", send_addr, recv_addr, 0),
+            args(recv_role, recv_addr, send_addr, 1),
+            args(send_role, send_addr, recv_addr, 0),
         ],
         Duration::from_secs(300),
     )?;
@@ -384,9 +398,20 @@ pub fn one_run(
 /// Run the scenario: for each size, `runs` rounds of every (bundler, idle level) pair.
 pub fn run(c: &Common, ov: &Overrides, pin: bool) -> Result<Vec<BenchResult>, String> {
     c.refuse_remote("fan-in")?;
-    c.require_bundlers("fan-in")?;
+    if !c.raw {
+        c.require_bundlers("fan-in")?;
+    }
     let o = Options::resolve(c, ov, pin)?;
-    let combos = c.combos();
+    // Every (bundler, idle level) pair, then the raw ceiling (no transport threads: once).
+    let mut combos: Vec<(Option<BundlerKind>, u8)> =
+        c.combos().into_iter().map(|(b, l)| (Some(b), l)).collect();
+    if c.raw {
+        combos.push((None, 0));
+    }
+    let label = |b: Option<BundlerKind>, idle: u8| match b {
+        None => "raw".to_string(),
+        Some(b) => super::row_label(b.name(), Some(idle), c.show_idle()),
+    };
     let progress = Progress::new(
         (o.sizes.len() * c.runs * combos.len()) as u64,
         "fan-in",
@@ -400,7 +425,7 @@ pub fn run(c: &Common, ov: &Overrides, pin: bool) -> Result<Vec<BenchResult>, St
             for (i, &(b, idle)) in combos.iter().enumerate() {
                 let what = format!(
                     "fan-in {size} B {:<20} run {}/{}",
-                    super::row_label(b.name(), Some(idle), c.show_idle()),
+                    label(b, idle),
                     run + 1,
                     c.runs
                 );
@@ -415,8 +440,8 @@ pub fn run(c: &Common, ov: &Overrides, pin: bool) -> Result<Vec<BenchResult>, St
         for (i, &(b, idle)) in combos.iter().enumerate() {
             let mut r = BenchResult::new(
                 "fan-in",
-                b.name(),
-                Some(idle),
+                b.map_or("raw", |b| b.name()),
+                b.map(|_| idle),
                 size,
                 rates[i].clone(),
                 "msgs/s",
@@ -438,9 +463,10 @@ fn table(rows: &[BenchResult], o: &Options, c: &Common) -> String {
         return String::new();
     };
     let t = super::rate_table(rows, c.runs, c.show_idle(), "MB/s");
+    let raw = rows.iter().any(|r| r.bundler == "raw");
     format!(
         "\nfan-in: {} x {} B from {} threads on n0 to ONE mailbox on n1, received one message per call; \
-         msgs/s from the threads' release to the last delivery, median of {} alternating runs{}\n{}",
+         msgs/s from the threads' release to the last delivery, median of {} alternating runs{}{}\n{}{}",
         o.messages,
         first.size,
         o.threads,
@@ -450,6 +476,12 @@ fn table(rows: &[BenchResult], o: &Options, c: &Common) -> String {
         } else {
             String::new()
         },
-        t.render()
+        if raw {
+            "; raw: the same threads and payloads through one mutex-guarded queue and one writer thread to plain TCP, no node"
+        } else {
+            ""
+        },
+        t.render(),
+        super::shares_of_raw(rows, c.show_idle())
     )
 }

@@ -7,6 +7,7 @@
 //! at, per-sender sequence checks, latency histograms, tables and progress bars.
 
 pub mod fanin;
+mod faninraw;
 pub mod hol;
 pub mod membership;
 pub mod mperf;
@@ -71,7 +72,7 @@ impl Common {
     pub fn require_bundlers(&self, scenario: &str) -> Result<(), String> {
         if self.bundlers.is_empty() {
             return Err(format!(
-                "{scenario} compares bundlers; `raw` is the ceiling of throughput and mperf only"
+                "{scenario} compares bundlers; `raw` is the ceiling of throughput, fan-in and mperf only"
             ));
         }
         Ok(())

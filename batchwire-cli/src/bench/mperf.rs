@@ -396,22 +396,8 @@ fn table(rows: &[BenchResult], o: &Options, c: &Common) -> String {
         return String::new();
     };
     let t = super::rate_table(rows, c.runs, c.show_idle(), "MB/s/node");
-    let raw = rows
-        .iter()
-        .find(|r| r.bundler == "raw" && !r.failed())
-        .map(|r| r.median);
-    let shares: String = rows
-        .iter()
-        .filter(|r| r.bundler != "raw" && !r.failed())
-        .filter_map(|r| {
-            let raw = raw.filter(|v| *v > 0.0)?;
-            Some(format!(
-                "{}: {:.0}% of raw\n",
-                r.label(c.show_idle()),
-                100.0 * r.median / raw
-            ))
-        })
-        .collect();
+    let raw = rows.iter().any(|r| r.bundler == "raw");
+    let shares = super::shares_of_raw(rows, c.show_idle());
     format!(
         "\nmperf: {} nodes, each sends {} x {} B to every member (itself included) with send_all; \
          msgs/s received per node (mean over the nodes) of {} alternating runs; {}{}\n{}{}",
@@ -420,7 +406,7 @@ fn table(rows: &[BenchResult], o: &Options, c: &Common) -> String {
         first.size,
         c.runs,
         super::payloads::how(o.messages, first.size),
-        if raw.is_some() {
+        if raw {
             "; raw: the same frames over plain TCP, no node"
         } else {
             ""

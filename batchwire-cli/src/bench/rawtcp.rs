@@ -1,7 +1,7 @@
 //! The raw-TCP ceilings' two halves: messages pre-encoded as batchwire MESSAGES frames and
 //! written with plain `write(2)`s, and a read loop that decodes them. No node, no window,
 //! no acknowledgement, no flow control: what the machine does with the same bytes.
-//! `throughput`'s `raw` and `mperf`'s `raw` are built from these.
+//! `throughput`'s and `mperf`'s `raw` are built from these; `fan-in`'s reads with [`read`].
 
 use std::io::Read;
 

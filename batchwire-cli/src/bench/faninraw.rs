@@ -1,0 +1,352 @@
+//! `fan-in`'s `raw` ceiling: what a hand-written pipeline does with the same load, no node.
+//!
+//! The hand-written pipeline of the ceiling (application thread -> queue -> writer
+//! draining everything -> socket -> reader), from S threads. On the sending side the S
+//! threads of the scenario each build their share of the payloads and wait at the same
+//! gate. Once released, each thread sends its payloads one per call: it locks one shared
+//! queue (a `std` mutex over a byte buffer, bounded at 4 MiB as a node's send queue) and
+//! encodes the message into the MESSAGES frame open at its end, as a node's lane does. A
+//! thread that finds the queue full waits on a condvar; threads waiting are woken one at a
+//! time as room is made. One writer thread takes everything queued at each turn (closing
+//! its frame) and writes it to a plain TCP stream; the receiving process reads and decodes
+//! the frames and checks every message as a node's receiver does (count, duplicates, each
+//! thread's order). There is no window, acknowledgement, credit or mailbox: the difference
+//! between this and a bundler's row is what batchwire costs on top of a queue, a writer
+//! thread and a socket, from S threads at once.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::fanin::{Gate, HEADER, SendReport, WorkerArgs};
+use super::{Context, RecvReport, Verifier, now_ns, print_result, rawtcp, share, u32_at, u64_at};
+use batchwire_core::codec::Name;
+use batchwire_core::frame::{ListWriter, message_len};
+
+/// The queue's bound: a node's default send queue.
+const CAPACITY: usize = 4 << 20;
+
+/// The longest the pipeline may stall (a full queue, an idle writer, a stream that neither
+/// reads nor writes) before the run gives up.
+const IDLE: Duration = Duration::from_secs(10);
+
+/// The mailbox name in the frames (as the nodes' run uses).
+const SINK: &str = "sink";
+
+/// The shared queue of encoded messages.
+struct Pipe {
+    to: Name,
+    from: Name,
+    state: Mutex<PipeState>,
+    /// The writer waits here for frames.
+    not_empty: Condvar,
+    /// Sending threads wait here for room.
+    not_full: Condvar,
+}
+
+#[derive(Default)]
+struct PipeState {
+    /// MESSAGES frames; the last one open (`open`) until the writer takes them.
+    buf: Vec<u8>,
+    open: Option<ListWriter>,
+    writer_waiting: bool,
+    /// Sending threads waiting for room.
+    waiting: usize,
+    closed: bool,
+}
+
+impl Pipe {
+    fn new() -> Pipe {
+        Pipe {
+            to: Name::from_static(SINK),
+            from: Name::from_static(""),
+            state: Mutex::new(PipeState::default()),
+            not_empty: Condvar::new(),
+            not_full: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PipeState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queue one message, waiting (at most [`IDLE`] at a time) while the queue is full.
+    fn push(&self, payload: &[u8]) -> Result<(), String> {
+        let mut g = self.lock();
+        if g.buf.len() >= CAPACITY {
+            g.waiting += 1;
+            while g.buf.len() >= CAPACITY {
+                let (again, t) = self
+                    .not_full
+                    .wait_timeout(g, IDLE)
+                    .unwrap_or_else(|p| p.into_inner());
+                g = again;
+                if t.timed_out() && g.buf.len() >= CAPACITY {
+                    g.waiting -= 1;
+                    return Err(format!("raw fan-in: the queue stayed full for {IDLE:?}"));
+                }
+            }
+            g.waiting -= 1;
+            // Room for this one: maybe for the next waiting thread too.
+            if g.waiting > 0 {
+                self.not_full.notify_one();
+            }
+        }
+        let len = message_len(&self.to, &self.from, payload.len());
+        let PipeState { buf, open, .. } = &mut *g;
+        let w = match open {
+            Some(w) if w.len(buf) + len <= rawtcp::FRAME_BYTES => w,
+            _ => {
+                if let Some(w) = open.take() {
+                    w.finish(buf);
+                }
+                open.insert(ListWriter::start(buf))
+            }
+        };
+        w.push(buf, &self.to, &self.from, payload);
+        if g.writer_waiting {
+            g.writer_waiting = false;
+            self.not_empty.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Swap everything queued into `out` (empty): false once the queue is closed and empty.
+    fn take(&self, out: &mut Vec<u8>) -> Result<bool, String> {
+        let mut g = self.lock();
+        loop {
+            if !g.buf.is_empty() {
+                let PipeState { buf, open, .. } = &mut *g;
+                if let Some(w) = open.take() {
+                    w.finish(buf);
+                }
+                std::mem::swap(out, buf);
+                if g.waiting > 0 {
+                    self.not_full.notify_one();
+                }
+                return Ok(true);
+            }
+            if g.closed {
+                return Ok(false);
+            }
+            g.writer_waiting = true;
+            let (again, t) = self
+                .not_empty
+                .wait_timeout(g, IDLE)
+                .unwrap_or_else(|p| p.into_inner());
+            g = again;
+            if t.timed_out() && g.buf.is_empty() && !g.closed {
+                return Err(format!("raw fan-in: no frame came for {IDLE:?}"));
+            }
+        }
+    }
+
+    fn close(&self) {
+        self.lock().closed = true;
+        self.not_empty.notify_one();
+    }
+}
+
+/// The sending process: connect, encode, start the threads, release them, write.
+pub fn send(a: &WorkerArgs) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut s = loop {
+        match TcpStream::connect(a.peer) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("raw connect to {}: {e}", a.peer));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    };
+    let _ = s.set_nodelay(true);
+    s.set_write_timeout(Some(IDLE)).ctx("raw connect")?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .ctx("raw connect")?;
+    let size = a.size.max(HEADER);
+    let pipe = Pipe::new();
+    // As the nodes' run: threads wait at `gate` until all are ready (frames encoded), and
+    // at `end` until the receiver has everything, so no thread's exit falls in the
+    // measured interval.
+    let (gate, end) = (Gate::new(a.threads), Gate::new(a.threads));
+    let (pipe, gate, end) = (&pipe, &gate, &end);
+    std::thread::scope(|sc| -> Result<SendReport, String> {
+        let mut handles = Vec::with_capacity(a.threads);
+        let mut spawn_error = None;
+        for t in 0..a.threads {
+            let n = share(a.messages, a.threads, t);
+            let h = std::thread::Builder::new()
+                .name(format!("raw-fan-in-{t}"))
+                .stack_size(128 << 10)
+                .spawn_scoped(sc, move || -> Result<(), String> {
+                    // Payloads are built before the gate opens, as the nodes' run does.
+                    let mut payloads = vec![0u8; n as usize * size];
+                    for (seq, p) in payloads.chunks_mut(size).enumerate() {
+                        p[..8].copy_from_slice(&(seq as u64).to_le_bytes());
+                        p[8..12].copy_from_slice(&(t as u32).to_le_bytes());
+                    }
+                    if !gate.arrive_and_wait() {
+                        return Ok(());
+                    }
+                    let sent = payloads.chunks(size).try_for_each(|p| pipe.push(p));
+                    end.arrive_and_wait();
+                    sent.map_err(|e| format!("sender thread {t}: {e}"))
+                });
+            match h {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    spawn_error = Some(format!("cannot start sender thread {t}: {e}"));
+                    break;
+                }
+            }
+        }
+        if let Some(e) = spawn_error {
+            gate.open(false);
+            end.open(false);
+            return Err(e);
+        }
+        gate.wait_all();
+        let start_ns = now_ns();
+        gate.open(true);
+        let writer = sc.spawn(move || -> Result<(), String> {
+            let mut batch = Vec::with_capacity(CAPACITY);
+            while pipe.take(&mut batch)? {
+                s.write_all(&batch).ctx("raw write")?;
+                batch.clear();
+            }
+            // The receiver says when it has everything (or the stream ends).
+            let mut ack = [0u8; 1];
+            s.read_exact(&mut ack).ctx("raw: the receiver's end")?;
+            Ok(())
+        });
+        end.wait_all();
+        pipe.close();
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err("the raw writer panicked".into()));
+        end.open(true);
+        let mut first_error = written.err();
+        for h in handles {
+            if let Err(e) = h
+                .join()
+                .unwrap_or_else(|_| Err("a sender thread panicked".into()))
+            {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(SendReport { start_ns }),
+        }
+    })
+    .and_then(|r| print_result(&r))
+}
+
+/// The receiving process: accept one stream, read and check every message, answer.
+pub fn recv(a: &WorkerArgs) -> Result<(), String> {
+    let l = TcpListener::bind(a.listen).ctx(&format!("raw listen on {}", a.listen))?;
+    let mut s = accept_within(&l, Duration::from_secs(60))?;
+    // Generous for the first frame (the sender encodes and starts its threads first); a
+    // stall of that long later ends the run, and shows as lost messages.
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .ctx("raw accept")?;
+    let mut v = Verifier::new(a.threads, share(a.messages, a.threads, 0));
+    let mut cpu0 = None;
+    rawtcp::read(
+        &mut s,
+        a.messages,
+        || cpu0 = Some(super::process_cpu_ns()),
+        |p| match (u64_at(p, 0), u32_at(p, 8)) {
+            (Some(seq), Some(t)) => v.see(t as usize, seq),
+            _ => v.malformed(),
+        },
+    )?;
+    let end_ns = now_ns();
+    let cpu_ns = cpu0.map_or(0, |c| super::process_cpu_ns().saturating_sub(c));
+    // Tell the sender it may end (it may have ended already if the stream broke).
+    let _ = s.write_all(&[1]);
+    print_result(&RecvReport {
+        distinct: v.distinct,
+        duplicated: v.duplicated,
+        reordered: v.reordered,
+        end_ns,
+        cpu_ns,
+    })
+}
+
+/// Accept one connection, or give up after `limit`.
+fn accept_within(l: &TcpListener, limit: Duration) -> Result<TcpStream, String> {
+    l.set_nonblocking(true).ctx("raw listen")?;
+    let deadline = Instant::now() + limit;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).ctx("raw accept")?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(format!("raw: no sender connected within {limit:?}"));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(format!("raw accept: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The payloads of the MESSAGES frames in `bytes`, in order.
+    fn payloads(bytes: &[u8]) -> Vec<Vec<u8>> {
+        let mut got = Vec::new();
+        rawtcp::read(&mut &bytes[..], u64::MAX, || {}, |p| got.push(p.to_vec())).unwrap();
+        got
+    }
+
+    #[test]
+    fn the_pipe_hands_over_messages_in_order_and_ends_when_closed() {
+        let pipe = Pipe::new();
+        pipe.push(b"ab").unwrap();
+        pipe.push(b"cd").unwrap();
+        let mut out = Vec::new();
+        assert!(pipe.take(&mut out).unwrap());
+        assert_eq!(
+            payloads(&out),
+            [b"ab".to_vec(), b"cd".to_vec()],
+            "one frame, closed"
+        );
+        out.clear();
+        // Past a frame's worth, a new frame starts; the receiver sees the same order.
+        let big = vec![7u8; rawtcp::FRAME_BYTES / 3];
+        for _ in 0..4 {
+            pipe.push(&big).unwrap();
+        }
+        assert!(pipe.take(&mut out).unwrap());
+        assert_eq!(payloads(&out), vec![big.clone(); 4]);
+        out.clear();
+        pipe.close();
+        assert!(!pipe.take(&mut out).unwrap(), "closed and empty");
+    }
+
+    #[test]
+    fn a_full_pipe_holds_its_senders_until_the_writer_takes() {
+        let pipe = Pipe::new();
+        pipe.push(&vec![0u8; CAPACITY]).unwrap();
+        std::thread::scope(|s| {
+            let sender = s.spawn(|| pipe.push(b"x"));
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!sender.is_finished(), "waits while the queue is full");
+            let mut out = Vec::new();
+            assert!(pipe.take(&mut out).unwrap());
+            assert_eq!(payloads(&out), [vec![0u8; CAPACITY]]);
+            sender.join().unwrap().unwrap();
+        });
+        let mut out = Vec::new();
+        assert!(pipe.take(&mut out).unwrap());
+        assert_eq!(payloads(&out), [b"x".to_vec()]);
+    }
+}
