@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -71,7 +71,7 @@ pub struct SendReport {
 /// Where the sender threads wait until every one of them is ready. Only the last arrival
 /// wakes the thread that opens the gate (`arrived`), and none wakes the threads already
 /// waiting (`opened`).
-pub(super) struct Gate {
+struct Gate {
     /// Threads expected.
     all: usize,
     state: Mutex<(usize, Option<bool>)>,
@@ -80,7 +80,7 @@ pub(super) struct Gate {
 }
 
 impl Gate {
-    pub(super) fn new(all: usize) -> Gate {
+    fn new(all: usize) -> Gate {
         Gate {
             all,
             state: Mutex::new((0, None)),
@@ -90,7 +90,7 @@ impl Gate {
     }
 
     /// Arrive and wait for the verdict: true to go, false to give up.
-    pub(super) fn arrive_and_wait(&self) -> bool {
+    fn arrive_and_wait(&self) -> bool {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         g.0 += 1;
         if g.0 == self.all {
@@ -105,14 +105,14 @@ impl Gate {
     }
 
     /// Wait until every thread arrived.
-    pub(super) fn wait_all(&self) {
+    fn wait_all(&self) {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         while g.0 < self.all {
             g = self.arrived.wait(g).unwrap_or_else(|p| p.into_inner());
         }
     }
 
-    pub(super) fn open(&self, go: bool) {
+    fn open(&self, go: bool) {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = Some(go);
         self.opened.notify_all();
     }
@@ -178,17 +178,43 @@ fn send(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         return Err("receiver did not come up within 30 s".into());
     }
     let to = Address::new("n1", "sink").ctx("address")?;
+    let mut finished = None;
+    let start_ns = run_senders(
+        a,
+        &|p| node.send(&to, p).map_err(|e| e.to_string()),
+        |all_sent| {
+            // With none failed, the receiver's finish barrier means everything was
+            // delivered: then the threads may end.
+            if all_sent {
+                finished = Some(ctl.finish(Duration::from_secs(300)));
+            }
+        },
+    );
+    let start_ns = start_ns?;
+    finished.ok_or("the fan-in run did not finish")??;
+    node.shutdown();
+    print_result(&SendReport { start_ns })
+}
+
+/// The sending side's threads, for a node's run and the raw ceiling alike: S threads (128
+/// KiB stacks), each builds its share of the payloads, waits at a gate until every thread
+/// is ready, sends its payloads one per call of `send_one`, and waits at a second gate.
+/// `sent(all_sent)` runs once every thread has sent (`all_sent` false if one failed), before
+/// the threads may end: it waits until the receiver has everything, so that no thread
+/// exits inside the measured interval (a thread that exits while others still send unmaps
+/// its stack: TLB shootdowns on both CPUs, about a fifth of the senders' CPU time in the
+/// measured interval at 100 B, a cost of the bench's short-lived threads and not of
+/// sending). Returns when the gate opened (wall clock, ns), or the first error.
+pub(super) fn run_senders(
+    a: &WorkerArgs,
+    send_one: &(dyn Fn(Bytes) -> Result<(), String> + Sync),
+    sent: impl FnOnce(bool),
+) -> Result<u128, String> {
     let size = a.size.max(HEADER);
-    // The sender threads wait at `gate` until all are ready, and at `end` once they have
-    // sent, until the receiver has everything: a thread that exits while others still send
-    // unmaps its stack (TLB shootdowns on both CPUs, about a fifth of the senders' CPU time
-    // in the measured interval at 100 B), a cost of the bench's short-lived threads and
-    // not of sending.
     let (gate, end) = (Gate::new(a.threads), Gate::new(a.threads));
     let failed = AtomicBool::new(false);
-    let mut finished = None;
-    let (node_ref, gate_ref, end_ref, to_ref, failed_ref) = (&node, &gate, &end, &to, &failed);
-    let outcome = std::thread::scope(|s| -> Result<u128, String> {
+    let (gate, end, failed) = (&gate, &end, &failed);
+    std::thread::scope(|s| -> Result<u128, String> {
         let mut handles = Vec::with_capacity(a.threads);
         let mut spawn_error = None;
         for t in 0..a.threads {
@@ -206,19 +232,18 @@ fn send(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                         chunk.put_bytes(0, size - HEADER);
                         payloads.push(chunk.split().freeze());
                     }
-                    if !gate_ref.arrive_and_wait() {
+                    if !gate.arrive_and_wait() {
                         return Ok(());
                     }
-                    let sent = payloads.into_iter().try_for_each(|p| {
-                        node_ref
-                            .send(to_ref, p)
-                            .map_err(|e| format!("sender thread {t}: {e}"))
-                    });
-                    if sent.is_err() {
-                        failed_ref.store(true, Ordering::Relaxed);
+                    let result = payloads
+                        .into_iter()
+                        .try_for_each(send_one)
+                        .map_err(|e| format!("sender thread {t}: {e}"));
+                    if result.is_err() {
+                        failed.store(true, Ordering::Relaxed);
                     }
-                    end_ref.arrive_and_wait();
-                    sent
+                    end.arrive_and_wait();
+                    result
                 });
             match h {
                 Ok(h) => handles.push(h),
@@ -230,20 +255,16 @@ fn send(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         }
         let start_ns = match &spawn_error {
             None => {
-                gate_ref.wait_all();
+                gate.wait_all();
                 let t = now_ns();
-                gate_ref.open(true);
-                // Every thread has sent (or failed); with none failed, the receiver's
-                // finish barrier means everything was delivered: then the threads may end.
-                end_ref.wait_all();
-                if !failed_ref.load(Ordering::Relaxed) {
-                    finished = Some(ctl.finish(Duration::from_secs(300)));
-                }
-                end_ref.open(true);
+                gate.open(true);
+                end.wait_all();
+                sent(!failed.load(Ordering::Relaxed));
+                end.open(true);
                 t
             }
             Some(_) => {
-                gate_ref.open(false);
+                gate.open(false);
                 0
             }
         };
@@ -260,11 +281,7 @@ fn send(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             Some(e) => Err(e),
             None => Ok(start_ns),
         }
-    });
-    let start_ns = outcome?;
-    finished.ok_or("the fan-in run did not finish")??;
-    node.shutdown();
-    print_result(&SendReport { start_ns })
+    })
 }
 
 /// Restrict the calling thread (and the threads it starts from now on) to CPU `cpu`.

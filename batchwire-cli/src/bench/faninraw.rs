@@ -19,7 +19,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::fanin::{Gate, HEADER, SendReport, WorkerArgs};
+use super::fanin::{SendReport, WorkerArgs};
 use super::{Context, RecvReport, Verifier, now_ns, print_result, rawtcp, share, u32_at, u64_at};
 use batchwire_core::codec::Name;
 use batchwire_core::frame::{ListWriter, message_len};
@@ -27,9 +27,16 @@ use batchwire_core::frame::{ListWriter, message_len};
 /// The queue's bound: a node's default send queue.
 const CAPACITY: usize = 4 << 20;
 
-/// The longest the pipeline may stall (a full queue, an idle writer, a stream that neither
-/// reads nor writes) before the run gives up.
+/// The longest the pipeline may stall once the threads are released (a full queue, an idle
+/// writer, a stream that neither reads nor writes) before the run gives up with an error.
 const IDLE: Duration = Duration::from_secs(10);
+
+/// The longest the writer and the receiver wait for the first frame: the sending threads
+/// build their payloads and meet at the gate first.
+const START_WAIT: Duration = Duration::from_secs(60);
+
+/// The longest the sender waits for the receiver's answer once its stream has ended.
+const ACK_WAIT: Duration = Duration::from_secs(60);
 
 /// The mailbox name in the frames (as the nodes' run uses).
 const SINK: &str = "sink";
@@ -54,6 +61,8 @@ struct PipeState {
     /// Sending threads waiting for room.
     waiting: usize,
     closed: bool,
+    /// The writer stopped (an error): pushes are refused.
+    failed: bool,
 }
 
 impl Pipe {
@@ -61,7 +70,10 @@ impl Pipe {
         Pipe {
             to: Name::from_static(SINK),
             from: Name::from_static(""),
-            state: Mutex::new(PipeState::default()),
+            state: Mutex::new(PipeState {
+                buf: Vec::with_capacity(CAPACITY + rawtcp::FRAME_BYTES),
+                ..PipeState::default()
+            }),
             not_empty: Condvar::new(),
             not_full: Condvar::new(),
         }
@@ -74,9 +86,9 @@ impl Pipe {
     /// Queue one message, waiting (at most [`IDLE`] at a time) while the queue is full.
     fn push(&self, payload: &[u8]) -> Result<(), String> {
         let mut g = self.lock();
-        if g.buf.len() >= CAPACITY {
+        if g.buf.len() >= CAPACITY && !g.failed {
             g.waiting += 1;
-            while g.buf.len() >= CAPACITY {
+            while g.buf.len() >= CAPACITY && !g.failed {
                 let (again, t) = self
                     .not_full
                     .wait_timeout(g, IDLE)
@@ -92,6 +104,9 @@ impl Pipe {
             if g.waiting > 0 {
                 self.not_full.notify_one();
             }
+        }
+        if g.failed {
+            return Err("raw fan-in: the writer stopped".into());
         }
         let len = message_len(&self.to, &self.from, payload.len());
         let PipeState { buf, open, .. } = &mut *g;
@@ -112,8 +127,9 @@ impl Pipe {
         Ok(())
     }
 
-    /// Swap everything queued into `out` (empty): false once the queue is closed and empty.
-    fn take(&self, out: &mut Vec<u8>) -> Result<bool, String> {
+    /// Swap everything queued into `out` (empty), waiting at most `limit` for something:
+    /// false once the queue is closed and empty.
+    fn take(&self, out: &mut Vec<u8>, limit: Duration) -> Result<bool, String> {
         let mut g = self.lock();
         loop {
             if !g.buf.is_empty() {
@@ -133,130 +149,103 @@ impl Pipe {
             g.writer_waiting = true;
             let (again, t) = self
                 .not_empty
-                .wait_timeout(g, IDLE)
+                .wait_timeout(g, limit)
                 .unwrap_or_else(|p| p.into_inner());
             g = again;
             if t.timed_out() && g.buf.is_empty() && !g.closed {
-                return Err(format!("raw fan-in: no frame came for {IDLE:?}"));
+                return Err(format!("raw fan-in: no frame came for {limit:?}"));
             }
         }
     }
 
+    /// No more frames: the writer ends once it has taken what is queued.
     fn close(&self) {
         self.lock().closed = true;
         self.not_empty.notify_one();
     }
+
+    /// The writer is gone: refuse pushes, and wake the threads waiting for room.
+    fn fail(&self) {
+        self.lock().failed = true;
+        self.not_full.notify_all();
+    }
 }
 
-/// The sending process: connect, encode, start the threads, release them, write.
+/// The sending process: connect, start the writer and the sending threads
+/// ([`super::fanin::run_senders`], as a node's run does), release them.
 pub fn send(a: &WorkerArgs) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut s = loop {
-        match TcpStream::connect(a.peer) {
-            Ok(s) => break s,
-            Err(e) if Instant::now() > deadline => {
-                return Err(format!("raw connect to {}: {e}", a.peer));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
-        }
-    };
-    let _ = s.set_nodelay(true);
+    let mut s = rawtcp::connect_within(a.peer, Duration::from_secs(30))?;
     s.set_write_timeout(Some(IDLE)).ctx("raw connect")?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))
-        .ctx("raw connect")?;
-    let size = a.size.max(HEADER);
+    s.set_read_timeout(Some(ACK_WAIT)).ctx("raw connect")?;
     let pipe = Pipe::new();
-    // As the nodes' run: threads wait at `gate` until all are ready (frames encoded), and
-    // at `end` until the receiver has everything, so no thread's exit falls in the
-    // measured interval.
-    let (gate, end) = (Gate::new(a.threads), Gate::new(a.threads));
-    let (pipe, gate, end) = (&pipe, &gate, &end);
-    std::thread::scope(|sc| -> Result<SendReport, String> {
-        let mut handles = Vec::with_capacity(a.threads);
-        let mut spawn_error = None;
-        for t in 0..a.threads {
-            let n = share(a.messages, a.threads, t);
-            let h = std::thread::Builder::new()
-                .name(format!("raw-fan-in-{t}"))
-                .stack_size(128 << 10)
-                .spawn_scoped(sc, move || -> Result<(), String> {
-                    // Payloads are built before the gate opens, as the nodes' run does.
-                    let mut payloads = vec![0u8; n as usize * size];
-                    for (seq, p) in payloads.chunks_mut(size).enumerate() {
-                        p[..8].copy_from_slice(&(seq as u64).to_le_bytes());
-                        p[8..12].copy_from_slice(&(t as u32).to_le_bytes());
-                    }
-                    if !gate.arrive_and_wait() {
-                        return Ok(());
-                    }
-                    let sent = payloads.chunks(size).try_for_each(|p| pipe.push(p));
-                    end.arrive_and_wait();
-                    sent.map_err(|e| format!("sender thread {t}: {e}"))
-                });
-            match h {
-                Ok(h) => handles.push(h),
-                Err(e) => {
-                    spawn_error = Some(format!("cannot start sender thread {t}: {e}"));
-                    break;
-                }
-            }
-        }
-        if let Some(e) = spawn_error {
-            gate.open(false);
-            end.open(false);
-            return Err(e);
-        }
-        gate.wait_all();
-        let start_ns = now_ns();
-        gate.open(true);
+    let pipe = &pipe;
+    std::thread::scope(|sc| -> Result<(), String> {
+        // The writer waits for frames before the senders are released, as a node's does.
         let writer = sc.spawn(move || -> Result<(), String> {
-            let mut batch = Vec::with_capacity(CAPACITY);
-            while pipe.take(&mut batch)? {
-                s.write_all(&batch).ctx("raw write")?;
-                batch.clear();
+            let r = write_all(pipe, &mut s);
+            if r.is_err() {
+                // Senders waiting for room must not wait for a writer that is gone.
+                pipe.fail();
             }
-            // The receiver says when it has everything (or the stream ends).
-            let mut ack = [0u8; 1];
-            s.read_exact(&mut ack).ctx("raw: the receiver's end")?;
-            Ok(())
+            r
         });
-        end.wait_all();
-        pipe.close();
-        let written = writer
-            .join()
-            .unwrap_or_else(|_| Err("the raw writer panicked".into()));
-        end.open(true);
-        let mut first_error = written.err();
-        for h in handles {
-            if let Err(e) = h
-                .join()
-                .unwrap_or_else(|_| Err("a sender thread panicked".into()))
-            {
-                first_error.get_or_insert(e);
-            }
+        let mut written = None;
+        let start_ns = super::fanin::run_senders(a, &|p| pipe.push(&p), |_| {
+            // Every thread has sent (or failed): the writer drains the queue, ends the
+            // stream and waits for the receiver's word that it has read everything.
+            pipe.close();
+            written = Some(
+                writer
+                    .join()
+                    .unwrap_or_else(|_| Err("the raw writer panicked".into())),
+            );
+        });
+        if written.is_none() {
+            // The threads did not start: nothing will be written.
+            pipe.close();
         }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(SendReport { start_ns }),
-        }
+        let start_ns = start_ns?;
+        written.ok_or("the raw fan-in run did not finish")??;
+        print_result(&SendReport { start_ns })
     })
-    .and_then(|r| print_result(&r))
+}
+
+/// The writer: everything queued at each turn onto the stream; once the queue is closed and
+/// empty, end the stream and wait for the receiver's answer (it has read all it will).
+fn write_all(pipe: &Pipe, s: &mut TcpStream) -> Result<(), String> {
+    let mut batch = Vec::with_capacity(CAPACITY + rawtcp::FRAME_BYTES);
+    // The first frame comes once every sending thread is ready (they build their payloads
+    // first); after that the senders keep the queue moving.
+    let mut wait = START_WAIT;
+    while pipe.take(&mut batch, wait)? {
+        s.write_all(&batch).ctx("raw write")?;
+        batch.clear();
+        wait = IDLE;
+    }
+    s.shutdown(std::net::Shutdown::Write).ctx("raw write")?;
+    let mut ack = [0u8; 1];
+    s.read_exact(&mut ack).ctx("raw: the receiver's answer")?;
+    Ok(())
 }
 
 /// The receiving process: accept one stream, read and check every message, answer.
 pub fn recv(a: &WorkerArgs) -> Result<(), String> {
     let l = TcpListener::bind(a.listen).ctx(&format!("raw listen on {}", a.listen))?;
-    let mut s = accept_within(&l, Duration::from_secs(60))?;
-    // Generous for the first frame (the sender encodes and starts its threads first); a
-    // stall of that long later ends the run, and shows as lost messages.
-    s.set_read_timeout(Some(Duration::from_secs(60)))
-        .ctx("raw accept")?;
+    let mut s = accept_within(&l, START_WAIT)?;
+    // Generous for the first frame (the sending threads build their payloads and meet at
+    // the gate first); then, as a node's receiver, 10 s without a byte ends the run with an
+    // error. A stream that ends early (a sender thread failed) shows as lost messages.
+    s.set_read_timeout(Some(START_WAIT)).ctx("raw accept")?;
+    let handle = s.try_clone().ctx("raw accept")?;
     let mut v = Verifier::new(a.threads, share(a.messages, a.threads, 0));
     let mut cpu0 = None;
     rawtcp::read(
         &mut s,
         a.messages,
-        || cpu0 = Some(super::process_cpu_ns()),
+        || {
+            cpu0 = Some(super::process_cpu_ns());
+            let _ = handle.set_read_timeout(Some(IDLE));
+        },
         |p| match (u64_at(p, 0), u32_at(p, 8)) {
             (Some(seq), Some(t)) => v.see(t as usize, seq),
             _ => v.malformed(),
@@ -313,7 +302,7 @@ mod tests {
         pipe.push(b"ab").unwrap();
         pipe.push(b"cd").unwrap();
         let mut out = Vec::new();
-        assert!(pipe.take(&mut out).unwrap());
+        assert!(pipe.take(&mut out, IDLE).unwrap());
         assert_eq!(
             payloads(&out),
             [b"ab".to_vec(), b"cd".to_vec()],
@@ -325,11 +314,32 @@ mod tests {
         for _ in 0..4 {
             pipe.push(&big).unwrap();
         }
-        assert!(pipe.take(&mut out).unwrap());
+        assert!(pipe.take(&mut out, IDLE).unwrap());
         assert_eq!(payloads(&out), vec![big.clone(); 4]);
         out.clear();
         pipe.close();
-        assert!(!pipe.take(&mut out).unwrap(), "closed and empty");
+        assert!(!pipe.take(&mut out, IDLE).unwrap(), "closed and empty");
+    }
+
+    #[test]
+    fn closing_wakes_the_writer_and_a_failed_writer_frees_its_senders() {
+        let pipe = Pipe::new();
+        std::thread::scope(|s| {
+            let writer = s.spawn(|| pipe.take(&mut Vec::new(), IDLE));
+            std::thread::sleep(Duration::from_millis(20));
+            pipe.close();
+            assert!(!writer.join().unwrap().unwrap(), "woken: closed and empty");
+        });
+        let pipe = Pipe::new();
+        pipe.push(&vec![0u8; CAPACITY]).unwrap();
+        std::thread::scope(|s| {
+            let sender = s.spawn(|| pipe.push(b"x"));
+            std::thread::sleep(Duration::from_millis(20));
+            pipe.fail();
+            let e = sender.join().unwrap().unwrap_err();
+            assert!(e.contains("writer stopped"), "{e}");
+        });
+        assert!(pipe.push(b"y").is_err(), "refused once failed");
     }
 
     #[test]
@@ -341,12 +351,12 @@ mod tests {
             std::thread::sleep(Duration::from_millis(50));
             assert!(!sender.is_finished(), "waits while the queue is full");
             let mut out = Vec::new();
-            assert!(pipe.take(&mut out).unwrap());
+            assert!(pipe.take(&mut out, IDLE).unwrap());
             assert_eq!(payloads(&out), [vec![0u8; CAPACITY]]);
             sender.join().unwrap().unwrap();
         });
         let mut out = Vec::new();
-        assert!(pipe.take(&mut out).unwrap());
+        assert!(pipe.take(&mut out, IDLE).unwrap());
         assert_eq!(payloads(&out), [b"x".to_vec()]);
     }
 }

@@ -16,7 +16,7 @@
 //! batchwire does per message.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -167,16 +167,9 @@ fn raw_worker(a: &WorkerArgs) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut outs = Vec::with_capacity(n - 1);
     for j in (0..n).filter(|j| *j != i) {
-        let s = loop {
-            match TcpStream::connect(addr(j)) {
-                Ok(s) => break s,
-                Err(e) if Instant::now() > deadline => {
-                    return Err(format!("raw connect to {}: {e}", node_name(j)));
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(5)),
-            }
-        };
-        let _ = s.set_nodelay(true);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let s =
+            rawtcp::connect_within(addr(j), left).map_err(|e| format!("{e} ({})", node_name(j)))?;
         s.set_write_timeout(Some(IDLE))
             .ctx(&format!("raw connect to {}", node_name(j)))?;
         outs.push((j, s));

@@ -4,6 +4,8 @@
 //! `throughput`'s and `mperf`'s `raw` are built from these; `fan-in`'s reads with [`read`].
 
 use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
@@ -34,6 +36,24 @@ pub fn encode(n: u64, size: usize, tag: Option<u32>, to: &Name) -> Vec<u8> {
     }
     w.finish(&mut out);
     out
+}
+
+/// Connect to `addr`, trying again every 5 ms (the peer's process may not listen yet) for
+/// at most `limit`; with `TCP_NODELAY` set.
+pub fn connect_within(addr: SocketAddr, limit: Duration) -> Result<TcpStream, String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        match TcpStream::connect(addr) {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("raw connect to {addr}: {e}"));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
 }
 
 /// Read frames from `s` until `expected` messages have come (or the stream ends), handing

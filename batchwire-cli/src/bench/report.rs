@@ -20,8 +20,6 @@ pub fn row_label(bundler: &str, idle: Option<u8>, show_idle: bool) -> String {
     }
 }
 
-/// The table of a rate scenario: one column per run, then median, min, max and the
-/// median's megabytes per second under `mb_head`.
 /// Each bundler's median as a share of `raw`'s (the in-run ceiling), one line each, if raw
 /// ran and did not fail.
 pub fn shares_of_raw(rows: &[BenchResult], show_idle: bool) -> String {
@@ -45,6 +43,8 @@ pub fn shares_of_raw(rows: &[BenchResult], show_idle: bool) -> String {
         .collect()
 }
 
+/// The table of a rate scenario: one column per run, then median, min, max and the
+/// median's megabytes per second under `mb_head`.
 pub fn rate_table(rows: &[BenchResult], runs: usize, show_idle: bool, mb_head: &str) -> Table {
     let mut head = vec!["bundler".to_string()];
     head.extend((1..=runs).map(|i| format!("run {i}")));

@@ -2,9 +2,9 @@
 //! both (`--duplex`), and the raw-TCP ceiling's pair. Each prints one report line.
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -220,15 +220,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         }
         "raw-send" => {
             let out = rawtcp::encode(a.messages, a.size, None, &Name::from_static("sink"));
-            let deadline = Instant::now() + Duration::from_secs(30);
-            let mut s = loop {
-                match TcpStream::connect(a.peer) {
-                    Ok(s) => break s,
-                    Err(e) if Instant::now() > deadline => return Err(format!("raw connect: {e}")),
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            };
-            let _ = s.set_nodelay(true);
+            let mut s = rawtcp::connect_within(a.peer, Duration::from_secs(30))?;
             let start_ns = now_ns();
             let cpu0 = process_cpu_ns();
             for c in out.chunks(rawtcp::FRAME_BYTES) {
