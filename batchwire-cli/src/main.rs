@@ -376,6 +376,9 @@ fn main() -> ExitCode {
             let secret = secret.as_bytes();
             match scenario {
                 WorkerCmd::Throughput(a) => crate::bench::stream::worker(&a, secret),
+                WorkerCmd::FanIn(a) if a.role.starts_with("raw-") => {
+                    crate::bench::faninraw::worker(&a)
+                }
                 WorkerCmd::FanIn(a) => fanin::worker(&a, secret),
                 WorkerCmd::Mperf(a) => mperf::worker(&a, secret),
                 WorkerCmd::Rpc(a) if a.role.starts_with("tcp-") => bench::pingpong::worker(&a),

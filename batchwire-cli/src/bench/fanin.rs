@@ -10,8 +10,8 @@
 //!
 //! `raw` (in `all`) is the ceiling, run in the same rounds: the same threads send the same
 //! payloads through one mutex-guarded queue (each encoded into the frame open at its end,
-//! as a lane does) that one writer thread drains to a plain TCP stream
-//! ([`super::faninraw`]).
+//! as a lane does) that one writer thread drains to a plain TCP stream (`faninraw.rs`,
+//! built on this file's sending threads).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,7 +36,7 @@ pub const HEADER: usize = 12;
 /// Arguments of the worker processes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
-    /// send or recv (a node), raw-send or raw-recv (the ceiling).
+    /// send or recv (a node), raw-send or raw-recv (the ceiling, run by `faninraw`).
     #[arg(long)]
     pub role: String,
     #[arg(long)]
@@ -127,8 +127,6 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     match a.role.as_str() {
         "recv" => recv(a, secret),
         "send" => send(a, secret),
-        "raw-recv" => super::faninraw::recv(a),
-        "raw-send" => super::faninraw::send(a),
         other => Err(format!("unknown fan-in role {other:?}")),
     }
 }
@@ -285,7 +283,7 @@ pub(super) fn run_senders(
 }
 
 /// Restrict the calling thread (and the threads it starts from now on) to CPU `cpu`.
-fn pin_to_cpu(cpu: usize) -> Result<(), String> {
+pub(super) fn pin_to_cpu(cpu: usize) -> Result<(), String> {
     // SAFETY: `set` is a plain bit set that lives across the call; sched_setaffinity reads
     // `size_of::<cpu_set_t>()` bytes of it and pid 0 means the calling thread.
     let rc = unsafe {

@@ -171,9 +171,21 @@ impl Pipe {
     }
 }
 
+/// Run a raw role (`raw-send` or `raw-recv`); prints its report line on stdout.
+pub fn worker(a: &WorkerArgs) -> Result<(), String> {
+    if let Some(cpu) = a.pin_cpu {
+        super::fanin::pin_to_cpu(cpu)?;
+    }
+    match a.role.as_str() {
+        "raw-recv" => recv(a),
+        "raw-send" => send(a),
+        other => Err(format!("unknown raw fan-in role {other:?}")),
+    }
+}
+
 /// The sending process: connect, start the writer and the sending threads
 /// ([`super::fanin::run_senders`], as a node's run does), release them.
-pub fn send(a: &WorkerArgs) -> Result<(), String> {
+fn send(a: &WorkerArgs) -> Result<(), String> {
     let mut s = rawtcp::connect_within(a.peer, Duration::from_secs(30))?;
     s.set_write_timeout(Some(IDLE)).ctx("raw connect")?;
     s.set_read_timeout(Some(ACK_WAIT)).ctx("raw connect")?;
@@ -229,7 +241,7 @@ fn write_all(pipe: &Pipe, s: &mut TcpStream) -> Result<(), String> {
 }
 
 /// The receiving process: accept one stream, read and check every message, answer.
-pub fn recv(a: &WorkerArgs) -> Result<(), String> {
+fn recv(a: &WorkerArgs) -> Result<(), String> {
     let l = TcpListener::bind(a.listen).ctx(&format!("raw listen on {}", a.listen))?;
     let mut s = accept_within(&l, START_WAIT)?;
     // Generous for the first frame (the sending threads build their payloads and meet at
@@ -255,13 +267,7 @@ pub fn recv(a: &WorkerArgs) -> Result<(), String> {
     let cpu_ns = cpu0.map_or(0, |c| super::process_cpu_ns().saturating_sub(c));
     // Tell the sender it may end (it may have ended already if the stream broke).
     let _ = s.write_all(&[1]);
-    print_result(&RecvReport {
-        distinct: v.distinct,
-        duplicated: v.duplicated,
-        reordered: v.reordered,
-        end_ns,
-        cpu_ns,
-    })
+    print_result(&RecvReport::of(&v, end_ns, cpu_ns))
 }
 
 /// Accept one connection, or give up after `limit`.

@@ -7,7 +7,7 @@
 //! at, per-sender sequence checks, latency histograms, tables and progress bars.
 
 pub mod fanin;
-mod faninraw;
+pub mod faninraw;
 pub mod hol;
 pub mod membership;
 pub mod mperf;

@@ -209,13 +209,8 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 |p| see(&mut v, p),
             )?;
             let end_ns = now_ns();
-            print_result(&super::RecvReport {
-                distinct: v.distinct,
-                duplicated: v.duplicated,
-                reordered: v.reordered,
-                end_ns,
-                cpu_ns: cpu0.map_or(0, |c| process_cpu_ns().saturating_sub(c)),
-            })?;
+            let cpu_ns = cpu0.map_or(0, |c| process_cpu_ns().saturating_sub(c));
+            print_result(&super::RecvReport::of(&v, end_ns, cpu_ns))?;
             Ok(())
         }
         "raw-send" => {

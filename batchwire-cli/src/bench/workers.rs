@@ -27,6 +27,19 @@ pub struct RecvReport {
     pub cpu_ns: u64,
 }
 
+impl RecvReport {
+    /// What `v` saw, the last message at `end_ns`, `cpu_ns` spent receiving.
+    pub fn of(v: &Verifier, end_ns: u128, cpu_ns: u64) -> RecvReport {
+        RecvReport {
+            distinct: v.distinct,
+            duplicated: v.duplicated,
+            reordered: v.reordered,
+            end_ns,
+            cpu_ns,
+        }
+    }
+}
+
 /// The end of a receiving worker: wait for the sender at the last barrier (both sides
 /// shut down together), shut down, and print what arrived.
 pub fn finish_receiver(
@@ -40,13 +53,7 @@ pub fn finish_receiver(
     drop(mb);
     ctl.finish(Duration::from_secs(60))?;
     node.shutdown();
-    print_result(&RecvReport {
-        distinct: v.distinct,
-        duplicated: v.duplicated,
-        reordered: v.reordered,
-        end_ns,
-        cpu_ns,
-    })
+    print_result(&RecvReport::of(v, end_ns, cpu_ns))
 }
 
 /// Start node `i` of an `n`-node bench cluster (with the bench's TLS, if any) and wait
