@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     BenchResult, CTL, Common, Context, Ctl, Faults, Overrides, Progress, Verifier, now_ns,
-    parse_results, print_result, run_workers, share, si, u32_at, u64_at, worker_args,
+    parse_results, print_result, run_workers, share, si, worker_args,
 };
 use batchwire::{Address, BundlerKind, Node, NodeConfig, RecvError};
 
@@ -149,10 +149,7 @@ fn recv(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         match mb.recv_timeout(wait) {
             Ok(e) => {
                 cpu0.get_or_insert_with(super::process_cpu_ns);
-                match (u64_at(&e.payload, 0), u32_at(&e.payload, 8)) {
-                    (Some(seq), Some(t)) => v.see(t as usize, seq),
-                    _ => v.malformed(),
-                }
+                v.see_stamped(&e.payload);
                 wait = Duration::from_secs(10);
             }
             Err(RecvError::Empty) => {}

@@ -17,10 +17,10 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::fanin::{SendReport, WorkerArgs};
-use super::{Context, RecvReport, Verifier, now_ns, print_result, rawtcp, share, u32_at, u64_at};
+use super::{Context, RecvReport, Verifier, now_ns, print_result, rawtcp, share};
 use batchwire_core::codec::Name;
 use batchwire_core::frame::{ListWriter, message_len};
 
@@ -243,7 +243,7 @@ fn write_all(pipe: &Pipe, s: &mut TcpStream) -> Result<(), String> {
 /// The receiving process: accept one stream, read and check every message, answer.
 fn recv(a: &WorkerArgs) -> Result<(), String> {
     let l = TcpListener::bind(a.listen).ctx(&format!("raw listen on {}", a.listen))?;
-    let mut s = accept_within(&l, START_WAIT)?;
+    let mut s = rawtcp::accept_within(&l, START_WAIT)?;
     // Generous for the first frame (the sending threads build their payloads and meet at
     // the gate first); then, as a node's receiver, 10 s without a byte ends the run with an
     // error. A stream that ends early (a sender thread failed) shows as lost messages.
@@ -258,37 +258,13 @@ fn recv(a: &WorkerArgs) -> Result<(), String> {
             cpu0 = Some(super::process_cpu_ns());
             let _ = handle.set_read_timeout(Some(IDLE));
         },
-        |p| match (u64_at(p, 0), u32_at(p, 8)) {
-            (Some(seq), Some(t)) => v.see(t as usize, seq),
-            _ => v.malformed(),
-        },
+        |p| v.see_stamped(p),
     )?;
     let end_ns = now_ns();
     let cpu_ns = cpu0.map_or(0, |c| super::process_cpu_ns().saturating_sub(c));
     // Tell the sender it may end (it may have ended already if the stream broke).
     let _ = s.write_all(&[1]);
     print_result(&RecvReport::of(&v, end_ns, cpu_ns))
-}
-
-/// Accept one connection, or give up after `limit`.
-fn accept_within(l: &TcpListener, limit: Duration) -> Result<TcpStream, String> {
-    l.set_nonblocking(true).ctx("raw listen")?;
-    let deadline = Instant::now() + limit;
-    loop {
-        match l.accept() {
-            Ok((s, _)) => {
-                s.set_nonblocking(false).ctx("raw accept")?;
-                return Ok(s);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() > deadline {
-                    return Err(format!("raw: no sender connected within {limit:?}"));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => return Err(format!("raw accept: {e}")),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use super::payloads::Payloads;
 use super::rawtcp;
 use super::{
     BenchResult, CTL, Common, Context, Ctl, Faults, Overrides, Progress, Verifier, mesh_config,
-    node_name, parse_results, print_result, run_workers, si, u32_at, u64_at, worker_args,
+    node_name, parse_results, print_result, run_workers, si, u32_at, worker_args,
 };
 use batchwire::{BundlerKind, RecvError};
 use batchwire_core::codec::Name;
@@ -113,7 +113,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             match mb.recv_batch_into(&mut batch, 8192, wait) {
                 Ok(_) => {
                     for e in batch.drain(..) {
-                        see(&mut v, &e.payload);
+                        v.see_stamped(&e.payload);
                     }
                     wait = Duration::from_secs(10);
                 }
@@ -137,14 +137,6 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         reordered: v.reordered,
         secs,
     })
-}
-
-/// Check one payload: (sequence, sending node).
-fn see(v: &mut Verifier, p: &[u8]) {
-    match (u64_at(p, 0), u32_at(p, 8)) {
-        (Some(seq), Some(from)) => v.see(from as usize, seq),
-        _ => v.malformed(),
-    }
 }
 
 /// The `raw` ceiling's node `index`: listen, dial every other node and accept each of
@@ -225,7 +217,7 @@ fn raw_worker(a: &WorkerArgs) -> Result<(), String> {
                         a.messages,
                         || {},
                         |p| match u32_at(p, 8) {
-                            Some(f) if f as usize == j => see(&mut v, p),
+                            Some(f) if f as usize == j => v.see_stamped(p),
                             _ => v.malformed(),
                         },
                     )
@@ -235,7 +227,7 @@ fn raw_worker(a: &WorkerArgs) -> Result<(), String> {
             })
             .collect();
         let mut v = Verifier::new(n, a.messages);
-        rawtcp::read(&mut &frames[..], a.messages, || {}, |p| see(&mut v, p))?;
+        rawtcp::read(&mut &frames[..], a.messages, || {}, |p| v.see_stamped(p))?;
         let mut end = t0.elapsed();
         let panicked = || "a raw thread panicked".to_string();
         for r in readers {

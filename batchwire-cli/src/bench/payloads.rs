@@ -4,11 +4,11 @@
 //! Each payload starts with its sequence number (u64, little endian), then the sender's tag
 //! (u32) if it has one; the rest is zeros. They are built before the clock starts whenever
 //! all of them fit in [`PREBUILT_BYTES`] (512 MiB), as `raw` encodes all its frames before
-//! its clock: a figure is then what sending costs, not what building costs. (Until the tenth session
-//! of issue 14 the payloads of these two scenarios were built inside the timed loop; at
-//! 100 B that was about a quarter of the sending thread's time. `fan-in` has always built
-//! its payloads before its gate opens.) Runs too large for that (long chaos runs) cut the
-//! payloads from reused chunks while sending, and their tables say so.
+//! its clock: a figure is then what sending costs, not what building costs. (Until the
+//! tenth session of issue 14 the payloads of these two scenarios were built inside the
+//! timed loop; at 100 B that was about a quarter of the sending thread's time. `fan-in` has
+//! always built its payloads before its gate opens.) Runs too large for that (long chaos
+//! runs) cut the payloads from reused chunks while sending, and their tables say so.
 
 use std::collections::VecDeque;
 

@@ -4,7 +4,7 @@
 //! `throughput`'s and `mperf`'s `raw` are built from these; `fan-in`'s reads with [`read`].
 
 use std::io::Read;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -52,6 +52,28 @@ pub fn connect_within(addr: SocketAddr, limit: Duration) -> Result<TcpStream, St
                 return Err(format!("raw connect to {addr}: {e}"));
             }
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+/// Accept one connection on `l`, or give up after `limit` (the peer's process may have
+/// failed before it connected).
+pub fn accept_within(l: &TcpListener, limit: Duration) -> Result<TcpStream, String> {
+    l.set_nonblocking(true).ctx("raw listen")?;
+    let deadline = Instant::now() + limit;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).ctx("raw accept")?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(format!("raw: no sender connected within {limit:?}"));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(format!("raw accept: {e}")),
         }
     }
 }

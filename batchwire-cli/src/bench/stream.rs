@@ -197,7 +197,7 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         }
         "raw-recv" => {
             let l = TcpListener::bind(a.listen).ctx(&format!("raw listen on {}", a.listen))?;
-            let (mut s, _) = l.accept().ctx("raw accept")?;
+            let mut s = rawtcp::accept_within(&l, Duration::from_secs(60))?;
             let mut v = Verifier::new(1, a.messages);
             let mut cpu0 = None;
             rawtcp::read(
