@@ -168,8 +168,10 @@ fn raw_worker(a: &WorkerArgs) -> Result<(), String> {
     }
     let mut ins = Vec::with_capacity(n - 1);
     for _ in 1..n {
-        // Every node dials before it accepts, so this waits for nothing but their dials.
-        ins.push(l.accept().ctx("raw accept")?.0);
+        // Every node dials before it accepts, so this waits for nothing but their dials (a
+        // node that failed before dialling ends it at the deadline).
+        let left = deadline.saturating_duration_since(Instant::now());
+        ins.push(rawtcp::accept_within(&l, left)?);
     }
     for (j, s) in &mut outs {
         s.write_all(&(i as u32).to_le_bytes())

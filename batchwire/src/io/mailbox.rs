@@ -865,7 +865,8 @@ impl Mailboxes {
                     if !std::ptr::eq(reg.as_ptr(), Arc::as_ptr(&self.0)) {
                         return None;
                     }
-                    q.upgrade().filter(|q| q.name.as_bytes() == name)
+                    q.upgrade()
+                        .filter(|q| batchwire_core::codec::bytes_eq(q.name.as_bytes(), name))
                 })
             })
             .ok()

@@ -977,23 +977,20 @@ thread_local! {
 /// name made anew is read back in words while its bytes are still being stored, and each
 /// such read waits for them (mperf, 2 nodes, 100 B: `Name::new` was 2.24% of all samples,
 /// its work a 5-byte copy). Compared with the last one, then a 32-byte copy. A thread whose
-/// thread-locals are being destroyed (a `send_all` from some `Drop`) makes it anew.
+/// thread-locals are being destroyed (a `send_all` from some `Drop`) makes it anew and keeps
+/// nothing.
 fn all_to(mailbox: &str) -> Option<Name> {
-    ALL_TO
-        .try_with(|last| {
-            let mut last = last.try_borrow_mut().ok()?;
-            if let Some(n) = &*last
-                && batchwire_core::codec::bytes_eq(n.as_bytes(), mailbox.as_bytes())
-            {
-                return Some(n.clone());
-            }
-            let n = Name::new(mailbox)?;
-            *last = Some(n.clone());
-            Some(n)
-        })
+    let same = |n: &&Name| batchwire_core::codec::bytes_eq(n.as_bytes(), mailbox.as_bytes());
+    let hit = ALL_TO
+        .try_with(|last| last.borrow().as_ref().filter(same).cloned())
         .ok()
-        .flatten()
-        .or_else(|| Name::new(mailbox))
+        .flatten();
+    if hit.is_some() {
+        return hit;
+    }
+    let n = Name::new(mailbox)?;
+    let _ = ALL_TO.try_with(|last| *last.borrow_mut() = Some(n.clone()));
+    Some(n)
 }
 
 #[cfg(test)]
