@@ -253,12 +253,27 @@ pub struct MemberCounters {
     pub rate_limited: u64,
     /// Packets SWIM rejected without breaking a rule (stale, races).
     pub ignored: u64,
+    /// "You are down" notices not sent because the member was not down (see
+    /// [`Membership`]'s rule on stale suspicion timers).
+    pub stale_down_notices: u64,
+    /// Times a member declared down in SWIM was still reported live here because it had
+    /// been heard from directly within `suspicion_timeout`.
+    pub downs_held: u64,
+}
+
+/// A packet foca asked to send.
+struct Send {
+    to: MemberId,
+    body: Bytes,
+    /// A TurnUndead ("the cluster thinks you are down"): sent only to a member that is
+    /// down in this node's view (see `Membership::after`).
+    down_notice: bool,
 }
 
 /// What foca asks for while handling one input.
 #[derive(Default)]
 struct Out {
-    sends: VecDeque<(MemberId, Bytes)>,
+    sends: VecDeque<Send>,
     timers: Vec<(Timer<MemberId>, Duration)>,
     renamed: bool,
 }
@@ -272,10 +287,17 @@ impl Runtime<MemberId> for Out {
         }
     }
     fn send_to(&mut self, to: MemberId, data: &[u8]) {
+        let down_notice = PostcardCodec
+            .decode_header(data)
+            .is_ok_and(|h: foca::Header<MemberId>| h.message == foca::Message::TurnUndead);
         let mut b = BytesMut::with_capacity(data.len() + 1);
         b.put_u8(TAG_SWIM);
         b.put_slice(data);
-        self.sends.push_back((to, b.freeze()));
+        self.sends.push_back(Send {
+            to,
+            body: b.freeze(),
+            down_notice,
+        });
     }
     fn submit_after(&mut self, event: Timer<MemberId>, after: Duration) {
         self.timers.push((event, after));
@@ -289,6 +311,25 @@ struct Bucket {
 }
 
 /// The membership state machine (see the module documentation).
+///
+/// Two rules on top of SWIM keep a member whose connections keep breaking from being
+/// declared down while it is alive (a broken connection is not a dead node):
+///
+/// - **Direct evidence before suspicion.** A member that SWIM declares down (its suspicion
+///   was not refuted in time: the refutation can be lost with the connection that carried
+///   it) but that was heard from directly (a handshake completed with it,
+///   [`Membership::handle_heard`], or a SWIM packet from it) within the last
+///   `suspicion_timeout` is not reported down: it stays suspect here, SWIM tells it it is
+///   down, and it comes back under a renewed identity, which is not a departure either. A
+///   member that is really gone is heard no more, and is reported down at SWIM's deadline
+///   or `suspicion_timeout` after its last sign of life, whichever is later.
+/// - **No stale "you are down" notice.** foca 2.0 sends a member its courtesy TurnUndead
+///   when a suspicion timer fires even if the member refuted the suspicion meanwhile (the
+///   timer's condition fails but the notice goes out). The member then believes the
+///   cluster declared it down and rejoins under a new identity, which every other member
+///   saw as the old one going down. Such notices are dropped here unless the member is
+///   down in this node's view; a renewed identity of the same process (same `started`)
+///   that replaces a live one is not reported as a departure.
 pub struct Membership {
     foca: Foca<MemberId, PostcardCodec, SmallRng, NoCustomBroadcast>,
     cfg: MembershipConfig,
@@ -309,6 +350,12 @@ pub struct Membership {
     /// this node does the same for these: still suspect at the deadline, same incarnation
     /// (it did not refute), and it is declared down.
     hinted: Vec<(Instant, MemberId, foca::Incarnation)>,
+    /// When each member of the view was last heard from directly: (its `started`, when).
+    /// Bounded by the view: only members in it are recorded.
+    heard: HashMap<Name, (u64, Instant), NameHash>,
+    /// Members down in SWIM but still reported live, because they were heard from directly
+    /// within `suspicion_timeout`: when to look again. At most one entry per view member.
+    held: Vec<(Name, Instant)>,
     /// Announces left to make to members learnt while joining. A seed's answer lists at
     /// most a packet's worth of members (about 40); announcing to a few of them brings
     /// the rest, each answering with a random selection.
@@ -346,6 +393,8 @@ impl Membership {
             counters: MemberCounters::default(),
             left_cluster: false,
             hinted: Vec::new(),
+            heard: HashMap::default(),
+            held: Vec::new(),
             bootstrap: 0,
         };
         m.after(now);
@@ -434,6 +483,8 @@ impl Membership {
                         claimed: header.src.name,
                     });
                 }
+                // A packet from the member itself is direct evidence that it is alive.
+                self.note_heard(now, from, header.src.started);
                 match self.foca.handle_data(packet, &mut self.out) {
                     Ok(()) => {}
                     Err(foca::Error::MalformedPacket | foca::Error::Decode(_)) => {
@@ -474,6 +525,13 @@ impl Membership {
         Ok(())
     }
 
+    /// The transport completed a handshake with the node `name` whose process started at
+    /// `started` (its incarnation): direct evidence that it is alive, which puts off any
+    /// suspicion of it (see [`Membership`]).
+    pub fn handle_heard(&mut self, now: Instant, name: &Name, started: u64) {
+        self.note_heard(now, name, started);
+    }
+
     /// The transport lost its connection to `name` and could not open a new one: suspect
     /// it now rather than at its next probe (it refutes if it is alive).
     pub fn handle_unreachable(&mut self, now: Instant, name: &[u8]) {
@@ -483,12 +541,14 @@ impl Membership {
             .find(|m| m.id().name.as_bytes() == name && m.state() == State::Alive)
             .map(|m| Member::new(m.id().clone(), m.incarnation(), State::Suspect));
         if let Some(m) = m {
-            if !self.hinted.iter().any(|h| h.1 == *m.id())
-                && self.hinted.len() < self.cfg.max_members
-            {
-                let deadline = now + self.cfg.suspicion_timeout;
-                self.hinted
-                    .push((deadline, m.id().clone(), m.incarnation()));
+            // One deadline per member, for this suspicion: an older one is for an
+            // incarnation the member has since refuted (it was alive to suspect again).
+            let deadline = now + self.cfg.suspicion_timeout;
+            let entry = (deadline, m.id().clone(), m.incarnation());
+            if let Some(h) = self.hinted.iter_mut().find(|h| h.1 == *m.id()) {
+                *h = entry;
+            } else if self.hinted.len() < self.cfg.max_members {
+                self.hinted.push(entry);
             }
             let r = self
                 .foca
@@ -508,9 +568,11 @@ impl Membership {
         self.left_cluster = true;
         let live: Vec<MemberId> = self.foca.iter_members().map(|m| m.id().clone()).collect();
         for id in live {
-            self.out
-                .sends
-                .push_back((id, Bytes::from_static(&[TAG_LEAVE])));
+            self.out.sends.push_back(Send {
+                to: id,
+                body: Bytes::from_static(&[TAG_LEAVE]),
+                down_notice: false,
+            });
         }
         let r = self.foca.leave_cluster(&mut self.out);
         self.result(r);
@@ -532,6 +594,8 @@ impl Membership {
         let (due, later): (Vec<_>, Vec<_>) =
             self.hinted.drain(..).partition(|(at, _, _)| *at <= now);
         self.hinted = later;
+        // Held downs whose time came are looked at again by `after`.
+        self.held.retain(|(_, at)| *at > now);
         for (_, id, inc) in due {
             let still = self
                 .foca
@@ -551,10 +615,10 @@ impl Membership {
 
     /// The next packet to send: to whom, and the MEMBER frame body.
     pub fn poll_transmit(&mut self) -> Option<(MemberId, Bytes)> {
-        let (to, b) = self.out.sends.pop_front()?;
+        let Send { to, body, .. } = self.out.sends.pop_front()?;
         self.counters.packets_out += 1;
-        self.counters.bytes_out += b.len() as u64;
-        Some((to, b))
+        self.counters.bytes_out += body.len() as u64;
+        Some((to, body))
     }
 
     /// The next change of the view.
@@ -564,7 +628,12 @@ impl Membership {
 
     /// When `handle_timeout` is due next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let hinted = self.hinted.iter().map(|h| h.0).min();
+        let hinted = self
+            .hinted
+            .iter()
+            .map(|h| h.0)
+            .chain(self.held.iter().map(|h| h.1))
+            .min();
         let t = self.timers.keys().next().map(|k| k.0);
         match (t, hinted) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -573,6 +642,16 @@ impl Membership {
     }
 
     // ---- internals ----
+
+    /// Record that `name` (a member of the view, whose process started at `started`) was
+    /// heard from directly at `now`.
+    fn note_heard(&mut self, now: Instant, name: &Name, started: u64) {
+        if let Some(h) = self.heard.get_mut(name) {
+            *h = (started, now);
+        } else if self.view.contains_key(name) {
+            self.heard.insert(name.detached(), (started, now));
+        }
+    }
 
     /// Whether a packet from `from` fits its rate (a bucket of `frames_per_second`,
     /// refilled continuously). The table is bounded: past twice the view's bound it starts
@@ -610,6 +689,14 @@ impl Membership {
             self.seq += 1;
             self.timers.insert((now + d, self.seq), t);
         }
+        // A "you are down" notice goes only to a member that is down here (foca also sends
+        // one when a refuted suspicion's timer fires).
+        let before = self.out.sends.len();
+        let foca = &self.foca;
+        self.out
+            .sends
+            .retain(|s| !s.down_notice || !foca.iter_members().any(|m| *m.id() == s.to));
+        self.counters.stale_down_notices += (before - self.out.sends.len()) as u64;
         self.out.renamed = false;
         let mut seen: HashSet<Name, NameHash> = HashSet::default();
         let mut announce = Vec::new();
@@ -633,9 +720,48 @@ impl Membership {
                 State::Down => MemberState::Down,
             };
             seen.insert(id.name.clone());
+            // Down in SWIM, but heard from directly since the suspicion could have begun:
+            // still reported live (as suspect) until `suspicion_timeout` after it was last
+            // heard. It is told it is down, and comes back under a renewed identity.
+            let state = match (state, self.view.get(&id.name)) {
+                (MemberState::Down, Some((old, old_state))) if old == id && old_state.is_live() => {
+                    match self.heard.get(&id.name) {
+                        Some(&(started, at))
+                            if started == id.started && at + self.cfg.suspicion_timeout > now =>
+                        {
+                            // Looked at again when the hold ends or a probe period on,
+                            // whichever is first; each time, an announce to it (SWIM
+                            // stopped talking to it) brings its current identity back.
+                            let until =
+                                (at + self.cfg.suspicion_timeout).min(now + self.cfg.probe_period);
+                            if !self.held.iter().any(|h| h.0 == id.name) {
+                                if self.held.len() < self.cfg.max_members {
+                                    self.held.push((id.name.detached(), until));
+                                }
+                                self.counters.downs_held += 1;
+                                announce.push(id.clone());
+                            }
+                            MemberState::Suspect
+                        }
+                        _ => MemberState::Down,
+                    }
+                }
+                (s, _) => s,
+            };
             let event = match self.view.get(&id.name) {
                 None if state.is_live() => Some(MemberEvent::Joined(id.clone())),
                 None => None,
+                Some((old, old_state))
+                    if old != id
+                        && old.started == id.started
+                        && old_state.is_live()
+                        && state.is_live() =>
+                {
+                    // The same process renewed its SWIM identity (it was told it was down,
+                    // and came back) while it was live here: nothing departed.
+                    (*old_state == MemberState::Suspect && state == MemberState::Alive)
+                        .then(|| MemberEvent::Refuted(id.clone()))
+                }
                 Some((old, old_state)) if old != id => {
                     // Replaced by a new incarnation: the old one is gone.
                     if old_state.is_live() {
@@ -673,6 +799,8 @@ impl Membership {
         // Forgotten by SWIM (down for `forget_down_after`): forgotten here too.
         if seen.len() < self.view.len() {
             self.view.retain(|n, _| seen.contains(n));
+            let view = &self.view;
+            self.heard.retain(|n, _| view.contains_key(n));
         }
         // Their answers come back as input, whose `after` finds nothing more to announce.
         for id in announce {

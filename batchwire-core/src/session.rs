@@ -633,17 +633,26 @@ impl Session {
     }
 
     /// The cluster membership declared the peer's `incarnation` down (or it left): close
-    /// its connection and declare it down now. A newer incarnation, already connected, is
-    /// left alone.
-    pub fn handle_declared_down(&mut self, now: Instant, incarnation: u64) {
+    /// its connection and declare it down now. Returns whether it did. A newer
+    /// incarnation, already connected, is left alone; so is a peer heard on its current
+    /// connection within `peer_timeout` (direct evidence comes before what the cluster
+    /// says: if it really is gone, this session's own detector finds it).
+    pub fn handle_declared_down(&mut self, now: Instant, incarnation: u64) -> bool {
         if self.incarnation.is_some_and(|i| i != incarnation) || self.closing.is_some() {
-            return;
+            return false;
+        }
+        if self
+            .current
+            .is_some_and(|c| now < c.last_heard + self.cfg.peer_timeout)
+        {
+            return false;
         }
         if let Some(c) = self.current.take() {
             self.disconnected_since = now;
             self.events.push_back(SessionEvent::Close { conn: c.id });
         }
         self.declare_down(DownReason::Membership);
+        true
     }
 
     /// When [`Session::handle_timeout`] next has something to do.

@@ -77,23 +77,8 @@ impl WorkerArgs {
         if let Some(w) = self.unacked_bytes {
             cfg = cfg.unacked_bytes(w);
         }
-        if self.break_every > 0 {
-            cfg = chaos_config(cfg);
-        }
         super::with_bench_settings(cfg, self.tls_dir.as_deref())
     }
-}
-
-/// Chaos (`--break-every`) tests the reliable stream across breaks, so its two static
-/// nodes run without the membership layer. With two members SWIM has no one to probe
-/// through: a probe that lands in a reconnect makes the live peer suspect, and a link
-/// that breaks every 500 ms sometimes kept it from refuting in time (seen in CI over the
-/// emulated link, even with suspicion stretched to 10 s). The peer was then declared down
-/// and its messages in flight reported failed, which is the failure detector's call, not
-/// a delivery fault. The session's own detector (silence or unreachability for
-/// `peer_timeout`) stays on.
-fn chaos_config(cfg: NodeConfig) -> NodeConfig {
-    cfg.without_membership()
 }
 
 /// The sequence number at the start of a payload (a malformed one counts as a fault).

@@ -281,6 +281,7 @@ fn a_suspicion_is_refuted_by_a_live_member() {
         ev.iter()
             .any(|e| matches!(e, MemberEvent::Suspected(m) if m.name == target))
     );
+
     assert!(
         ev.iter()
             .any(|e| matches!(e, MemberEvent::Refuted(m) if m.name == target))
@@ -457,4 +458,112 @@ fn bad_settings_are_refused() {
         Membership::new(id(0, 1), c, 1, now),
         Err(MemberError::Config(_))
     ));
+}
+
+/// Two members over a link that breaks every 200 ms for 20-80 ms (what is in flight or
+/// sent meanwhile is lost), as `ss -K` from outside does to a TCP connection; on half the
+/// breaks each side's dialer reports the other unreachable, and each reconnect is a
+/// completed handshake.
+fn flapping(seed: u64) -> Net {
+    use rand::RngExt;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut net = Net::new(2, cfg());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .unwrap();
+    let names = [net.node(0).me().name.clone(), net.node(1).me().name.clone()];
+    for _ in 0..300 {
+        net.cut.insert((0, 1));
+        net.wire.clear();
+        let now = net.now;
+        for i in 0..2 {
+            if rng.random_bool(0.5) {
+                net.node(i).handle_unreachable(now, names[1 - i].as_bytes());
+            }
+        }
+        net.collect();
+        let down = rng.random_range(20..80u64);
+        net.run_until(Duration::from_millis(down), |_| false);
+        net.cut.clear();
+        let now = net.now;
+        for i in 0..2 {
+            net.node(i).handle_heard(now, &names[1 - i], 1);
+        }
+        net.run_until(Duration::from_millis(200 - down), |_| false);
+    }
+    net
+}
+
+#[test]
+fn a_member_whose_link_keeps_breaking_is_never_declared_down() {
+    let c = cfg();
+    for seed in 0..20u64 {
+        let mut net = flapping(seed);
+        for i in 0..2 {
+            let downs: Vec<_> = net.log[i]
+                .iter()
+                .filter(|e| matches!(e.1, MemberEvent::Down(_)))
+                .collect();
+            assert!(downs.is_empty(), "seed {seed} node {i}: {downs:?}");
+        }
+        // Once the link holds, every suspicion is refuted.
+        assert!(
+            net.run_until(Duration::from_secs(10), Net::converged)
+                .is_some(),
+            "seed {seed}: {:?} / {:?}",
+            net.node(0).members(),
+            net.node(1).members()
+        );
+        // A member that is really gone is still found down in time: node 1 crashes, node
+        // 0's dialer finds it unreachable.
+        let victim = net.node(1).me().name.clone();
+        net.nodes[1] = None;
+        let now = net.now;
+        net.node(0).handle_unreachable(now, victim.as_bytes());
+        net.collect();
+        let t = net
+            .run_until(Duration::from_secs(30), |n| {
+                n.sees(0, &victim, MemberState::Down)
+            })
+            .expect("the crashed member is declared down");
+        assert!(
+            t <= c.suspicion_timeout + c.probe_period,
+            "seed {seed}: detected after {t:?}"
+        );
+    }
+}
+
+#[test]
+fn a_refuted_suspicion_tells_the_member_nothing() {
+    // Two members: a link cut for longer than a probe period makes node 0's probe of node 1
+    // fail (there is no one to probe through), so node 0 suspects it; the link heals and
+    // node 1 refutes. When the suspicion's timer fires, foca would still send node 1 "you
+    // are down", and node 1 would rejoin under a new identity (which node 0 saw as the old
+    // one going down). The notice is not sent.
+    let c = cfg();
+    let mut net = Net::new(2, c.clone());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .unwrap();
+    let target = net.node(1).me().name.clone();
+    net.cut.insert((0, 1));
+    net.run_until(Duration::from_secs(3), |n| {
+        n.sees(0, &target, MemberState::Suspect)
+    })
+    .expect("node 0 suspects node 1");
+    net.cut.clear();
+    net.run_until(Duration::from_secs(2), |n| {
+        n.sees(0, &target, MemberState::Alive)
+    })
+    .expect("node 1 refutes");
+    net.run_until(c.suspicion_timeout + c.probe_period, |_| false);
+    assert!(net.node(0).counters().stale_down_notices >= 1);
+    assert_eq!(net.node(1).me().bump, 0, "node 1 was told it was down");
+    assert!(
+        !net.events_of(0)
+            .iter()
+            .any(|e| matches!(e, MemberEvent::Down(_))),
+        "{:?}",
+        net.events_of(0)
+    );
 }

@@ -217,6 +217,51 @@ fn an_unreachable_peer_is_declared_down_a_never_connected_one_is_not() {
 }
 
 #[test]
+fn the_clusters_verdict_waits_for_what_the_session_hears_itself() {
+    // Membership declares the peer down while its connection is up and it was heard from
+    // within peer_timeout (a refutation lost with a broken connection, a member that the
+    // others cannot reach): the session keeps it. Once the connection is gone, or it is
+    // silent for peer_timeout, the verdict is applied at once.
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    events(&mut s);
+    hold(&mut s, 0..3);
+    s.handle_heard(t0 + 100 * MS, id);
+    assert!(!s.handle_declared_down(t0 + 699 * MS, 2), "heard 599 ms ago");
+    assert_eq!(s.state(), PeerState::Up);
+    assert!(events(&mut s).is_empty());
+    // Another incarnation's verdict never applies.
+    s.handle_disconnect(t0 + 200 * MS, id);
+    assert!(!s.handle_declared_down(t0 + 200 * MS, 9));
+    assert_eq!(s.state(), PeerState::Up);
+    // No connection: the verdict applies, and what was pending is handed back.
+    assert!(s.handle_declared_down(t0 + 200 * MS, 2));
+    assert_eq!(s.state(), PeerState::Down);
+    let ev = events(&mut s);
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            SessionEvent::Down {
+                reason: DownReason::Membership
+            }
+        )),
+        "{ev:?}"
+    );
+    assert!(
+        ev.iter()
+            .any(|e| matches!(e, SessionEvent::Failed { messages, .. } if messages.len() == 3)),
+        "{ev:?}"
+    );
+    // Connected but silent for peer_timeout: applies too.
+    let mut s = Session::new(cfg(), t0);
+    let (_, _) = connect(&mut s, &mut Session::new(cfg(), t0), t0);
+    assert!(s.handle_declared_down(t0 + 600 * MS, 2));
+    assert_eq!(s.state(), PeerState::Down);
+}
+
+#[test]
 fn a_restarted_peer_gets_fresh_numbering_and_what_was_pending_fails() {
     let t0 = Instant::now();
     let mut s = Session::new(cfg(), t0);

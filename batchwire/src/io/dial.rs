@@ -174,10 +174,13 @@ fn run_dialer(setup: &Setup, peer: &Name, target: &Target) {
             }
             Err(e) => {
                 failures += 1;
-                // A member that cannot be reached again: tell the membership at once
-                // (it suspects the member, which refutes if it is alive), not at the
-                // member's next probe.
+                // A member that cannot be reached again (refused: nothing listens; timed
+                // out or no route: the host is gone): tell the membership at once (it
+                // suspects the member, which refutes if it is alive), not at the
+                // member's next probe. A connect aborted or reset on the way (a
+                // middlebox, `ss -K`) says nothing about the member.
                 if failures == 1
+                    && says_unreachable(&e)
                     && let Some(m) = &setup.members
                 {
                     m.unreachable(peer);
@@ -193,6 +196,16 @@ fn run_dialer(setup: &Setup, peer: &Name, target: &Target) {
         }
         backoff = (backoff * 2).min(max).max(Duration::from_millis(1));
     }
+}
+
+/// Whether a failed connect says the peer is not there (rather than that the attempt was
+/// cut on the way).
+fn says_unreachable(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionRefused | TimedOut | HostUnreachable | NetworkUnreachable | AddrNotAvailable
+    )
 }
 
 /// While this node has no live member, dial the seeds in turn (with back-off) and run

@@ -33,6 +33,8 @@ pub(crate) enum Input {
         body: Bytes,
     },
     Join(MemberId),
+    /// A handshake completed with this node (its name, its incarnation).
+    Heard(Name, u64),
     Unreachable(Name),
     Leave(SyncSender<()>),
     /// Look at the shutdown signal now.
@@ -80,6 +82,12 @@ impl Members {
     /// A connection to `seed` is up: announce ourselves to it.
     pub fn join(&self, seed: MemberId) {
         self.offer(Input::Join(seed));
+    }
+
+    /// A handshake completed with `name`, whose process started at `incarnation`: direct
+    /// evidence that it is alive (see `core::membership::Membership`).
+    pub fn heard(&self, name: &Name, incarnation: u64) {
+        self.offer(Input::Heard(name.detached(), incarnation));
     }
 
     /// A dialer lost its member and cannot reach it again.

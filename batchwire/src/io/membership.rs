@@ -73,6 +73,7 @@ pub(crate) fn run_members(mut m: Membership, rx: Receiver<Input>, ctx: MembersCt
                     m.handle_join(now, seed);
                 }
                 Input::Join(_) => {}
+                Input::Heard(name, incarnation) => m.handle_heard(now, &name, incarnation),
                 Input::Unreachable(name) => m.handle_unreachable(now, name.as_bytes()),
                 Input::Wake => {}
                 Input::Leave(ack) => {
@@ -185,8 +186,11 @@ fn act_on(e: MemberEvent, ctx: &MembersCtx) {
 /// dialer's back-off), so a partition heals and a restart is found.
 fn depart(ctx: &MembersCtx, id: &MemberId, left: bool) {
     if let Some(p) = ctx.peers.get(id.name.as_bytes()) {
-        // Only the incarnation that went: a restarted node already connected stays.
-        p.declare_down(id.started);
+        // Only the incarnation that went: a restarted node already connected stays, and
+        // so does one this node hears on a live connection (its own detector decides).
+        if !p.declare_down(id.started) && !left {
+            info!(node = %ctx.node, member = %id.name, "member declared down in the cluster, but heard directly on a live connection; its session stays up");
+        }
     }
     if left {
         ctx.dialers.stop(&id.name);

@@ -531,8 +531,8 @@ impl Peer {
     }
 
     /// The membership declared this peer's `incarnation` down (or it left).
-    pub fn declare_down(&self, incarnation: u64) {
-        self.session(|s, now| s.handle_declared_down(now, incarnation));
+    pub fn declare_down(&self, incarnation: u64) -> bool {
+        self.session(|s, now| s.handle_declared_down(now, incarnation))
     }
 }
 

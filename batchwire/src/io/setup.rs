@@ -294,6 +294,8 @@ impl Setup {
         let Some(m) = &self.members else {
             return;
         };
+        // A completed handshake is direct evidence that the peer is alive.
+        m.heard(&info.name, info.incarnation);
         let addr = dialled.or_else(|| {
             self.statics
                 .iter()
