@@ -122,6 +122,7 @@ enum WorkerCmd {
     Roundtrip(roundtrip::WorkerArgs),
     Scale(crate::bench::scale::WorkerArgs),
     Hol(crate::bench::hol::WorkerArgs),
+    Soak(crate::bench::soak::worker::WorkerArgs),
 }
 
 #[derive(clap::Args)]
@@ -222,6 +223,22 @@ struct BenchArgs {
     /// roundtrip: warm-up batches (default 50; half when quick).
     #[arg(long)]
     warmup_batches: Option<u64>,
+    /// soak: how long to stream, e.g. 60s, 15m, 1h [default: 60s].
+    #[arg(long, value_parser = crate::bench::soak::parse_duration)]
+    duration: Option<Duration>,
+    /// soak: messages per second from each node to each other node.
+    #[arg(long, default_value_t = 2000)]
+    rate: u64,
+    /// soak: kill every connection between the nodes from outside (`ss -K`) this often,
+    /// e.g. 1s, 200ms.
+    #[arg(long, default_value = "1s", value_parser = crate::bench::soak::parse_duration)]
+    kill_every: Duration,
+    /// soak: SIGKILL the last node and start it again this often.
+    #[arg(long, default_value = "60s", value_parser = crate::bench::soak::parse_duration)]
+    restart_every: Duration,
+    /// soak: print the totals this often.
+    #[arg(long, default_value = "60s", value_parser = crate::bench::soak::parse_duration)]
+    report_every: Duration,
     /// No progress bar or per-run lines.
     #[arg(long)]
     quiet: bool,
@@ -248,6 +265,9 @@ enum Scenario {
     /// Cluster membership: N node processes join through one seed; convergence, crash
     /// detection, rejoin and bytes at rest (not in the quick default).
     Membership,
+    /// Reliability over time: N nodes stream to each other while connections are killed
+    /// from outside and one node is SIGKILLed and restarted (not in the quick default).
+    Soak,
 }
 
 impl Scenario {
@@ -261,6 +281,7 @@ impl Scenario {
             Scenario::Scale => "scale",
             Scenario::Hol => "hol",
             Scenario::Membership => "membership",
+            Scenario::Soak => "soak",
         }
     }
 
@@ -385,6 +406,7 @@ fn main() -> ExitCode {
                 WorkerCmd::Rpc(a) => rpc::worker(&a, secret),
                 WorkerCmd::Roundtrip(a) => roundtrip::worker(&a, secret),
                 WorkerCmd::Scale(a) => crate::bench::scale::worker(&a, secret),
+                WorkerCmd::Soak(a) => crate::bench::soak::worker::worker(&a, secret),
                 WorkerCmd::Hol(a) => crate::bench::hol::worker(&a, secret),
             }
         }
@@ -683,6 +705,30 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                     Duration::from_millis(a.phase_ms.unwrap_or(5000)),
                     a.quiet,
                 )
+            }
+            Scenario::Soak => {
+                common.refuse_remote("soak")?;
+                common.require_bundlers("soak")?;
+                crate::bench::soak::run(&crate::bench::soak::Options {
+                    duration: a.duration.unwrap_or(Duration::from_secs(60)),
+                    nodes: a.nodes.unwrap_or(3),
+                    size: a
+                        .size
+                        .as_ref()
+                        .and_then(|s| s.first().copied())
+                        .unwrap_or(100),
+                    rate: a.rate,
+                    kill_every: a.kill_every,
+                    restart_every: a.restart_every,
+                    report_every: a.report_every,
+                    bundlers: common.bundlers.clone(),
+                    base_port: a.base_port,
+                    namespaces: hosts
+                        .as_ref()
+                        .map(|h| h.names().to_vec())
+                        .unwrap_or_default(),
+                    quiet: a.quiet,
+                })
             }
             Scenario::Scale => {
                 common.refuse_remote("scale")?;

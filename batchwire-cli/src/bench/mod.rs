@@ -18,6 +18,7 @@ mod rawtcp;
 pub mod roundtrip;
 pub mod rpc;
 pub mod scale;
+pub mod soak;
 pub mod stream;
 pub mod throughput;
 

@@ -107,11 +107,19 @@ pub struct BenchResult {
     /// everything, the receiver's from its first delivery to its last); `None` elsewhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_ns_per_msg: Option<f64>,
+    /// The soak's own figures (failures, kills, restarts, memory over time); `None`
+    /// elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soak: Option<super::soak::SoakFigures>,
 }
 
 impl BenchResult {
     pub fn failed(&self) -> bool {
         self.lost + self.duplicated + self.reordered > 0
+            || self
+                .soak
+                .as_ref()
+                .is_some_and(|s| s.failed_between_others > 0)
     }
 
     /// A result of `scenario` for `bundler` with its figures summarized; counts, faults
@@ -148,6 +156,7 @@ impl BenchResult {
             link: None,
             pinned: None,
             cpu_ns_per_msg: None,
+            soak: None,
         }
     }
 

@@ -334,7 +334,6 @@ impl Hosts {
     }
 
     /// The namespaces' names, by host.
-    #[cfg(test)]
     pub fn names(&self) -> &[String] {
         &self.names
     }

@@ -229,7 +229,10 @@ fn the_clusters_verdict_waits_for_what_the_session_hears_itself() {
     events(&mut s);
     hold(&mut s, 0..3);
     s.handle_heard(t0 + 100 * MS, id);
-    assert!(!s.handle_declared_down(t0 + 699 * MS, 2), "heard 599 ms ago");
+    assert!(
+        !s.handle_declared_down(t0 + 699 * MS, 2),
+        "heard 599 ms ago"
+    );
     assert_eq!(s.state(), PeerState::Up);
     assert!(events(&mut s).is_empty());
     // Another incarnation's verdict never applies.
