@@ -7,7 +7,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use batchwire::{Address, BundlerKind, Error, Event, Node, NodeConfig};
+use batchwire::{Address, BundlerKind, Error, Event, MembershipConfig, Node, NodeConfig};
 use common::*;
 
 const T: Duration = Duration::from_secs(30);
@@ -127,6 +127,102 @@ fn connections_killed_from_outside_with_ss_lose_nothing() {
         "ss -K did not break the connection: {st:?}"
     );
     assert_eq!(st.send_failed, 0);
+}
+
+/// The outside-kill regression: connections killed from outside every 200 ms for many
+/// suspicion timeouts, membership on with its timers tightened (probes every 200 ms,
+/// suspicion 600 ms) so that probes and refutations lost with a killed connection are
+/// frequent. A node whose connections keep coming back is alive: neither side declares the
+/// other down, no send fails, and the stream arrives whole and in order.
+#[test]
+fn a_link_killed_from_outside_again_and_again_is_never_a_dead_node() {
+    let mut m = MembershipConfig::default();
+    m.probe_period = Duration::from_millis(200);
+    m.probe_rtt = Duration::from_millis(60);
+    m.suspicion_timeout = Duration::from_millis(600);
+    m.gossip_period = Duration::from_millis(100);
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.membership(m.clone()).mailbox("inbox"))
+        .collect();
+    let nodes = start(cfgs);
+    let events: Vec<_> = nodes.iter().map(|n| n.events()).collect();
+    let inbox = nodes[1].mailbox("inbox").unwrap();
+    let to = Address::new("b", "inbox").unwrap();
+    let port = nodes[1].local_addr().port();
+    let chaos_done = AtomicBool::new(false);
+    let total = std::sync::atomic::AtomicU64::new(u64::MAX);
+    let kills = std::thread::scope(|s| {
+        s.spawn(|| {
+            // As fast as it goes while the kills go on: the sockets' buffers are full, so
+            // SWIM packets die with the connections that carry them.
+            let mut i = 0u64;
+            while !chaos_done.load(Ordering::Relaxed) {
+                for _ in 0..100 {
+                    nodes[0]
+                        .send(&to, [&i.to_le_bytes()[..], &[0u8; 92][..]].concat())
+                        .expect("a send failed: the peer was declared down");
+                    i += 1;
+                }
+            }
+            total.store(i, Ordering::Relaxed);
+        });
+        s.spawn(|| {
+            // Read as it arrives (an unread inbox would stop the sender by credit).
+            let (mut next, mut batch) = (0, Vec::new());
+            let mut progress = Instant::now();
+            while next < total.load(Ordering::Relaxed) {
+                match inbox.recv_batch_into(&mut batch, 4096, Duration::from_millis(100)) {
+                    Ok(_) => {
+                        for e in batch.drain(..) {
+                            assert_eq!(seq(&e.payload), next, "lost, duplicated or reordered");
+                            next += 1;
+                        }
+                        progress = Instant::now();
+                    }
+                    Err(e) => assert!(progress.elapsed() < T, "stream stalled at {next}: {e}"),
+                }
+            }
+        });
+        let mut kills = 0;
+        let deadline = Instant::now() + T;
+        // 40 kills, 200 ms apart: 8 s, more than 13 suspicion timeouts. Both ends.
+        let both = format!("( sport = :{port} or dport = :{port} )");
+        while kills < 40 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+            let out = std::process::Command::new("ss")
+                .args(["-K", &both])
+                .output()
+                .expect("the `ss` command (iproute2) is needed for this test");
+            assert!(out.status.success(), "ss -K failed");
+            kills += 1;
+        }
+        chaos_done.store(true, Ordering::Relaxed);
+        kills
+    });
+    let st = nodes[0].stats();
+    let st = st.peers.iter().find(|p| p.peer == "b").unwrap();
+    assert!(
+        st.connects >= 10,
+        "ss -K did not break the connection: {st:?}"
+    );
+    assert_eq!(st.send_failed, 0);
+    let (mut suspected, mut downs) = (0, Vec::new());
+    for ev in &events {
+        for e in ev.try_iter() {
+            match e {
+                Event::MemberSuspected { .. } => suspected += 1,
+                Event::MemberDown { .. } | Event::PeerDown { .. } | Event::SendFailed { .. } => {
+                    downs.push(e)
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        downs.is_empty(),
+        "{kills} kills, {suspected} suspicions; declared down: {downs:?}"
+    );
 }
 
 #[test]
