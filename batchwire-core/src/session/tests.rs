@@ -217,6 +217,42 @@ fn an_unreachable_peer_is_declared_down_a_never_connected_one_is_not() {
 }
 
 #[test]
+fn a_peer_whose_connections_keep_coming_back_is_never_declared_down() {
+    // peer_timeout is 600 ms: connections that live 150 ms and come back 50 ms later, for
+    // 10 s, never leave the peer unreachable or silent for that long.
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (mut ia, mut ib) = connect(&mut s, &mut peer, t0);
+    events(&mut s);
+    let mut t = t0;
+    for _ in 0..50 {
+        for _ in 0..3 {
+            t += 50 * MS;
+            s.handle_heard(t, ia);
+            s.handle_timeout(t);
+        }
+        s.handle_disconnect(t, ia);
+        peer.handle_disconnect(t, ib);
+        t += 50 * MS;
+        s.handle_timeout(t);
+        (ia, ib) = connect(&mut s, &mut peer, t);
+    }
+    assert_eq!(s.state(), PeerState::Up);
+    let downs: Vec<_> = events(&mut s)
+        .into_iter()
+        .filter(|e| matches!(e, SessionEvent::Down { .. } | SessionEvent::Failed { .. }))
+        .collect();
+    assert!(downs.is_empty(), "{downs:?}");
+    // Once it stops coming back, it is declared down after peer_timeout.
+    s.handle_disconnect(t, ia);
+    s.handle_timeout(t + 599 * MS);
+    assert_eq!(s.state(), PeerState::Up);
+    s.handle_timeout(t + 600 * MS);
+    assert_eq!(s.state(), PeerState::Down);
+}
+
+#[test]
 fn the_clusters_verdict_waits_for_what_the_session_hears_itself() {
     // Membership declares the peer down while its connection is up and it was heard from
     // within peer_timeout (a refutation lost with a broken connection, a member that the
