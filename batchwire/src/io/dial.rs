@@ -158,17 +158,46 @@ impl Dialers {
     }
 }
 
+/// The wait between connection attempts: from `min`, doubling after each attempt up to
+/// `max`, and from `min` again after an attempt whose handshake completed (a connection
+/// that keeps being re-established is never waited on longer and longer).
+struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    fn new(min: Duration, max: Duration) -> Backoff {
+        Backoff {
+            min,
+            max,
+            next: min,
+        }
+    }
+
+    /// How long to wait after an attempt; `connected`: its handshake completed.
+    fn after(&mut self, connected: bool) -> Duration {
+        if connected {
+            self.next = self.min;
+        }
+        let wait = self.next;
+        self.next = (self.next * 2).min(self.max).max(Duration::from_millis(1));
+        wait
+    }
+}
+
 fn run_dialer(setup: &Setup, peer: &Name, target: &Target) {
-    let (min, max) = (setup.config.reconnect_min, setup.config.reconnect_max);
-    let mut backoff = min;
+    let mut backoff = Backoff::new(setup.config.reconnect_min, setup.config.reconnect_max);
     let mut failures = 0u32;
     while !setup.shutdown.is_stopped() && target.keep.load(Ordering::Acquire) {
         let addr = *target.addr.lock().unwrap_or_else(|p| p.into_inner());
+        let mut connected = false;
         match TcpStream::connect_timeout(&addr, setup.config.handshake_timeout) {
             Ok(s) => {
                 // A completed handshake resets the back-off.
                 if setup.run(s, Side::Dial(peer.clone())) {
-                    backoff = min;
+                    connected = true;
                     failures = 0;
                 }
             }
@@ -191,10 +220,9 @@ fn run_dialer(setup: &Setup, peer: &Name, target: &Target) {
                 }
             }
         }
-        if !setup.shutdown.sleep(backoff) {
+        if !setup.shutdown.sleep(backoff.after(connected)) {
             break;
         }
-        backoff = (backoff * 2).min(max).max(Duration::from_millis(1));
     }
 }
 
@@ -212,10 +240,10 @@ fn says_unreachable(e: &std::io::Error) -> bool {
 /// each connection that comes up to its end. The handshake tells the seed's name; the
 /// connection then announces this node to the seed's membership (see `Setup::run`).
 pub(crate) fn run_joiner(setup: Arc<Setup>, members: Members, seeds: Vec<SocketAddr>) {
-    let (min, max) = (setup.config.reconnect_min, setup.config.reconnect_max);
-    let mut backoff = min;
+    let mut backoff = Backoff::new(setup.config.reconnect_min, setup.config.reconnect_max);
     let mut attempts = 0u32;
     loop {
+        let mut connected = false;
         for addr in &seeds {
             if setup.shutdown.is_shutting_down() {
                 return;
@@ -227,9 +255,7 @@ pub(crate) fn run_joiner(setup: Arc<Setup>, members: Members, seeds: Vec<SocketA
             attempts += 1;
             match TcpStream::connect_timeout(addr, setup.config.handshake_timeout) {
                 Ok(s) => {
-                    if setup.run(s, Side::Join) {
-                        backoff = min;
-                    }
+                    connected |= setup.run(s, Side::Join);
                 }
                 Err(e) if attempts == 1 || attempts.is_power_of_two() => {
                     info!(node = %setup.name, seed = %addr, error = %e, attempts, "cannot reach the seed yet; retrying");
@@ -237,9 +263,27 @@ pub(crate) fn run_joiner(setup: Arc<Setup>, members: Members, seeds: Vec<SocketA
                 Err(_) => {}
             }
         }
-        if !setup.shutdown.sleep(backoff) {
+        if !setup.shutdown.sleep(backoff.after(connected)) {
             return;
         }
-        backoff = (backoff * 2).min(max).max(Duration::from_millis(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_to_its_bound_and_starts_over_after_a_handshake() {
+        let ms = Duration::from_millis;
+        let mut b = Backoff::new(ms(50), ms(300));
+        let waits: Vec<_> = (0..5).map(|_| b.after(false)).collect();
+        assert_eq!(waits, [ms(50), ms(100), ms(200), ms(300), ms(300)]);
+        assert_eq!(b.after(true), ms(50), "a completed handshake starts over");
+        assert_eq!(b.after(false), ms(100));
+        // A zero minimum still waits (no spinning).
+        let mut z = Backoff::new(ms(0), ms(10));
+        assert_eq!(z.after(false), ms(0));
+        assert_eq!(z.after(false), ms(1));
     }
 }
