@@ -208,8 +208,8 @@ struct BenchArgs {
     #[arg(long)]
     bulk_inflight_bytes: Option<usize>,
     /// Where the nodes run: `loopback` (this host), or `netns`, a network namespace per
-    /// node joined by the emulated link (needs root; throughput, fan-in, mperf, rpc and
-    /// roundtrip).
+    /// node joined by the emulated link (needs root; throughput, fan-in, mperf, rpc,
+    /// roundtrip and soak).
     #[arg(long, value_enum, default_value = "loopback")]
     hosts: HostsKind,
     /// With --hosts netns: the link between every two hosts, both directions, e.g.
@@ -792,7 +792,7 @@ fn start_hosts(
         .find(|s| matches!(s, Scenario::Hol | Scenario::Scale | Scenario::Membership))
     {
         return Err(format!(
-            "--hosts netns runs throughput, fan-in, mperf, rpc and roundtrip; {} runs on loopback only",
+            "--hosts netns runs throughput, fan-in, mperf, rpc, roundtrip and soak; {} runs on loopback only",
             s.name()
         ));
     }
