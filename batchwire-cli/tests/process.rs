@@ -214,6 +214,17 @@ fn bench_with_env(
     args: &[&str],
     envs: &[(&str, &str)],
 ) -> (serde_json::Value, String) {
+    bench_within(tag, ports, args, envs, Duration::from_secs(30))
+}
+
+/// [`bench_with_env`] for a run that may take up to `limit`.
+fn bench_within(
+    tag: &str,
+    ports: u16,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    limit: Duration,
+) -> (serde_json::Value, String) {
     let dir = temp_dir(tag);
     let json = dir.join("out.json");
     let started = std::time::Instant::now();
@@ -237,7 +248,7 @@ fn bench_with_env(
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let _ = std::fs::remove_dir_all(dir);
     assert!(
-        started.elapsed() < Duration::from_secs(30),
+        started.elapsed() < limit,
         "bench {args:?} took {:?}",
         started.elapsed()
     );
@@ -1287,12 +1298,10 @@ fn bench_membership_runs_a_small_cluster_of_processes() {
 /// arrives once the run settles.
 #[test]
 fn a_60_second_soak_under_kills_and_restarts_loses_nothing() {
-    let dir = temp_dir("soak");
-    let json = dir.join("out.json");
-    let out = Command::new(EXE)
-        .env("BATCHWIRE_LOG", "error")
-        .args([
-            "bench",
+    let (v, stdout) = bench_within(
+        "soak",
+        3,
+        &[
             "soak",
             "--duration",
             "60s",
@@ -1300,23 +1309,10 @@ fn a_60_second_soak_under_kills_and_restarts_loses_nothing() {
             "20s",
             "--report-every",
             "20s",
-            "--quiet",
-            "--base-port",
-        ])
-        .arg(free_base(3).to_string())
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &[("BATCHWIRE_LOG", "error")],
+        Duration::from_secs(150),
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_dir_all(dir);
     let rows = check_report(&v, "soak");
     assert_eq!(rows.len(), 1, "{v}");
     let (r, s) = (&rows[0], &rows[0]["soak"]);
