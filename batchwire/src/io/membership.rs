@@ -188,7 +188,8 @@ fn depart(ctx: &MembersCtx, id: &MemberId, left: bool) {
     if let Some(p) = ctx.peers.get(id.name.as_bytes()) {
         // Only the incarnation that went: a restarted node already connected stays, and
         // so does one this node hears on a live connection (its own detector decides).
-        if !p.declare_down(id.started) && !left {
+        let same = p.session(|s, _| s.incarnation() == Some(id.started));
+        if !p.declare_down(id.started) && same && !left {
             info!(node = %ctx.node, member = %id.name, "member declared down in the cluster, but heard directly on a live connection; its session stays up");
         }
     }
