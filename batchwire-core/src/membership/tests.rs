@@ -2,6 +2,7 @@
 //! can be cut, nodes can crash (stop, silently) or leave. Seeded, so every run is the same.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 
 use super::*;
 

@@ -1,0 +1,229 @@
+//! The membership's values: who a member is, the settings, states, events, errors and
+//! counters. The state machine that uses them is in `membership.rs`.
+
+use std::net::SocketAddr;
+use std::num::{NonZeroU8, NonZeroUsize};
+use std::time::Duration;
+
+use foca::{Identity, PeriodicParams};
+
+use super::MAX_PACKET;
+use crate::codec::Name;
+
+/// Who a member is: its name, the address it listens on, when it started (so a node
+/// restarted under the same name is a new member that wins over the old one), and a bump
+/// (a node declared down by mistake comes back as the next bump).
+///
+/// Two ids are the same member when name, start and bump agree; the address is carried
+/// along (the first one seen is kept).
+#[derive(Clone, Debug)]
+pub struct MemberId {
+    pub name: Name,
+    pub addr: SocketAddr,
+    pub started: u64,
+    pub bump: u16,
+}
+
+impl PartialEq for MemberId {
+    fn eq(&self, o: &Self) -> bool {
+        self.name == o.name && self.started == o.started && self.bump == o.bump
+    }
+}
+impl Eq for MemberId {}
+
+impl Identity for MemberId {
+    type Addr = Name;
+    fn renew(&self) -> Option<Self> {
+        Some(MemberId {
+            bump: self.bump.checked_add(1)?,
+            ..self.clone()
+        })
+    }
+    fn addr(&self) -> Name {
+        self.name.clone()
+    }
+    fn win_addr_conflict(&self, other: &Self) -> bool {
+        (self.started, self.bump) > (other.started, other.bump)
+    }
+}
+
+impl serde::Serialize for MemberId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (self.name.as_str(), self.addr, self.started, self.bump).serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for MemberId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (name, addr, started, bump) = <(String, SocketAddr, u64, u16)>::deserialize(d)?;
+        // A member's name follows the rules of a node name: 1 to 255 bytes.
+        let name = (!name.is_empty())
+            .then(|| Name::new(&name))
+            .flatten()
+            .ok_or_else(|| serde::de::Error::custom("member name must be 1 to 255 bytes"))?;
+        Ok(MemberId {
+            name,
+            addr,
+            started,
+            bump,
+        })
+    }
+}
+
+/// Membership settings. The defaults suit a LAN or one machine; see each field.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct MembershipConfig {
+    /// How often each member probes one other (SWIM's protocol period). Default 1 s.
+    pub probe_period: Duration,
+    /// How long a probe waits for its ACK before asking others to probe indirectly.
+    /// Default 300 ms.
+    pub probe_rtt: Duration,
+    /// How long a suspected member has to refute before it is declared down. Default 3 s.
+    pub suspicion_timeout: Duration,
+    /// How often news (joins, suspicions, downs) is pushed to 3 random members while there
+    /// is any. Default 200 ms.
+    pub gossip_period: Duration,
+    /// How often a member announces itself to one random member (repairs views that drifted
+    /// apart), and to two members it saw go down (heals partitions). Default 30 s.
+    pub announce_period: Duration,
+    /// How long a down member stays in the view (as down) before it is forgotten.
+    /// Default 10 min.
+    pub forget_down_after: Duration,
+    /// Most MEMBER frames taken from one peer per second (more are dropped and counted;
+    /// SWIM tolerates loss). Default 200.
+    pub frames_per_second: u32,
+    /// Most members in the view (the node's own `max_peers` bounds it too). Default 1024.
+    pub max_members: usize,
+}
+
+impl Default for MembershipConfig {
+    fn default() -> Self {
+        MembershipConfig {
+            probe_period: Duration::from_secs(1),
+            probe_rtt: Duration::from_millis(300),
+            suspicion_timeout: Duration::from_secs(3),
+            gossip_period: Duration::from_millis(200),
+            announce_period: Duration::from_secs(30),
+            forget_down_after: Duration::from_secs(600),
+            frames_per_second: 200,
+            max_members: 1024,
+        }
+    }
+}
+
+impl MembershipConfig {
+    /// Check the settings (`Node::start` does).
+    pub fn validate(&self) -> Result<(), MemberError> {
+        self.foca().map(|_| ())
+    }
+
+    pub(super) fn foca(&self) -> Result<foca::Config, MemberError> {
+        let bad = |why: &str| Err(MemberError::Config(why.to_string()));
+        if self.probe_rtt.is_zero() || self.probe_rtt >= self.probe_period {
+            return bad("probe_rtt must be above zero and below probe_period");
+        }
+        if self.suspicion_timeout.is_zero() || self.gossip_period.is_zero() {
+            return bad("suspicion_timeout and gossip_period must be above zero");
+        }
+        if self.announce_period.is_zero() || self.frames_per_second == 0 || self.max_members == 0 {
+            return bad("announce_period, frames_per_second and max_members must be above zero");
+        }
+        let mut c = foca::Config::simple();
+        c.probe_period = self.probe_period;
+        c.probe_rtt = self.probe_rtt;
+        c.num_indirect_probes = NonZeroUsize::new(3).expect("3 > 0");
+        // Each update goes out log10(n + 1) * 4 times (foca's LAN rule) for the view's bound:
+        // enough to reach every member with high probability.
+        let tx = (((self.max_members as f64 + 1.0).log10() * 4.0) as u8).max(4);
+        c.max_transmissions = NonZeroU8::new(tx).expect("at least 4");
+        c.suspect_to_down_after = self.suspicion_timeout;
+        c.remove_down_after = Some(self.forget_down_after);
+        c.max_packet_size = NonZeroUsize::new(MAX_PACKET).expect("> 0");
+        c.notify_down_members = true;
+        let every = |frequency, n| {
+            Some(PeriodicParams {
+                frequency,
+                num_members: NonZeroUsize::new(n).expect("> 0"),
+            })
+        };
+        c.periodic_gossip = every(self.gossip_period, 3);
+        c.periodic_announce = every(self.announce_period, 1);
+        c.periodic_announce_to_down_members = every(self.announce_period, 2);
+        Ok(c)
+    }
+}
+
+/// Where a member stands in this node's view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MemberState {
+    /// Answering probes.
+    Alive,
+    /// Some member could not reach it; it has `suspicion_timeout` to refute.
+    Suspect,
+    /// Declared down (it did not refute, or it was restarted as a new member).
+    Down,
+    /// Announced its leave.
+    Left,
+}
+
+impl MemberState {
+    /// Alive or suspect: a member that sends go to.
+    pub fn is_live(self) -> bool {
+        matches!(self, MemberState::Alive | MemberState::Suspect)
+    }
+}
+
+/// A change of this node's view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MemberEvent {
+    /// A member appeared (or came back as a new incarnation).
+    Joined(MemberId),
+    /// A member is suspected down.
+    Suspected(MemberId),
+    /// A suspected member refuted the suspicion.
+    Refuted(MemberId),
+    /// A member was declared down.
+    Down(MemberId),
+    /// A member left gracefully.
+    Left(MemberId),
+}
+
+/// A MEMBER frame that breaks the rules. The connection it came on is closed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemberError {
+    #[error("membership packet claims to come from {claimed:?} but the connection is {peer:?}")]
+    Impersonation { peer: Name, claimed: Name },
+    #[error("malformed membership packet: {0}")]
+    Malformed(String),
+    #[error("unknown membership packet tag {0}")]
+    UnknownTag(u8),
+    #[error("empty membership packet")]
+    Empty,
+    #[error("membership packet of {len} bytes exceeds {max}")]
+    TooLarge { len: usize, max: usize },
+    #[error("invalid membership settings: {0}")]
+    Config(String),
+}
+
+/// Counters of what the membership layer did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemberCounters {
+    pub packets_in: u64,
+    pub bytes_in: u64,
+    pub packets_out: u64,
+    pub bytes_out: u64,
+    /// Packets dropped by the per-peer rate limit.
+    pub rate_limited: u64,
+    /// Packets SWIM rejected without breaking a rule (stale, races).
+    pub ignored: u64,
+    /// "You are down" notices not sent because the member was not down (see
+    /// [`super::Membership`]'s rule on stale suspicion timers).
+    pub stale_down_notices: u64,
+    /// Times a member declared down in SWIM was still reported live here because it had
+    /// been heard from directly within `suspicion_timeout`.
+    pub downs_held: u64,
+}
