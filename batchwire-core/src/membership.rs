@@ -41,7 +41,8 @@ const TAG_LEAVE: u8 = 1;
 pub const MAX_PACKET: usize = 1400;
 
 pub use types::{
-    MemberCounters, MemberError, MemberEvent, MemberId, MemberState, MembershipConfig,
+    MAX_MEMBERS_LIMIT, MemberCounters, MemberError, MemberEvent, MemberId, MemberState,
+    MembershipConfig,
 };
 
 /// A packet foca asked to send.
@@ -139,11 +140,18 @@ pub struct Membership {
     /// Members down in SWIM but still reported live, because they were heard from directly
     /// within `suspicion_timeout`: when to look again. At most one entry per view member.
     held: Vec<(Name, Instant)>,
+    /// Members SWIM knows but the view had no room for (`max_members`), so each is
+    /// counted once and never reported. Only names SWIM still lists, at most
+    /// `REFUSED_NAMES` or `max_members` (cleared when full: then counted again).
+    refused: HashSet<Name, NameHash>,
     /// Announces left to make to members learnt while joining. A seed's answer lists at
     /// most a packet's worth of members (about 40); announcing to a few of them brings
     /// the rest, each answering with a random selection.
     bootstrap: u8,
 }
+
+/// Names of members refused for want of room, remembered to count each once.
+const REFUSED_NAMES: usize = 4096;
 
 /// Extra announces a joining node makes (see `Membership::bootstrap`).
 const BOOTSTRAP_ANNOUNCES: u8 = 3;
@@ -178,6 +186,7 @@ impl Membership {
             hinted: Vec::new(),
             heard: HashMap::default(),
             held: Vec::new(),
+            refused: HashSet::default(),
             bootstrap: 0,
         };
         m.after(now);
@@ -441,7 +450,9 @@ impl Membership {
     /// over.
     fn admit(&mut self, now: Instant, from: &Name) -> bool {
         let rate = self.cfg.frames_per_second as f64;
-        if self.buckets.len() > 2 * self.cfg.max_members && !self.buckets.contains_key(from) {
+        if self.buckets.len() > self.cfg.max_members.saturating_mul(2)
+            && !self.buckets.contains_key(from)
+        {
             self.buckets.clear();
         }
         let b = self.buckets.entry(from.detached()).or_insert(Bucket {
@@ -531,6 +542,18 @@ impl Membership {
                 }
                 (s, _) => s,
             };
+            // No room in the view: never reported (so never dialled or announced to),
+            // counted once. SWIM forgets it once it stops answering.
+            if self.view.len() >= self.cfg.max_members && !self.view.contains_key(&id.name) {
+                if !self.refused.contains(&id.name) {
+                    if self.refused.len() >= REFUSED_NAMES.max(self.cfg.max_members) {
+                        self.refused.clear();
+                    }
+                    self.refused.insert(id.name.detached());
+                    self.counters.members_refused += 1;
+                }
+                continue;
+            }
             let event = match self.view.get(&id.name) {
                 None if state.is_live() => Some(MemberEvent::Joined(id.clone())),
                 None => None,
@@ -570,13 +593,12 @@ impl Membership {
                 }
                 self.events.push_back(e);
             }
-            let room = self.view.len() < self.cfg.max_members;
             match self.view.get_mut(&id.name) {
                 Some(v) => *v = (id.clone(), state),
-                None if room => {
+                None => {
+                    self.refused.remove(&id.name);
                     self.view.insert(id.name.detached(), (id.clone(), state));
                 }
-                None => {}
             }
         }
         // Forgotten by SWIM (down for `forget_down_after`): forgotten here too.
@@ -584,6 +606,9 @@ impl Membership {
             self.view.retain(|n, _| seen.contains(n));
             let view = &self.view;
             self.heard.retain(|n, _| view.contains_key(n));
+        }
+        if !self.refused.is_empty() {
+            self.refused.retain(|n| seen.contains(n));
         }
         // Their answers come back as input, whose `after` finds nothing more to announce.
         for id in announce {

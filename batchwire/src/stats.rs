@@ -254,6 +254,8 @@ pub struct MembershipStats {
     pub violations: u64,
     /// Packets dropped because the membership thread was behind.
     pub inputs_dropped: u64,
+    /// Members not taken in because the view already held `max_members` (each name once).
+    pub members_refused: u64,
 }
 
 impl NodeStats {
@@ -348,7 +350,7 @@ impl std::fmt::Display for NodeStats {
         let sent: u64 = self.peers.iter().map(|p| p.bytes_sent).sum();
         writeln!(
             f,
-            "  membership: in {} packets / {} B, out {} packets / {} B, rate-limited {}, violations {}, dropped {}; all peers: sent {} B",
+            "  membership: in {} packets / {} B, out {} packets / {} B, rate-limited {}, violations {}, dropped {}, members refused {}; all peers: sent {} B",
             m.packets_in,
             m.bytes_in,
             m.packets_out,
@@ -356,6 +358,7 @@ impl std::fmt::Display for NodeStats {
             m.rate_limited,
             m.violations,
             m.inputs_dropped,
+            m.members_refused,
             sent,
         )?;
         let r = &self.requests;

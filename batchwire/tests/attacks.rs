@@ -6,123 +6,18 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use batchwire::{Address, Event, HandshakeFailure, Node, NodeConfig};
 use batchwire_core::codec::Name;
-use batchwire_core::frame::{self, Frame, Hello, MessageList, Resume};
-use batchwire_core::handshake::{Handshake, HandshakeConfig, Role};
+use batchwire_core::frame::{self, Frame, MessageList, Resume};
 use bytes::BytesMut;
+use common::raw::*;
 use common::*;
 
 const T: Duration = Duration::from_secs(10);
-
-/// A raw client speaking frames.
-struct Raw {
-    s: TcpStream,
-    buf: BytesMut,
-}
-
-impl Raw {
-    fn connect(addr: SocketAddr) -> Raw {
-        let s = TcpStream::connect_timeout(&addr, T).unwrap();
-        s.set_read_timeout(Some(T)).unwrap();
-        Raw {
-            s,
-            buf: BytesMut::new(),
-        }
-    }
-
-    fn send(&mut self, f: &Frame) {
-        let mut out = Vec::new();
-        f.encode(&mut out);
-        self.s.write_all(&out).unwrap();
-    }
-
-    /// The next frame, or `None` once the node closes the connection (or `wait` passes).
-    fn recv(&mut self, wait: Duration) -> Option<Frame> {
-        let deadline = Instant::now() + wait;
-        loop {
-            if let Ok(Some(f)) = frame::decode(&mut self.buf, 1 << 20) {
-                return Some(f);
-            }
-            let left = deadline.checked_duration_since(Instant::now())?;
-            self.s
-                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-                .unwrap();
-            let mut chunk = [0u8; 4096];
-            match self.s.read(&mut chunk) {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-    }
-
-    /// Read until the node closes; `false` if it is still open after `wait`.
-    fn closed_within(&mut self, wait: Duration) -> bool {
-        let deadline = Instant::now() + wait;
-        let mut chunk = [0u8; 4096];
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            self.s
-                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-                .unwrap();
-            match self.s.read(&mut chunk) {
-                Ok(0) => return true,
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-                Err(_) => return false,
-            }
-        }
-        false
-    }
-}
-
-fn hello(name: &str, incarnation: u64, nonce: [u8; 16]) -> Frame {
-    Frame::Hello(Hello {
-        version: batchwire_core::frame::PROTOCOL_VERSION,
-        incarnation,
-        nonce,
-        name: Name::new(name).unwrap(),
-    })
-}
-
-/// A node's incarnation, as its HELLO tells anyone who connects.
-fn incarnation_of(addr: SocketAddr) -> u64 {
-    let mut r = Raw::connect(addr);
-    match r.recv(T) {
-        Some(Frame::Hello(h)) => h.incarnation,
-        other => panic!("no HELLO: {other:?}"),
-    }
-}
-
-/// Log in to the node at `addr` as `name` (dialling, with the secret), as a real peer
-/// would. Returns the connection after the handshake.
-fn login(addr: SocketAddr, name: &str, expect: &str, incarnation: u64) -> Raw {
-    let mut r = Raw::connect(addr);
-    let mut hs = Handshake::new(
-        HandshakeConfig {
-            name: Name::new(name).unwrap(),
-            incarnation,
-            secret: Arc::from(SECRET),
-            role: Role::Dial {
-                expect: Name::new(expect).unwrap(),
-            },
-        },
-        [0x42; 16],
-    );
-    loop {
-        while let Some(f) = hs.poll_transmit() {
-            r.send(&f);
-        }
-        if hs.is_done() {
-            return r;
-        }
-        let f = r.recv(T).expect("the node closed during the handshake");
-        hs.handle(f).expect("handshake");
-    }
-}
 
 fn failures(events: &std::sync::mpsc::Receiver<Event>, wait: Duration) -> Vec<Event> {
     let deadline = Instant::now() + wait;
@@ -369,14 +264,6 @@ fn slow_loris_is_cut_at_the_deadline_with_and_without_tls() {
 }
 
 /// A client socket from `ip` (any loopback address works on Linux).
-fn connect_from(ip: &str, to: SocketAddr) -> std::io::Result<TcpStream> {
-    use socket2::{Domain, Socket, Type};
-    let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
-    s.bind(&SocketAddr::new(ip.parse().unwrap(), 0).into())?;
-    s.connect_timeout(&to.into(), T)?;
-    Ok(s.into())
-}
-
 /// Attack 5 (the handshake cap): 300 silent connections from one address hold at most
 /// `max_handshakes_per_address` places; the rest are closed at once and counted, and a real
 /// peer (from another address) connects and delivers while they sit there.

@@ -568,3 +568,62 @@ fn a_refuted_suspicion_tells_the_member_nothing() {
         net.events_of(0)
     );
 }
+
+/// Members past `max_members` (invented ones, or a cluster larger than configured) are
+/// never reported, so the IO layer never dials them or makes peers for them; each is
+/// counted once however often SWIM mentions it.
+#[test]
+fn members_past_the_limit_are_never_reported_and_counted_once() {
+    let cfg = MembershipConfig {
+        max_members: 4,
+        ..cfg()
+    };
+    let mut net = Net::new(10, cfg);
+    net.join_all_through_0();
+    // Ten seconds of probes, gossip and periodic announces: every node hears of the nine
+    // others again and again.
+    net.run_until(Duration::from_secs(10), |_| false);
+    for i in 0..10 {
+        let m = net.nodes[i].as_ref().unwrap();
+        assert!(m.members().len() <= 4, "node {i}: {:?}", m.members());
+        let joined: Vec<Name> = net
+            .events_of(i)
+            .into_iter()
+            .filter_map(|e| match e {
+                MemberEvent::Joined(id) => Some(id.name),
+                _ => None,
+            })
+            .collect();
+        let distinct: HashSet<&Name> = joined.iter().collect();
+        assert!(
+            distinct.len() <= 4,
+            "node {i} reported {} members joined: {joined:?}",
+            distinct.len()
+        );
+        // Every name it reported is in its view (nothing announced past the limit).
+        for n in &distinct {
+            assert!(
+                m.state_of(n.as_bytes()).is_some(),
+                "node {i}: {n} reported, not kept"
+            );
+        }
+        let c = m.counters();
+        // Five others at least were refused, each once (nine names at most, not once per
+        // packet or timer).
+        assert!(
+            (5..=9).contains(&c.members_refused),
+            "node {i}: {} refusals",
+            c.members_refused
+        );
+    }
+}
+
+#[test]
+fn an_absurd_member_limit_is_refused_not_overflowed() {
+    let mut c = cfg();
+    c.max_members = usize::MAX;
+    let e = Membership::new(id(0, 1), c, 1, Instant::now())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("max_members"), "{e}");
+}

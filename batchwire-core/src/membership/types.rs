@@ -112,6 +112,9 @@ impl Default for MembershipConfig {
     }
 }
 
+/// The largest `max_members` taken (a million: far past any cluster SWIM serves well).
+pub const MAX_MEMBERS_LIMIT: usize = 1 << 20;
+
 impl MembershipConfig {
     /// Check the settings (`Node::start` does).
     pub fn validate(&self) -> Result<(), MemberError> {
@@ -128,6 +131,12 @@ impl MembershipConfig {
         }
         if self.announce_period.is_zero() || self.frames_per_second == 0 || self.max_members == 0 {
             return bad("announce_period, frames_per_second and max_members must be above zero");
+        }
+        if self.max_members > MAX_MEMBERS_LIMIT {
+            return Err(MemberError::Config(format!(
+                "max_members = {} is out of range: allowed 1 ..= {MAX_MEMBERS_LIMIT}",
+                self.max_members
+            )));
         }
         let mut c = foca::Config::simple();
         c.probe_period = self.probe_period;
@@ -226,4 +235,7 @@ pub struct MemberCounters {
     /// Times a member declared down in SWIM was still reported live here because it had
     /// been heard from directly within `suspicion_timeout`.
     pub downs_held: u64,
+    /// Members not taken into the view because it already held `max_members`: each name
+    /// counted once (while it stays out), however often SWIM mentions it.
+    pub members_refused: u64,
 }

@@ -147,4 +147,5 @@ pub(crate) struct MemberStats {
     pub packets_out: AtomicU64,
     pub rate_limited: AtomicU64,
     pub violations: AtomicU64,
+    pub members_refused: AtomicU64,
 }

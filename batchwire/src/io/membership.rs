@@ -97,7 +97,12 @@ pub(crate) fn run_members(mut m: Membership, rx: Receiver<Input>, ctx: MembersCt
 /// Send what the machine queued, report what changed, publish the view.
 fn act(m: &mut Membership, ctx: &MembersCtx) {
     while let Some((to, body)) = m.poll_transmit() {
-        match ctx.peers.get_or_insert(&to.name) {
+        // Only to members in the view: SWIM also probes members the view had no room for
+        // (`max_members`), which get no peer, no thread and no dial.
+        if m.state_of(to.name.as_bytes()).is_none() {
+            continue;
+        }
+        match ctx.peers.get_or_insert_learnt(&to.name) {
             Ok(peer) => {
                 peer.push_member(body);
                 if peer.current().is_none_or(|c| c.is_closed()) {
@@ -121,6 +126,7 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
     s.packets_in.store(c.packets_in, Relaxed);
     s.packets_out.store(c.packets_out, Relaxed);
     s.rate_limited.store(c.rate_limited, Relaxed);
+    s.members_refused.store(c.members_refused, Relaxed);
     if changed {
         let view: Vec<Member> = m.members().iter().map(|(id, st)| member(id, *st)).collect();
         // Forgotten members (down for `forget_down_after`) no longer need a dialer.
@@ -144,7 +150,7 @@ fn act_on(e: MemberEvent, ctx: &MembersCtx) {
     match e {
         MemberEvent::Joined(id) => {
             info!(%node, member = %id.name, addr = %id.addr, "member joined");
-            if ctx.peers.get_or_insert(&id.name).is_ok() {
+            if ctx.peers.get_or_insert_learnt(&id.name).is_ok() {
                 ctx.dialers.ensure(&id.name, id.addr);
             }
             ctx.events.emit(Event::MemberJoined {

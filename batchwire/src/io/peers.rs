@@ -180,8 +180,21 @@ impl Peers {
             .clone()
     }
 
-    /// The peer called `name`, made (with its writer thread) if there is none yet.
+    /// The peer called `name`, made (with its writer thread) if there is none yet: a
+    /// configured peer, or one that just proved it holds the secret (up to `max_peers`).
     pub fn get_or_insert(&self, name: &Name) -> Result<Arc<Peer>, AddError> {
+        self.insert_within(name, self.0.maker.config.max_peers)
+    }
+
+    /// [`Peers::get_or_insert`] for a member learnt from membership, which nobody has
+    /// authenticated yet (a member holding the secret can invent any): such peers fill at
+    /// most three quarters of `max_peers`, so the rest stays for nodes that connect.
+    pub fn get_or_insert_learnt(&self, name: &Name) -> Result<Arc<Peer>, AddError> {
+        let max = self.0.maker.config.max_peers;
+        self.insert_within(name, learnt_limit(max))
+    }
+
+    fn insert_within(&self, name: &Name, limit: usize) -> Result<Arc<Peer>, AddError> {
         if let Some(p) = self.get(name.as_bytes()) {
             return Ok(p);
         }
@@ -190,8 +203,8 @@ impl Peers {
             return Ok(p.clone());
         }
         let m = &self.0.maker;
-        if map.len() >= m.config.max_peers {
-            return Err(AddError::Full(m.config.max_peers));
+        if map.len() >= limit {
+            return Err(AddError::Full(limit));
         }
         let mut by_id = self.0.by_id.write().unwrap_or_else(|p| p.into_inner());
         let cfg = &m.config;
@@ -227,6 +240,16 @@ impl Peers {
         self.0.index.insert(&peer);
         map.insert(name.clone(), peer.clone());
         Ok(peer)
+    }
+}
+
+/// How many peers members learnt from membership may fill (see
+/// [`Peers::get_or_insert_learnt`]): three quarters of `max_peers`, all of a tiny table.
+fn learnt_limit(max_peers: usize) -> usize {
+    if max_peers < 4 {
+        max_peers
+    } else {
+        max_peers - max_peers / 4
     }
 }
 

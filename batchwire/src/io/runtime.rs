@@ -820,6 +820,7 @@ impl Runtime {
             rate_limited: s.rate_limited.load(Ordering::Relaxed),
             violations: s.violations.load(Ordering::Relaxed),
             inputs_dropped: self.members.as_ref().map_or(0, |m| m.dropped()),
+            members_refused: s.members_refused.load(Ordering::Relaxed),
         }
     }
 

@@ -11,6 +11,8 @@ use batchwire_core::frame::{self, Frame, Resume};
 use batchwire_core::handshake::{Handshake, HandshakeConfig, Role};
 use std::sync::Arc;
 
+pub mod raw;
+
 pub const SECRET: &[u8] = b"test-cluster-secret";
 
 /// The committed test certificates of CA `set` ("main": a, b, c, zz; "other": a).

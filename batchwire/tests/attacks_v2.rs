@@ -1,0 +1,156 @@
+//! The attacks of the security v2 issue, each played against real nodes on loopback by a
+//! client with a socket, or with the secret as a compromised or buggy member would have
+//! it. Every test is bounded in time.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use batchwire::{Address, Event, MembershipConfig, Node, NodeConfig};
+use batchwire_core::codec::Name;
+use batchwire_core::frame::Frame;
+use batchwire_core::membership::MemberId;
+use common::raw::*;
+use common::*;
+
+const T: Duration = Duration::from_secs(10);
+
+fn member_node(name: &str, seed: Option<std::net::SocketAddr>, m: MembershipConfig) -> Node {
+    let mut c = NodeConfig::new(name, "127.0.0.1:0".parse().unwrap(), SECRET)
+        .membership(m)
+        .max_peers(16);
+    if let Some(s) = seed {
+        c = c.join(s);
+    }
+    Node::start(c).unwrap()
+}
+
+/// Attack 7: a member with the secret gossips 60 invented members (at an address nobody
+/// listens on). The node takes at most `max_members` into its view, counts each one past
+/// it once, makes peers (threads, dials) for at most three quarters of `max_peers`, keeps
+/// room for a real node that connects, and announces nothing more once the attacker left.
+#[test]
+fn invented_members_cannot_grow_the_view_the_peers_or_the_threads() {
+    let mut cfg = MembershipConfig::default();
+    cfg.max_members = 32;
+    let a = member_node("a", None, cfg.clone());
+    let threads_before = a.threads();
+    let events = a.events();
+    let a_addr = a.local_addr();
+    let a_id = MemberId {
+        name: Name::new("a").unwrap(),
+        addr: a_addr,
+        started: incarnation_of(a_addr),
+        bump: 0,
+    };
+    // The attacker logs in as "m" and sends SWIM pings whose piggybacked updates name
+    // 60 members nobody runs (at an address nobody listens on), 20 to a packet.
+    let nowhere: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let ghost = |i: usize| MemberId {
+        name: Name::new(&format!("ghost{i:02}")).unwrap(),
+        addr: nowhere,
+        started: 1,
+        bump: 0,
+    };
+    let m_id = MemberId {
+        name: Name::new("m").unwrap(),
+        addr: "127.0.0.1:10".parse().unwrap(),
+        started: 1,
+        bump: 0,
+    };
+    let mut r = login(a_addr, "m", "a", 1);
+    r.send(&Frame::Resume(batchwire_core::frame::Resume::FRESH));
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut probe = 0u8;
+    while Instant::now() < until {
+        for chunk in (0..60).collect::<Vec<_>>().chunks(20) {
+            probe = probe.wrapping_add(1);
+            let ghosts: Vec<MemberId> = chunk.iter().map(|&i| ghost(i)).collect();
+            r.send(&Frame::Member(
+                swim_ping(&m_id, &a_id, probe, &ghosts).into(),
+            ));
+        }
+        // What a answers is read and dropped.
+        while r.recv(Duration::from_millis(50)).is_some() {}
+    }
+    let s = a.stats();
+    let view = a.members();
+    eprintln!(
+        "view {} {:?}; peers {}; threads {} (from {threads_before})",
+        view.len(),
+        s.membership,
+        s.peers.len(),
+        a.threads()
+    );
+    assert!(view.len() <= 32, "view of {}: {view:?}", view.len());
+    let refused = s.membership.members_refused;
+    assert!(
+        (60 + 1 - 32..=60).contains(&refused),
+        "{refused} members refused (each of the {} past the limit, once)",
+        61 - view.len()
+    );
+    assert!(s.peers.len() <= 12, "{} peers", s.peers.len());
+    assert!(
+        a.threads() <= threads_before + 2 * 12 + 4,
+        "threads {} (from {threads_before})",
+        a.threads()
+    );
+    // The attacker leaves. A real node still finds room, and gets a message through.
+    drop(r);
+    let b = member_node("b", Some(a_addr), cfg);
+    let deadline = Instant::now() + T;
+    while !a.connected_peers().contains(&"b".to_string()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let inbox = a.mailbox("inbox").unwrap();
+    b.send(&Address::new("a", "inbox").unwrap(), &b"real"[..])
+        .unwrap();
+    assert_eq!(&inbox.recv_timeout(T).unwrap().payload[..], b"real");
+    // Nothing keeps announcing the ghosts: no member joins in the next second.
+    while events.try_recv().is_ok() {}
+    std::thread::sleep(Duration::from_secs(1));
+    let joined: Vec<String> = events
+        .try_iter()
+        .filter_map(|e| match e {
+            Event::MemberJoined { member } => Some(member.name),
+            _ => None,
+        })
+        .collect();
+    assert!(joined.is_empty(), "announced again: {joined:?}");
+}
+
+/// A MEMBER frame body: a SWIM ping (foca's postcard encoding) from `from` to `to` whose
+/// piggybacked updates say each of `alive` is alive.
+fn swim_ping(from: &MemberId, to: &MemberId, probe: u8, alive: &[MemberId]) -> Vec<u8> {
+    fn varint(v: &mut Vec<u8>, mut x: u64) {
+        while x >= 0x80 {
+            v.push(x as u8 | 0x80);
+            x >>= 7;
+        }
+        v.push(x as u8);
+    }
+    fn id(v: &mut Vec<u8>, m: &MemberId) {
+        varint(v, m.name.as_bytes().len() as u64);
+        v.extend_from_slice(m.name.as_bytes());
+        let std::net::SocketAddr::V4(a) = m.addr else {
+            panic!("IPv4 only here")
+        };
+        v.push(0); // SocketAddr::V4
+        v.extend_from_slice(&a.ip().octets());
+        varint(v, u64::from(a.port()));
+        varint(v, m.started);
+        varint(v, u64::from(m.bump));
+    }
+    let mut v = vec![0u8]; // TAG_SWIM
+    id(&mut v, from);
+    v.push(0); // the sender's SWIM incarnation
+    id(&mut v, to);
+    v.extend_from_slice(&[0, probe & 0x7f]); // Message::Ping(probe)
+    v.extend_from_slice(&(alive.len() as u16).to_be_bytes());
+    for m in alive {
+        id(&mut v, m);
+        v.push(0); // its SWIM incarnation
+        v.push(0); // State::Alive
+    }
+    v
+}
