@@ -139,6 +139,16 @@ impl Reassembly {
         self.partial.iter().map(|p| p.buf.len()).sum()
     }
 
+    /// Bytes the kept messages in pieces will hold when whole (their announced lengths):
+    /// what a node-wide bound on reassembly memory counts.
+    pub fn committed(&self) -> u64 {
+        self.partial
+            .iter()
+            .filter(|p| p.keep)
+            .map(|p| p.total)
+            .sum()
+    }
+
     /// Whether the message that piece `f` belongs to is being kept: for a first piece, the
     /// caller decides (`keep_new`: its mailbox exists and it is not too large).
     pub fn keeps(&self, f: &Fragment, keep_new: impl FnOnce() -> bool) -> bool {

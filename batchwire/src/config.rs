@@ -97,6 +97,7 @@ pub struct NodeConfig {
     pub(crate) fragment_bytes: usize,
     pub(crate) by_reference_bytes: usize,
     pub(crate) read_bytes: usize,
+    pub(crate) reassembly_bytes: Option<usize>,
     pub(crate) reconnect_min: Duration,
     pub(crate) reconnect_max: Duration,
     pub(crate) handshake_timeout: Duration,
@@ -157,6 +158,7 @@ impl NodeConfig {
             fragment_bytes: 64 << 10,
             by_reference_bytes: 512,
             read_bytes: 64 << 10,
+            reassembly_bytes: None,
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(2),
             handshake_timeout: Duration::from_secs(5),
@@ -387,6 +389,21 @@ impl NodeConfig {
         self
     }
 
+    /// Most bytes of messages in pieces held at once, node-wide (every peer's, counted at
+    /// each message's announced length). A message that would start past it is followed
+    /// to its end without keeping its data and reported to its sender as undeliverable.
+    /// Default 256 MiB or twice `max_payload`, whichever is more; at least `max_payload`.
+    pub fn reassembly_bytes(mut self, bytes: usize) -> Self {
+        self.reassembly_bytes = Some(bytes);
+        self
+    }
+
+    /// The node-wide bound on reassembly memory (see [`NodeConfig::reassembly_bytes`]).
+    pub(crate) fn reassembly_limit(&self) -> u64 {
+        self.reassembly_bytes
+            .unwrap_or_else(|| (256 << 20).max(self.max_payload.saturating_mul(2))) as u64
+    }
+
     /// First and largest pause between connection attempts. Default 50 ms and 2 s.
     pub fn reconnect(mut self, min: Duration, max: Duration) -> Self {
         self.reconnect_min = min;
@@ -574,6 +591,14 @@ impl NodeConfig {
         }
         if self.write_check.is_zero() || self.handshake_timeout.is_zero() {
             return bad("write_check and handshake_timeout must be above 0".into());
+        }
+        if let Some(r) = self.reassembly_bytes
+            && r < self.max_payload
+        {
+            return bad(format!(
+                "reassembly_bytes ({r}) must be at least max_payload ({})",
+                self.max_payload
+            ));
         }
         if self.max_payload as u64 > MAX_PAYLOAD_LIMIT {
             return bad(format!(

@@ -81,6 +81,8 @@ pub struct NodeFile {
     pub bulk_stream_bytes: Option<usize>,
     /// [`NodeConfig::read_bytes`].
     pub read_bytes: Option<usize>,
+    /// [`NodeConfig::reassembly_bytes`].
+    pub reassembly_bytes: Option<usize>,
     /// [`NodeConfig::unacked_bytes`].
     pub unacked_bytes: Option<usize>,
     /// [`NodeConfig::reconnect`]'s first pause, in milliseconds (default 50).
@@ -188,6 +190,7 @@ impl NodeFile {
             bulk_inflight_bytes => bulk_inflight_bytes,
             bulk_stream_bytes => bulk_stream_bytes,
             read_bytes => read_bytes,
+            reassembly_bytes => reassembly_bytes,
             unacked_bytes => unacked_bytes,
             max_peers => max_peers,
             events_capacity => events_capacity,

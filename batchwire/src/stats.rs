@@ -26,6 +26,7 @@ pub(crate) struct PeerCounters {
     pub bytes_received: AtomicU64,
     pub frames_received: AtomicU64,
     pub undeliverable_reported: AtomicU64,
+    pub reassembly_refused: AtomicU64,
     pub connects: AtomicU64,
     /// Connections closed because the peer broke the protocol (forged acks, gaps...).
     pub violations: AtomicU64,
@@ -78,6 +79,9 @@ pub struct PeerStats {
     pub frames_received: u64,
     /// Messages this peer reported it could not deliver (no such mailbox).
     pub undeliverable_reported: u64,
+    /// Messages in pieces from this peer not kept because the node's `reassembly_bytes`
+    /// was committed (reported to it as undeliverable).
+    pub reassembly_refused: u64,
     /// Times a connection to this peer was established.
     pub connects: u64,
     /// Connections closed because the peer broke the protocol: an acknowledgement or
@@ -164,6 +168,7 @@ impl PeerCounters {
             bytes_received: self.bytes_received.load(Relaxed),
             frames_received: self.frames_received.load(Relaxed),
             undeliverable_reported: self.undeliverable_reported.load(Relaxed),
+            reassembly_refused: self.reassembly_refused.load(Relaxed),
             connects: self.connects.load(Relaxed),
             protocol_violations: self.violations.load(Relaxed),
             acked: self.acked.load(Relaxed),
@@ -209,6 +214,9 @@ pub struct NodeStats {
     pub membership: MembershipStats,
     /// Requests made from this node (`Node::request` and friends).
     pub requests: RequestStats,
+    /// Bytes of messages in pieces the node holds room for now, every peer's (their
+    /// announced lengths; bounded by `reassembly_bytes`).
+    pub reassembly_bytes: u64,
 }
 
 /// Requests made from this node, and the replies that came back.

@@ -154,3 +154,58 @@ fn swim_ping(from: &MemberId, to: &MemberId, probe: u8, alive: &[MemberId]) -> V
     }
     v
 }
+
+/// Attack 6: members (with the secret) start 8 MiB messages under three names, send 6 MiB
+/// of each and never the rest. The node commits at most `reassembly_bytes` to them (the
+/// third is not kept: counted, and reported undeliverable at its end), and once their
+/// sessions end (declared down after `peer_timeout`) everything is freed.
+#[test]
+fn partial_messages_are_bounded_node_wide_and_freed_when_their_session_ends() {
+    let cfg = NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), SECRET)
+        .mailbox("inbox")
+        .max_payload(8 << 20)
+        .reassembly_bytes(16 << 20)
+        .heartbeat_interval(Duration::from_millis(200))
+        .peer_timeout(Duration::from_secs(1));
+    let a = Node::start(cfg).unwrap();
+    let addr = a.local_addr();
+    let piece = 512 << 10;
+    let mut conns = Vec::new();
+    for (i, name) in ["p1", "p2", "p3"].into_iter().enumerate() {
+        let mut r = login(addr, name, "a", 1);
+        r.send(&Frame::Resume(batchwire_core::frame::Resume::FRESH));
+        for k in 0..12u64 {
+            r.send(&Frame::Fragment(batchwire_core::frame::Fragment {
+                seq: k,
+                id: 0,
+                total: 8 << 20,
+                offset: k * piece,
+                to: Name::new("inbox").unwrap(),
+                from: Name::new("x").unwrap(),
+                data: vec![i as u8; piece as usize].into(),
+            }));
+        }
+        // Taken before the next name starts.
+        let deadline = Instant::now() + T;
+        let received = |a: &Node| a.stats().peer(name).map_or(0, |p| p.bytes_received);
+        while received(&a) < 12 * piece && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        conns.push(r);
+    }
+    let s = a.stats();
+    assert_eq!(s.reassembly_bytes, 16 << 20, "two messages kept");
+    assert_eq!(s.peer("p3").unwrap().reassembly_refused, 1, "{s:?}");
+    assert_eq!(s.peer("p1").unwrap().reassembly_refused, 0);
+    // The members vanish. Their sessions end after peer_timeout: nothing stays pinned.
+    drop(conns);
+    let deadline = Instant::now() + T;
+    while a.stats().reassembly_bytes > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        a.stats().reassembly_bytes,
+        0,
+        "freed when the sessions ended"
+    );
+}

@@ -42,6 +42,69 @@ pub(crate) struct PeerCtx {
     pub timer: Timer,
     pub conns: ConnWatch,
     pub calls: Arc<Calls>,
+    /// The node-wide bound on messages in pieces.
+    pub reassembly: ReassemblyBudget,
+}
+
+/// The node-wide bound on reassembly memory: the announced lengths of every peer's kept
+/// messages in pieces, summed. A message that would start past it is followed to its end
+/// without keeping its data and reported to its sender as undeliverable, so a member that
+/// starts large messages and never ends them (under many names) pins a bounded amount.
+pub(crate) struct ReassemblyBudget {
+    limit: u64,
+    used: std::sync::atomic::AtomicU64,
+}
+
+impl ReassemblyBudget {
+    pub fn new(limit: u64) -> ReassemblyBudget {
+        ReassemblyBudget {
+            limit,
+            used: Default::default(),
+        }
+    }
+
+    /// Whether a message of `total` bytes may start. (Two starting at the same instant may
+    /// both pass: the bound holds to within a message per reading connection.)
+    pub fn has_room(&self, total: u64) -> bool {
+        self.used.load(Ordering::Relaxed).saturating_add(total) <= self.limit
+    }
+
+    /// Bytes committed now, node-wide.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+}
+
+/// A peer's reassembly under its lock; on release, the node-wide budget learns how much it
+/// committed (derived from the state, so nothing can leak).
+pub(crate) struct ReassemblyGuard<'a> {
+    g: MutexGuard<'a, (Reassembly, u64)>,
+    budget: &'a ReassemblyBudget,
+}
+
+impl std::ops::Deref for ReassemblyGuard<'_> {
+    type Target = Reassembly;
+    fn deref(&self) -> &Reassembly {
+        &self.g.0
+    }
+}
+
+impl std::ops::DerefMut for ReassemblyGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Reassembly {
+        &mut self.g.0
+    }
+}
+
+impl Drop for ReassemblyGuard<'_> {
+    fn drop(&mut self) {
+        let now = self.g.0.committed();
+        let was = std::mem::replace(&mut self.g.1, now);
+        if now > was {
+            self.budget.used.fetch_add(now - was, Ordering::Relaxed);
+        } else if was > now {
+            self.budget.used.fetch_sub(was - now, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Connections coming and going, for whoever waits for them (`wait_for_peers`, the
@@ -92,7 +155,8 @@ pub(crate) struct Peer {
     /// The credit of the peer's messages in this node's mailboxes.
     pub flow: Arc<Flow>,
     /// The peer's messages in pieces (its readers, one at a time: the delivery turn).
-    reassembly: Mutex<Reassembly>,
+    /// Messages in pieces, and what they committed of the node's budget when last counted.
+    reassembly: Mutex<(Reassembly, u64)>,
     conn: Mutex<Option<Arc<Conn>>>,
     /// Held by whoever writes to the peer's connections: its writer thread, or a sender
     /// writing through (which only tries it). Writes never interleave, and what the session
@@ -165,7 +229,7 @@ impl Peer {
             session: Mutex::new(session),
             lane,
             flow,
-            reassembly: Mutex::new(Reassembly::default()),
+            reassembly: Mutex::new((Reassembly::default(), 0)),
             conn: Mutex::new(None),
             write_turn: Mutex::new(()),
             delivery: Mutex::new(()),
@@ -274,6 +338,9 @@ impl Peer {
                 // What is still queued for it can only go to it: hand it back too, and
                 // refuse (and wake) senders waiting for room or credit toward it.
                 self.lane.set_down(true);
+                // Its session ended: nothing it had in pieces will continue.
+                let gone = self.lock_reassembly().clear();
+                self.abandon(gone);
                 self.fail_queued(FailReason::Down(reason));
                 self.wake_senders();
                 // Requests to it fail now, not at their timeout.
@@ -299,8 +366,21 @@ impl Peer {
     }
 
     /// The peer's messages in pieces (the caller has the delivery turn).
-    pub fn lock_reassembly(&self) -> MutexGuard<'_, Reassembly> {
-        self.reassembly.lock().unwrap_or_else(|p| p.into_inner())
+    /// Whether the node's reassembly budget has room for a message of `total` bytes.
+    pub fn reassembly_has_room(&self, total: u64) -> bool {
+        self.ctx.reassembly.has_room(total)
+    }
+
+    /// Bytes of messages in pieces committed node-wide.
+    pub fn reassembly_committed(&self) -> u64 {
+        self.ctx.reassembly.used()
+    }
+
+    pub fn lock_reassembly(&self) -> ReassemblyGuard<'_> {
+        ReassemblyGuard {
+            g: self.reassembly.lock().unwrap_or_else(|p| p.into_inner()),
+            budget: &self.ctx.reassembly,
+        }
     }
 
     /// Messages the peer gave up in pieces: what they charged goes back to it.
@@ -553,6 +633,7 @@ pub(crate) mod testing {
             timer: Timer::new(),
             conns: ConnWatch::default(),
             calls: Arc::new(Calls::new(16, 0)),
+            reassembly: ReassemblyBudget::new(u64::MAX),
         });
         let lane = crate::io::lane::test_lane();
         let flow = Arc::new(Flow::new(1 << 20, 1 << 20, lane.clone()));

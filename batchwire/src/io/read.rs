@@ -788,8 +788,14 @@ impl Reader<'_> {
     }
 
     /// Whether a message starting with piece `f` is kept: not larger than this node
-    /// accepts, and for a mailbox here (or a reply to a call).
+    /// accepts, for a mailbox here (or a reply to a call), and with room in the node's
+    /// reassembly budget.
     fn keeps_new(&self, f: &Fragment) -> bool {
+        self.wanted(f) && self.peer.reassembly_has_room(f.total)
+    }
+
+    /// Whether a message starting with piece `f` would be kept if there were room.
+    fn wanted(&self, f: &Fragment) -> bool {
         f.total <= self.max_payload
             && (call::is_reply_inbox(f.to.as_bytes())
                 || self.mailboxes.get(f.to.as_bytes()).is_some())
@@ -800,6 +806,10 @@ impl Reader<'_> {
         let mut r = peer.lock_reassembly();
         let too_large = f.total > self.max_payload;
         let keep = r.keeps(f, || self.keeps_new(f));
+        if !keep && f.is_first() && r.keeps(f, || true) && self.wanted(f) {
+            peer.stats.reassembly_refused.fetch_add(1, Relaxed);
+            warn!(peer = %peer.name, mailbox = %f.to, bytes = f.total, committed = peer.reassembly_committed(), "no room for another message in pieces (the node's reassembly_bytes): its data is not kept, and it is reported to the sender as undeliverable at its end");
+        }
         let charge = in_place.map_or_else(|| f.charge(), |h| h.charge());
         if keep {
             peer.flow.charge(&f.to, charge)?;

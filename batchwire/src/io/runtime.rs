@@ -43,7 +43,7 @@ use crate::io::link::TlsConfigs;
 use crate::io::mailbox::{Envelope, Leader, MailboxQueue, Mailboxes, Outbound, Refused};
 use crate::io::members::{MemberStats, Members};
 use crate::io::membership::{MembersCtx, run_members};
-use crate::io::peer::{ConnWatch, Peer, PeerCtx};
+use crate::io::peer::{ConnWatch, Peer, PeerCtx, ReassemblyBudget};
 use crate::io::peers::Peers;
 use crate::io::read::Reader;
 use crate::io::setup::Setup;
@@ -161,6 +161,7 @@ impl Runtime {
                 config.max_pending_requests,
                 u64::from_le_bytes(first_id),
             )),
+            reassembly: ReassemblyBudget::new(config.reassembly_limit()),
         });
         let shared = config.bundler.kind.shared_queue();
         let shared_lane = shared.then(|| {
@@ -792,6 +793,7 @@ impl Runtime {
             events_dropped: self.events.dropped(),
             membership: self.membership_stats(),
             requests: self.request_stats(),
+            reassembly_bytes: self.ctx.reassembly.used(),
         }
     }
 
