@@ -615,6 +615,9 @@ pub enum RefuseCode {
     Protocol,
     /// An inbound connection from a node that this node dials itself.
     Direction,
+    /// The session could not be resumed (the two ends' numbering disagrees): the sender
+    /// reset its end (failing what was pending) and asks the receiver to do the same.
+    Reset,
     /// A code this build does not know.
     Other(u8),
 }
@@ -627,6 +630,7 @@ impl RefuseCode {
             RefuseCode::Name => 3,
             RefuseCode::Protocol => 4,
             RefuseCode::Direction => 5,
+            RefuseCode::Reset => 6,
             RefuseCode::Other(c) => c,
         }
     }
@@ -637,6 +641,7 @@ impl RefuseCode {
             3 => RefuseCode::Name,
             4 => RefuseCode::Protocol,
             5 => RefuseCode::Direction,
+            6 => RefuseCode::Reset,
             c => RefuseCode::Other(c),
         }
     }

@@ -36,6 +36,10 @@ use crate::bulk::Piece;
 use crate::codec::Name;
 use crate::frame::{Frame, Message, Resume};
 
+/// RESUMEs in a row that could not be honoured before the session is reset (see
+/// [`Session::is_unresumable`]).
+pub const RESET_AFTER: u32 = 3;
+
 mod events;
 use crate::reliable::{RecvWindow, SendWindow, SeqError, Unwritten};
 pub use events::{ConnId, DownReason, FailReason, SessionEvent};
@@ -153,6 +157,10 @@ pub struct Session {
     recv: RecvWindow,
     /// Bumped when the peer's numbering restarts: a delivery begun before is void.
     recv_epoch: u64,
+    /// Times the session was reset ([`Session::handle_reset`]).
+    resets: u64,
+    /// RESUMEs from the peer that could not be honoured since the last one that could.
+    unresumable: u32,
     next_conn: u64,
     current: Option<Current>,
     /// When the last connection ended (or the session began), while not connected.
@@ -188,6 +196,8 @@ impl Session {
             send: SendWindow::default(),
             recv: RecvWindow::default(),
             recv_epoch: 0,
+            resets: 0,
+            unresumable: 0,
             next_conn: 1,
             current: None,
             disconnected_since: now,
@@ -307,13 +317,7 @@ impl Session {
     pub fn handle_connect(&mut self, now: Instant, incarnation: u64) -> (ConnId, Resume) {
         let _ = now;
         if self.incarnation.is_some_and(|i| i != incarnation) {
-            let messages = self.send.take_failed(true);
-            self.push_failed(messages, FailReason::Restarted);
-            self.recv.reset();
-            self.recv_epoch += 1;
-            self.unacked_messages = 0;
-            self.unacked_bytes = 0;
-            self.in_pieces = None;
+            self.start_over(FailReason::Restarted);
             self.events
                 .push_back(SessionEvent::Restarted { incarnation });
         }
@@ -338,7 +342,11 @@ impl Session {
         theirs: Resume,
     ) -> Result<Resumed, SeqError> {
         let before = self.send.messages();
-        self.send.rewind(theirs.next)?;
+        if let Err(e) = self.send.rewind(theirs.next) {
+            self.unresumable += 1;
+            return Err(e);
+        }
+        self.unresumable = 0;
         self.recv.resume(theirs.base);
         let replaced = self.current.replace(Current {
             id,
@@ -357,6 +365,50 @@ impl Session {
             resent: if before > 0 { self.send.messages() } else { 0 },
             keep: theirs.keep,
         })
+    }
+
+    /// The session cannot be resumed: a RESUME (`handle_resume`'s error) claimed more than
+    /// was sent, so the two ends' numbering disagrees (a peer that logged in under this
+    /// one's name and incarnation sent messages, or a bug). Refusing every RESUME would
+    /// cut the link for good; instead the session starts over as if the peer had
+    /// restarted: what was pending is failed (reported to its senders), numbering starts
+    /// again both ways, and the current connection, if any, is dropped. The IO layer tells
+    /// the peer (REFUSE with [`crate::frame::RefuseCode::Reset`]), which resets its end
+    /// too; until it does, its RESUMEs fail here again and are answered the same way.
+    pub fn handle_reset(&mut self, now: Instant) {
+        let _ = now;
+        self.start_over(FailReason::Reset);
+        if let Some(c) = self.current.take() {
+            self.events.push_back(SessionEvent::Close { conn: c.id });
+            self.disconnected_since = now;
+        }
+        self.resets += 1;
+        self.unresumable = 0;
+        self.events.push_back(SessionEvent::Reset);
+    }
+
+    /// Whether the peer's RESUMEs could not be honoured [`RESET_AFTER`] times in a row (no
+    /// successful resume in between): the numbering really disagrees, and the session
+    /// should be reset ([`Session::handle_reset`]). One or two may be a forger's values
+    /// on connections of its own, which only close those connections.
+    pub fn is_unresumable(&self) -> bool {
+        self.unresumable >= RESET_AFTER
+    }
+
+    /// Sessions reset so far ([`Session::handle_reset`]).
+    pub fn resets(&self) -> u64 {
+        self.resets
+    }
+
+    /// Fail what is pending and number from 0 again both ways.
+    fn start_over(&mut self, reason: FailReason) {
+        let messages = self.send.take_failed(true);
+        self.push_failed(messages, reason);
+        self.recv.reset();
+        self.recv_epoch += 1;
+        self.unacked_messages = 0;
+        self.unacked_bytes = 0;
+        self.in_pieces = None;
     }
 
     /// Connection `id` ended. Unsequenced, what it had not written is failed.
@@ -653,6 +705,14 @@ impl Session {
         }
         self.declare_down(DownReason::Membership);
         true
+    }
+
+    /// The peer's incarnation if its current connection was heard within `peer_timeout`
+    /// (a live node holds the name: another incarnation claiming it is refused).
+    pub fn live_incarnation(&self, now: Instant) -> Option<u64> {
+        self.current
+            .filter(|c| now < c.last_heard + self.cfg.peer_timeout)
+            .and(self.incarnation)
     }
 
     /// When [`Session::handle_timeout`] next has something to do.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use batchwire::{Address, Event, MembershipConfig, Node, NodeConfig};
 use batchwire_core::codec::Name;
-use batchwire_core::frame::Frame;
+use batchwire_core::frame::{Frame, MessageList};
 use batchwire_core::membership::MemberId;
 use common::raw::*;
 use common::*;
@@ -208,4 +208,91 @@ fn partial_messages_are_bounded_node_wide_and_freed_when_their_session_ends() {
         0,
         "freed when the sessions ended"
     );
+}
+
+/// Attack 8: an impostor logs in to b as "a", with a's incarnation (every HELLO shows it),
+/// and injects one message numbered where a's stream is. b now believes a sent one more
+/// than a did, so a cannot honour b's RESUME. After a few tries in a row the session is
+/// reset on both ends (a's pending messages would be reported failed) and the link
+/// carries messages again: it is never cut for good.
+#[test]
+fn a_poisoned_link_heals_by_resetting_the_session() {
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.mailbox("inbox"))
+        .collect();
+    let nodes = start(cfgs);
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let inbox = b.mailbox("inbox").unwrap();
+    let to = Address::new("b", "inbox").unwrap();
+    for i in 0..3u8 {
+        a.send(&to, vec![i]).unwrap();
+        assert_eq!(&inbox.recv_timeout(T).unwrap().payload[..], [i]);
+    }
+    let a_inc = incarnation_of(a.local_addr());
+    let mut r = login(b.local_addr(), "a", "b", a_inc);
+    r.send(&Frame::Resume(batchwire_core::frame::Resume::FRESH));
+    let mut list = MessageList::from_messages(&[batchwire_core::frame::Message {
+        to: Name::new("inbox").unwrap(),
+        from: Name::new("x").unwrap(),
+        payload: bytes::Bytes::from_static(b"forged"),
+    }]);
+    list.first_seq = 3;
+    r.send(&Frame::Messages(list));
+    let e = inbox.recv_timeout(T).expect("the forged message went in");
+    assert_eq!(&e.payload[..], b"forged");
+    drop(r);
+    // The real a comes back; its messages get through again.
+    let deadline = Instant::now() + T;
+    let mut through = false;
+    let mut k = 0u8;
+    while !through && Instant::now() < deadline {
+        k = k.wrapping_add(1);
+        let _ = a.send(&to, vec![100, k]);
+        if let Ok(e) = inbox.recv_timeout(Duration::from_millis(200)) {
+            through = e.payload[0] == 100;
+        }
+    }
+    assert!(through, "the link stayed poisoned: {:?}", a.stats().peers);
+}
+
+/// Attack 9: a second node started with a name that is taken (a copy-paste mistake, or an
+/// impostor with the secret) is refused while the first holds a live connection, with
+/// one clear reason on both sides; the real node's session is untouched. Once the real
+/// node stops, a restarted one (a new incarnation) gets in.
+#[test]
+fn a_second_node_with_a_taken_name_is_refused_while_the_first_is_connected() {
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.mailbox("inbox"))
+        .collect();
+    let a_cfg = cfgs[0].clone();
+    let b_addr = cfgs[1].listen();
+    let mut nodes = start(cfgs);
+    let b_events = nodes[1].events();
+    let twin = NodeConfig::new("a", free_addrs(1)[0], SECRET).peer("b", b_addr);
+    let twin = Node::start(twin).unwrap();
+    let refused = wait_event(
+        &b_events,
+        T,
+        |e| matches!(e, Event::HandshakeFailed { peer: Some(p), kind: batchwire::HandshakeFailure::Name, reason, .. } if p == "a" && reason.contains("already connected")),
+    );
+    assert!(refused.is_some(), "the twin was not refused");
+    std::thread::sleep(Duration::from_millis(500));
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let s = b.stats();
+    let pa = s.peer("a").unwrap();
+    assert_eq!(pa.connects, 1, "the real a's connection was never replaced");
+    assert!(twin.connected_peers().is_empty());
+    let inbox = b.mailbox("inbox").unwrap();
+    a.send(&Address::new("b", "inbox").unwrap(), &b"real"[..])
+        .unwrap();
+    assert_eq!(&inbox.recv_timeout(T).unwrap().payload[..], b"real");
+    drop(inbox);
+    // The real a stops (its connection ends with it); a new incarnation gets in.
+    drop(twin);
+    let old = nodes.remove(0);
+    drop(old);
+    let a2 = Node::start(a_cfg).unwrap();
+    assert!(a2.wait_for_peers(&["b"], T), "the restarted a was kept out");
 }

@@ -67,6 +67,10 @@ pub enum FailReason {
     ShutDown,
     /// Unsequenced mode: the connection broke before they were written.
     ConnectionLost,
+    /// The session could not be resumed (the two ends' numbering disagreed: a RESUME
+    /// claimed more than was sent) and was reset to a new one before they were
+    /// acknowledged.
+    Reset,
 }
 
 impl std::fmt::Display for FailReason {
@@ -80,6 +84,10 @@ impl std::fmt::Display for FailReason {
                 )
             }
             FailReason::ShutDown => write!(f, "this node shut down before the peer acknowledged"),
+            FailReason::Reset => write!(
+                f,
+                "the session could not be resumed and was reset before the peer acknowledged"
+            ),
             FailReason::ConnectionLost => {
                 write!(
                     f,
@@ -104,6 +112,11 @@ pub enum SessionEvent {
         /// Its new incarnation.
         incarnation: u64,
     },
+    /// The session could not be resumed and was reset (see [`Session::handle_reset`]):
+    /// numbering starts again both ways, what was pending was failed.
+    ///
+    /// [`Session::handle_reset`]: crate::session::Session::handle_reset
+    Reset,
     /// The peer was declared down. Fail what is still queued for it.
     Down {
         /// Why.

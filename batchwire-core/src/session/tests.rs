@@ -831,3 +831,59 @@ fn bulk_gets_the_stream_budget_once_it_has_had_the_connection_to_itself() {
     let s = Session::new(c, t0);
     assert_eq!(s.bulk_budget(), 1000);
 }
+
+/// The poisoned-link attack: an impostor logged in under a's name and incarnation made b
+/// take 5 messages a never sent. a cannot honour b's RESUME ("everything below 5 arrived",
+/// but a sent 3): instead of refusing it forever, both ends reset (a's pending messages
+/// fail, reported), and the next connection numbers from 0 both ways.
+#[test]
+fn a_session_that_cannot_be_resumed_is_reset_on_both_ends_and_goes_on() {
+    let t0 = Instant::now();
+    let mut a = Session::new(cfg(), t0);
+    let mut b = Session::new(cfg(), t0);
+    let (ia, ib) = connect(&mut a, &mut b, t0);
+    hold(&mut a, 0..3);
+    let d = b.begin_delivery(ib, 0, 5).unwrap().unwrap();
+    b.end_delivery(t0 + MS, d, 5, 50);
+    events(&mut a);
+    events(&mut b);
+    // Reconnect: b's RESUME claims 5 arrived.
+    let t1 = t0 + 2 * MS;
+    let (ia, ra) = a.handle_connect(t1, 2);
+    let (ib, rb) = b.handle_connect(t1, 1);
+    assert_eq!(rb.next, 5);
+    b.handle_resume(t1, ib, ra).unwrap();
+    assert!(a.handle_resume(t1, ia, rb.clone()).is_err());
+    // Once or twice may be a forger's value on a connection of its own; the third time
+    // in a row, the numbering really disagrees.
+    assert!(!a.is_unresumable());
+    for _ in 0..2 {
+        let (ia, _) = a.handle_connect(t1, 2);
+        assert!(a.handle_resume(t1, ia, rb.clone()).is_err());
+    }
+    assert!(a.is_unresumable());
+    a.handle_reset(t1);
+    assert!(!a.is_unresumable());
+    let ev = events(&mut a);
+    assert!(
+        ev.iter().any(|e| matches!(e, SessionEvent::Failed { messages, reason: FailReason::Reset } if messages.len() == 3)),
+        "{ev:?}"
+    );
+    assert!(ev.contains(&SessionEvent::Reset));
+    assert_eq!(a.resets(), 1);
+    // b learns it (REFUSE Reset) and resets too: b's current connection goes with it.
+    b.handle_reset(t1);
+    let ev = events(&mut b);
+    assert!(ev.contains(&SessionEvent::Reset), "{ev:?}");
+    assert!(ev.contains(&SessionEvent::Close { conn: ib }), "{ev:?}");
+    // The next connection resumes from 0 both ways, and a's new messages arrive.
+    let t2 = t1 + MS;
+    let (ia, ra) = a.handle_connect(t2, 2);
+    let (ib, rb) = b.handle_connect(t2, 1);
+    assert_eq!((ra.next, rb.next), (0, 0));
+    a.handle_resume(t2, ia, rb).unwrap();
+    b.handle_resume(t2, ib, ra).unwrap();
+    hold(&mut a, 0..2);
+    let d = b.begin_delivery(ib, 0, 2).unwrap().unwrap();
+    assert_eq!(d.skip, 0, "nothing taken for a duplicate");
+}

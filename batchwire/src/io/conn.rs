@@ -265,6 +265,18 @@ pub(crate) enum LinkError {
     PeerSpeaksTls,
     #[error("this node already has max_peers ({0}) peers")]
     Capacity(usize),
+    #[error(
+        "{peer:?} is already connected as incarnation {live}: another node claiming the name (incarnation {claimed}) is refused while that connection is live"
+    )]
+    NameTaken {
+        peer: String,
+        live: u64,
+        claimed: u64,
+    },
+    #[error(
+        "the session could not be resumed ({0}); it was reset: what was pending was reported failed, numbering starts again"
+    )]
+    SessionReset(String),
 }
 
 impl LinkError {
@@ -275,7 +287,9 @@ impl LinkError {
         match self {
             L::Handshake(H::Secret { .. }) => HandshakeFailure::Secret,
             L::Handshake(H::Version { .. }) => HandshakeFailure::Version,
-            L::Handshake(H::WrongPeer { .. } | H::SameName(_)) => HandshakeFailure::Name,
+            L::Handshake(H::WrongPeer { .. } | H::SameName(_)) | L::NameTaken { .. } => {
+                HandshakeFailure::Name
+            }
             L::Handshake(H::WrongDirection(_)) => HandshakeFailure::Direction,
             L::Handshake(H::Refused { .. }) => HandshakeFailure::Refused,
             L::Handshake(H::Unexpected { .. })
@@ -283,7 +297,8 @@ impl LinkError {
             | L::Unexpected(_)
             | L::Sequence(_)
             | L::Flow(_)
-            | L::Pieces(_) => HandshakeFailure::Protocol,
+            | L::Pieces(_)
+            | L::SessionReset(_) => HandshakeFailure::Protocol,
             L::HandshakeTimeout(_) => HandshakeFailure::Timeout,
             L::Io(e)
                 if matches!(
@@ -317,6 +332,7 @@ impl LinkError {
         match self {
             LinkError::Eof => CloseReason::Closed,
             LinkError::Replaced => CloseReason::Replaced,
+            e @ LinkError::SessionReset(_) => CloseReason::Protocol(e.to_string()),
             e if e.is_violation() => CloseReason::Protocol(e.to_string()),
             LinkError::Handshake(HandshakeError::Refused { reason, .. }) => {
                 CloseReason::Refused(reason.clone())

@@ -329,6 +329,11 @@ impl Peer {
                 let gone = self.lock_reassembly().clear();
                 self.abandon(gone);
             }
+            SessionEvent::Reset => {
+                // The connection that found it logs why. Nothing in pieces continues.
+                let gone = self.lock_reassembly().clear();
+                self.abandon(gone);
+            }
             SessionEvent::Down { reason } => {
                 warn!(node = %node, peer = %self.name, %reason, "peer declared down");
                 self.ctx.events.emit(Event::PeerDown {

@@ -576,6 +576,14 @@ impl Reader<'_> {
                 peer.session(|s, now| s.handle_goodbye(now, id));
                 return Ok(true);
             }
+            // The peer could not resume the session and reset its end: so do we.
+            Frame::Refuse(r) if r.code == frame::RefuseCode::Reset => {
+                peer.session(|s, now| s.handle_reset(now));
+                return Err(LinkError::SessionReset(format!(
+                    "the peer says: {}",
+                    r.reason
+                )));
+            }
             Frame::Refuse(r) => {
                 return Err(HandshakeError::Refused {
                     peer: Some(peer.name.clone()),

@@ -188,6 +188,28 @@ impl Setup {
             }
         };
 
+        // A live node holds the name: another incarnation claiming it (a second node
+        // started with the same name by mistake, or an impostor) is refused while that
+        // connection lasts, with one line. A restarted node's old connection ends with its
+        // process, so the new one gets in.
+        if let Some(live) = peer.session(|s, now| s.live_incarnation(now))
+            && live != info.incarnation
+            && peer.current().is_some_and(|c| !c.is_closed())
+        {
+            let e = LinkError::NameTaken {
+                peer: info.name.to_string(),
+                live,
+                claimed: info.incarnation,
+            };
+            refuse(
+                &link,
+                frame::RefuseCode::Name,
+                format!("node {:?}: {e}", self.name.as_str()),
+            );
+            self.failed(addr, Some(info.name.to_string()), &e);
+            return false;
+        }
+
         // 3. RESUME each way: what each side received, and the oldest it still holds. The
         //    session checks the peer's values and makes this the current connection (a
         //    restarted peer, a new incarnation, starts both streams from 0). A connection
@@ -477,6 +499,14 @@ impl Setup {
         let theirs: Resume = loop {
             match frame::decode(&mut buf, HANDSHAKE_MAX_FRAME)? {
                 Some(Frame::Resume(r)) => break r,
+                // The peer could not resume our session and reset its end: so do we.
+                Some(Frame::Refuse(r)) if r.code == frame::RefuseCode::Reset => {
+                    peer.session(|s, now| s.handle_reset(now));
+                    return Err(LinkError::SessionReset(format!(
+                        "the peer says: {}",
+                        r.reason
+                    )));
+                }
                 // Refused after the handshake (e.g. our certificate does not name us).
                 Some(Frame::Refuse(r)) => {
                     return Err(HandshakeError::Refused {
@@ -508,9 +538,30 @@ impl Setup {
             {
                 return Ok(None);
             }
-            let r = s.handle_resume(now, id, theirs)?;
-            Ok::<_, LinkError>(Some((r.resent, r.keep, peer.install(conn.clone()))))
-        })?;
+            match s.handle_resume(now, id, theirs) {
+                Ok(r) => Ok(Some((r.resent, r.keep, peer.install(conn.clone())))),
+                // The two ends' numbering disagrees, again and again (not a forger's
+                // value on a connection of its own): refusing every RESUME would cut the
+                // link for good. Start the session over, and tell the peer to.
+                Err(e) if s.is_unresumable() => {
+                    s.handle_reset(now);
+                    Err(LinkError::SessionReset(e.to_string()))
+                }
+                Err(e) => Err(e.into()),
+            }
+        });
+        let replaced = match replaced {
+            Err(e @ LinkError::SessionReset(_)) => {
+                refuse(
+                    &conn.link,
+                    frame::RefuseCode::Reset,
+                    format!("node {:?}: {e}", self.name.as_str()),
+                );
+                conn.close();
+                return Err(e);
+            }
+            r => r?,
+        };
         let Some((resent, keep, old)) = replaced else {
             conn.close();
             return Ok(None);
