@@ -841,7 +841,7 @@ fn a_session_that_cannot_be_resumed_is_reset_on_both_ends_and_goes_on() {
     let t0 = Instant::now();
     let mut a = Session::new(cfg(), t0);
     let mut b = Session::new(cfg(), t0);
-    let (ia, ib) = connect(&mut a, &mut b, t0);
+    let (_, ib) = connect(&mut a, &mut b, t0);
     hold(&mut a, 0..3);
     let d = b.begin_delivery(ib, 0, 5).unwrap().unwrap();
     b.end_delivery(t0 + MS, d, 5, 50);
@@ -853,13 +853,13 @@ fn a_session_that_cannot_be_resumed_is_reset_on_both_ends_and_goes_on() {
     let (ib, rb) = b.handle_connect(t1, 1);
     assert_eq!(rb.next, 5);
     b.handle_resume(t1, ib, ra).unwrap();
-    assert!(a.handle_resume(t1, ia, rb.clone()).is_err());
+    assert!(a.handle_resume(t1, ia, rb).is_err());
     // Once or twice may be a forger's value on a connection of its own; the third time
     // in a row, the numbering really disagrees.
     assert!(!a.is_unresumable());
     for _ in 0..2 {
         let (ia, _) = a.handle_connect(t1, 2);
-        assert!(a.handle_resume(t1, ia, rb.clone()).is_err());
+        assert!(a.handle_resume(t1, ia, rb).is_err());
     }
     assert!(a.is_unresumable());
     a.handle_reset(t1);
