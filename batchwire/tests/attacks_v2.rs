@@ -296,3 +296,100 @@ fn a_second_node_with_a_taken_name_is_refused_while_the_first_is_connected() {
     let a2 = Node::start(a_cfg).unwrap();
     assert!(a2.wait_for_peers(&["b"], T), "the restarted a was kept out");
 }
+
+/// Every log line the nodes of this test binary write, for counting.
+fn log_lines() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOG: std::sync::OnceLock<&'static std::sync::Mutex<Vec<u8>>> =
+        std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let buf: &'static std::sync::Mutex<Vec<u8>> =
+            Box::leak(Box::new(std::sync::Mutex::new(Vec::new())));
+        struct W(&'static std::sync::Mutex<Vec<u8>>);
+        impl std::io::Write for W {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sub = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || W(buf))
+            .finish();
+        tracing::subscriber::set_global_default(sub).expect("one subscriber");
+        buf
+    })
+}
+
+/// Lines logged so far that contain `what`.
+fn lines_with(what: &str) -> usize {
+    String::from_utf8_lossy(&log_lines().lock().unwrap())
+        .lines()
+        .filter(|l| l.contains(what))
+        .count()
+}
+
+/// Attacks 3 and 10: a client without the secret fails 1,000 handshakes in a row, and a
+/// member with it sends 20,000 UNDELIVERABLE notices. Each is counted, but each call site
+/// logs at most a burst of lines per 10 s (then says how many it suppressed), so the logs
+/// cannot be made a weapon.
+#[test]
+fn log_lines_caused_by_the_network_are_rate_limited() {
+    log_lines();
+    let a = Node::start(NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), SECRET)).unwrap();
+    let addr = a.local_addr();
+    let before = lines_with("handshake failed");
+    for _ in 0..1000 {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        // Not a batchwire frame: the node refuses it at once.
+        let _ = s.write_all(&[0xff; 64]);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut sink = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut s, &mut sink);
+    }
+    let deadline = Instant::now() + T;
+    while a
+        .stats()
+        .handshakes
+        .failed(batchwire::HandshakeFailure::Protocol)
+        < 1000
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        a.stats()
+            .handshakes
+            .failed(batchwire::HandshakeFailure::Protocol),
+        1000,
+        "every failure is counted"
+    );
+    let logged = lines_with("handshake failed") - before;
+    // (Other tests in this binary may have used the call site's burst already.)
+    assert!(logged <= 10, "{logged} lines for 1,000 failed handshakes");
+    // A member floods UNDELIVERABLE notices.
+    let before = lines_with("peer reports messages undeliverable");
+    let mut r = login(addr, "m", "a", 1);
+    r.send(&Frame::Resume(batchwire_core::frame::Resume::FRESH));
+    for i in 0..20_000u32 {
+        r.send(&Frame::Undeliverable(
+            batchwire_core::frame::Undeliverable {
+                to: Name::new(&format!("nobody-{i}")).unwrap(),
+                from: Name::new("x").unwrap(),
+                count: 1,
+            },
+        ));
+    }
+    let deadline = Instant::now() + T;
+    let reported = |a: &Node| a.stats().peer("m").map_or(0, |p| p.undeliverable_reported);
+    while reported(&a) < 20_000 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(reported(&a), 20_000, "every notice is counted");
+    let logged = lines_with("peer reports messages undeliverable") - before;
+    assert!(logged <= 10, "{logged} lines for 20,000 notices");
+}

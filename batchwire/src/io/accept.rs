@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use crate::io::logs::warn_limited;
 use tracing::warn;
 
 use crate::io::setup::{Setup, Side};
@@ -31,7 +32,7 @@ pub(crate) fn run_acceptor(listener: TcpListener, setup: Arc<Setup>, threads: Th
             Err(e) => {
                 // Typically EMFILE; back off a little rather than spin.
                 setup.security.accept_errors.fetch_add(1, Relaxed);
-                warn!(node = %setup.name, error = %e, "accept failed; retrying in 50 ms");
+                warn_limited!(node = %setup.name, error = %e, "accept failed; retrying in 50 ms");
                 if !shutdown.sleep(PAUSE) {
                     break;
                 }
@@ -54,7 +55,7 @@ pub(crate) fn run_acceptor(listener: TcpListener, setup: Arc<Setup>, threads: Th
         if let Err(e) = spawned {
             // The closure (socket and slot) was dropped: the connection is closed.
             setup.security.spawn_errors.fetch_add(1, Relaxed);
-            warn!(node = %setup.name, error = %e, "cannot start a thread for a new connection; closed it, retrying in 50 ms");
+            warn_limited!(node = %setup.name, error = %e, "cannot start a thread for a new connection; closed it, retrying in 50 ms");
             if !shutdown.sleep(PAUSE) {
                 break;
             }

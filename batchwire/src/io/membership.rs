@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use crate::io::logs::warn_limited;
 use batchwire_core::codec::Name;
 use batchwire_core::membership::{MemberEvent, MemberId, MemberState, Membership};
 use tracing::{debug, info, warn};
@@ -61,7 +62,7 @@ pub(crate) fn run_members(mut m: Membership, rx: Receiver<Input>, ctx: MembersCt
                 Input::Frame { from, body } if !left => {
                     if let Err(e) = m.handle_frame(now, &from, &body) {
                         ctx.counters.violations.fetch_add(1, Relaxed);
-                        warn!(node = %ctx.node, peer = %from, error = %e, "membership protocol violation; connection closed");
+                        warn_limited!(node = %ctx.node, peer = %from, error = %e, "membership protocol violation; connection closed");
                         if let Some(c) = ctx.peers.get(from.as_bytes()).and_then(|p| p.current()) {
                             c.close();
                         }

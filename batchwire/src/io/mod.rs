@@ -25,6 +25,7 @@ pub(crate) mod events;
 pub(crate) mod flow;
 pub(crate) mod lane;
 pub(crate) mod link;
+pub(crate) mod logs;
 pub(crate) mod mailbox;
 pub(crate) mod members;
 pub(crate) mod membership;

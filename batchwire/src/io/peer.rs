@@ -14,6 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
+use crate::io::logs::warn_limited;
 use batchwire_core::codec::Name;
 use batchwire_core::frame::{Frame, Message, Undeliverable};
 use batchwire_core::outbox::Dest;
@@ -404,7 +405,7 @@ impl Peer {
         }
         let count = msgs.len() as u64;
         self.stats.send_failed.fetch_add(count, Ordering::Relaxed);
-        warn!(node = %self.ctx.node, peer = %self.name, messages = count, %reason, "messages handed back as failed");
+        warn_limited!(node = %self.ctx.node, peer = %self.name, messages = count, %reason, "messages handed back as failed");
         let messages = msgs
             .into_iter()
             .map(|m| FailedMessage {

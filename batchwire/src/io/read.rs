@@ -33,13 +33,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use crate::io::logs::warn_limited;
 use batchwire_core::call;
 use batchwire_core::codec::{Name, NameMap};
 use batchwire_core::frame::{self, Fragment, FragmentHead, Frame, MessageList, Sync};
 use batchwire_core::handshake::HandshakeError;
 use batchwire_core::reassembly::{Added, ReassemblyError};
 use bytes::{Bytes, BytesMut};
-use tracing::warn;
 
 use crate::address::Address;
 use crate::error::Error;
@@ -552,7 +552,7 @@ impl Reader<'_> {
                 peer.stats
                     .undeliverable_reported
                     .fetch_add(u.count as u64, Relaxed);
-                warn!(peer = %peer.name, mailbox = %u.to, from = %u.from, count = u.count, "peer reports messages undeliverable: no such mailbox, or too large (\"\" sums more names than it reports one by one)");
+                warn_limited!(peer = %peer.name, mailbox = %u.to, from = %u.from, count = u.count, "peer reports messages undeliverable: no such mailbox, or too large (\"\" sums more names than it reports one by one)");
                 // A request that found no mailbox fails now, not at its timeout.
                 if let Some((id, _)) = call::parse(u.from.as_bytes()) {
                     let to = format!("{}@{}", u.to, peer.name);
@@ -816,7 +816,7 @@ impl Reader<'_> {
         let keep = r.keeps(f, || self.keeps_new(f));
         if !keep && f.is_first() && r.keeps(f, || true) && self.wanted(f) {
             peer.stats.reassembly_refused.fetch_add(1, Relaxed);
-            warn!(peer = %peer.name, mailbox = %f.to, bytes = f.total, committed = peer.reassembly_committed(), "no room for another message in pieces (the node's reassembly_bytes): its data is not kept, and it is reported to the sender as undeliverable at its end");
+            warn_limited!(peer = %peer.name, mailbox = %f.to, bytes = f.total, committed = peer.reassembly_committed(), "no room for another message in pieces (the node's reassembly_bytes): its data is not kept, and it is reported to the sender as undeliverable at its end");
         }
         let charge = in_place.map_or_else(|| f.charge(), |h| h.charge());
         if keep {
@@ -855,7 +855,7 @@ impl Reader<'_> {
         };
         if !kept {
             if too_large {
-                warn!(peer = %peer.name, mailbox = %to, bytes = f.total, max = self.max_payload, "message larger than this node's max_payload dropped; reported to the sender as undeliverable");
+                warn_limited!(peer = %peer.name, mailbox = %to, bytes = f.total, max = self.max_payload, "message larger than this node's max_payload dropped; reported to the sender as undeliverable");
             }
             self.report_missing(&to, &from, 1);
             peer.stats.messages_received.fetch_add(1, Relaxed);

@@ -9,12 +9,13 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::io::logs::warn_limited;
 use batchwire_core::codec::Name;
 use batchwire_core::frame::{self, Frame, Resume};
 use batchwire_core::handshake::{Handshake, HandshakeConfig, HandshakeError, PeerInfo, Role};
 use batchwire_core::membership::MemberId;
 use bytes::BytesMut;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::config::NodeConfig;
 use crate::event::{CloseReason, Event};
@@ -296,10 +297,10 @@ impl Setup {
                 debug!(node = %self.name, peer = %info.name, %reason, "connection closed")
             }
             CloseReason::Protocol(_) => {
-                warn!(node = %self.name, peer = %info.name, %addr, %reason, "protocol violation; connection closed, nothing skipped")
+                warn_limited!(node = %self.name, peer = %info.name, %addr, %reason, "protocol violation; connection closed, nothing skipped")
             }
             _ => {
-                warn!(node = %self.name, peer = %info.name, %addr, %reason, "connection lost; will resume")
+                warn_limited!(node = %self.name, peer = %info.name, %addr, %reason, "connection lost; will resume")
             }
         }
         self.events.emit(Event::Disconnected {
@@ -343,7 +344,7 @@ impl Setup {
         }
         let kind = e.kind();
         self.security.count(kind);
-        warn!(node = %self.name, %addr, peer = ?peer, ?kind, error = %e, "handshake failed; connection closed");
+        warn_limited!(node = %self.name, %addr, peer = ?peer, ?kind, error = %e, "handshake failed; connection closed");
         self.events.emit(Event::HandshakeFailed {
             addr,
             peer,

@@ -21,12 +21,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use crate::io::logs::warn_limited;
 use batchwire_core::bundler::{BundlerConfig, FlushReason};
 use batchwire_core::frame::Message;
 use batchwire_core::outbox::Batch;
 use batchwire_core::session::{FailReason, PeerState, PieceRefused};
 use bytes::Bytes;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::io::conn::Conn;
 use crate::io::lane::{Next, decode_frames};
@@ -345,7 +346,7 @@ fn write_carry(c: &Conn, go_on: &mut dyn FnMut() -> bool) -> std::io::Result<()>
 /// goes out again on the next connection, where the receiver skips what had arrived.
 fn fail_write(peer: &Peer, c: &Conn, e: &std::io::Error) {
     if !c.is_closed() {
-        warn!(peer = %peer.name, error = %e, "write failed; connection closed, will resend on reconnect");
+        warn_limited!(peer = %peer.name, error = %e, "write failed; connection closed, will resend on reconnect");
     } else {
         debug!(peer = %peer.name, error = %e, "write to a closed connection");
     }
