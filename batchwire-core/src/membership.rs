@@ -195,6 +195,12 @@ impl Membership {
 
     // ---- getters ----
 
+    /// Whether `name` is a member SWIM knows but the view had no room for (`max_members`):
+    /// the IO layer sends it nothing (no peer, no thread, no dial).
+    pub fn is_refused(&self, name: &[u8]) -> bool {
+        self.refused.contains(name)
+    }
+
     /// This node's own id.
     pub fn me(&self) -> &MemberId {
         self.foca.identity()

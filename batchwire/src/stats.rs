@@ -285,6 +285,12 @@ pub struct HandshakeStats {
     pub accept_errors: u64,
     /// Inbound connections closed because no thread could be started for them.
     pub spawn_errors: u64,
+    /// Handshakes in progress cut to make room for one from an address holding fewer
+    /// places (see `NodeConfig::max_handshakes`).
+    pub evicted: u64,
+    /// Inbound connections that took a place kept for known addresses (configured
+    /// peers, seeds, members) because the strangers' places were all taken.
+    pub reserved: u64,
 }
 
 impl HandshakeStats {
@@ -309,6 +315,8 @@ pub(crate) struct SecurityCounters {
     pub busy: AtomicU64,
     pub accept_errors: AtomicU64,
     pub spawn_errors: AtomicU64,
+    pub evicted: AtomicU64,
+    pub reserved: AtomicU64,
 }
 
 impl SecurityCounters {
@@ -329,6 +337,8 @@ impl SecurityCounters {
             busy: self.busy.load(Relaxed),
             accept_errors: self.accept_errors.load(Relaxed),
             spawn_errors: self.spawn_errors.load(Relaxed),
+            evicted: self.evicted.load(Relaxed),
+            reserved: self.reserved.load(Relaxed),
         }
     }
 }

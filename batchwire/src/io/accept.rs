@@ -40,7 +40,7 @@ pub(crate) fn run_acceptor(listener: TcpListener, setup: Arc<Setup>, threads: Th
             }
         };
         let from = s.peer_addr().map(|a| a.ip()).ok();
-        let Some(slot) = from.and_then(|ip| setup.slot(ip)) else {
+        let Some(slot) = from.and_then(|ip| setup.slot(ip, &s)) else {
             // Too many handshakes in progress: close at once (dropping the socket).
             let n = setup.security.busy.fetch_add(1, Relaxed) + 1;
             if n.is_power_of_two() {

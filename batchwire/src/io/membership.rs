@@ -98,9 +98,9 @@ pub(crate) fn run_members(mut m: Membership, rx: Receiver<Input>, ctx: MembersCt
 /// Send what the machine queued, report what changed, publish the view.
 fn act(m: &mut Membership, ctx: &MembersCtx) {
     while let Some((to, body)) = m.poll_transmit() {
-        // Only to members in the view: SWIM also probes members the view had no room for
-        // (`max_members`), which get no peer, no thread and no dial.
-        if m.state_of(to.name.as_bytes()).is_none() {
+        // Not to members the view had no room for (`max_members`): SWIM probes them too,
+        // but they get no peer, no thread and no dial.
+        if m.is_refused(to.name.as_bytes()) {
             continue;
         }
         match ctx.peers.get_or_insert_learnt(&to.name) {

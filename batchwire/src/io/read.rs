@@ -578,6 +578,7 @@ impl Reader<'_> {
             }
             // The peer could not resume the session and reset its end: so do we.
             Frame::Refuse(r) if r.code == frame::RefuseCode::Reset => {
+                let _turn = peer.delivery_turn();
                 peer.session(|s, now| s.handle_reset(now));
                 return Err(LinkError::SessionReset(format!(
                     "the peer says: {}",

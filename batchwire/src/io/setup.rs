@@ -45,7 +45,7 @@ pub(crate) struct Setup {
     dials: Arc<[Name]>,
     pub config: NodeConfig,
     /// Inbound handshakes in progress, by source address.
-    slots: Mutex<HashMap<IpAddr, usize>>,
+    slots: Mutex<Slots>,
     pub security: SecurityCounters,
     pub peers: Peers,
     pub mailboxes: Mailboxes,
@@ -93,7 +93,7 @@ impl Setup {
             tls,
             dials,
             config,
-            slots: Mutex::new(HashMap::new()),
+            slots: Mutex::new(Slots::default()),
             security: SecurityCounters::default(),
             peers,
             mailboxes,
@@ -105,21 +105,76 @@ impl Setup {
         }
     }
 
-    /// One of the `max_handshakes` places for an inbound handshake from `ip` (which holds
-    /// at most `max_handshakes_per_address`), or `None`.
-    pub fn slot(self: &Arc<Self>, ip: IpAddr) -> Option<HandshakeSlot> {
+    /// A place for an inbound handshake on `stream` from `ip`, or `None` (the caller
+    /// closes the connection). Strangers share `max_handshakes` places, at most
+    /// `max_handshakes_per_address` from one address; when they are all taken:
+    /// - an address this node knows (a configured peer, a seed, a member in the view) has
+    ///   `max_handshakes` places of its own, which strangers cannot use up, so members
+    ///   and configured peers always get in;
+    /// - any other address takes the oldest place of the address holding the most, if
+    ///   that holds at least two more than it (that connection is cut), so a few
+    ///   addresses cannot keep everyone else out.
+    pub fn slot(self: &Arc<Self>, ip: IpAddr, stream: &TcpStream) -> Option<HandshakeSlot> {
         let cfg = &self.config;
         let mut g = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let total: usize = g.values().sum();
-        let here = g.get(&ip).copied().unwrap_or(0);
-        if total >= cfg.max_handshakes || here >= cfg.max_handshakes_per_address {
+        let here = g.by_ip.get(&ip).map_or(0, Vec::len);
+        if here >= cfg.max_handshakes_per_address {
             return None;
         }
-        *g.entry(ip).or_insert(0) += 1;
+        let strangers = g.strangers;
+        let known = if strangers < cfg.max_handshakes {
+            false
+        } else if g.known < cfg.max_handshakes && self.knows(ip) {
+            self.security.reserved.fetch_add(1, Relaxed);
+            true
+        } else {
+            // The address holding the most stranger places gives up its oldest.
+            let (victim, most) = g
+                .by_ip
+                .iter()
+                .map(|(v, p)| {
+                    let live = p.iter().filter(|p| !p.known && p.stream.is_some());
+                    (*v, live.count())
+                })
+                .max_by_key(|(_, n)| *n)?;
+            if most < here + 2 {
+                return None;
+            }
+            let list = g.by_ip.get_mut(&victim)?;
+            let oldest = list.iter_mut().find(|p| !p.known && p.stream.is_some())?;
+            if let Some(s) = oldest.stream.take() {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            self.security.evicted.fetch_add(1, Relaxed);
+            false
+        };
+        g.next_id += 1;
+        let id = g.next_id;
+        if known {
+            g.known += 1;
+        } else {
+            g.strangers += 1;
+        }
+        g.by_ip.entry(ip).or_default().push(Pending {
+            id,
+            known,
+            stream: stream.try_clone().ok(),
+        });
         Some(HandshakeSlot {
             setup: self.clone(),
             ip,
+            id,
         })
+    }
+
+    /// Whether `ip` is the address of a configured peer, a seed or a member in the view.
+    fn knows(&self, ip: IpAddr) -> bool {
+        self.statics.iter().any(|(_, a)| a.ip() == ip)
+            || self.config.seeds().iter().any(|a| a.ip() == ip)
+            || self
+                .members
+                .as_ref()
+                .is_some_and(|m| m.view().iter().any(|v| v.addr.ip() == ip))
     }
 
     /// Run a fresh connection to its end. An inbound handshake's place (in `side`) is
@@ -502,6 +557,7 @@ impl Setup {
                 Some(Frame::Resume(r)) => break r,
                 // The peer could not resume our session and reset its end: so do we.
                 Some(Frame::Refuse(r)) if r.code == frame::RefuseCode::Reset => {
+                    let _turn = peer.delivery_turn();
                     peer.session(|s, now| s.handle_reset(now));
                     return Err(LinkError::SessionReset(format!(
                         "the peer says: {}",
@@ -539,20 +595,33 @@ impl Setup {
             {
                 return Ok(None);
             }
-            match s.handle_resume(now, id, theirs) {
-                Ok(r) => Ok(Some((r.resent, r.keep, peer.install(conn.clone())))),
-                // The two ends' numbering disagrees, again and again (not a forger's
-                // value on a connection of its own): refusing every RESUME would cut the
-                // link for good. Start the session over, and tell the peer to.
-                Err(e) if s.is_unresumable() => {
-                    s.handle_reset(now);
-                    Err(LinkError::SessionReset(e.to_string()))
-                }
-                Err(e) => Err(e.into()),
-            }
+            let r = s.handle_resume(now, id, theirs)?;
+            Ok::<_, LinkError>(Some((r.resent, r.keep, peer.install(conn.clone()))))
         });
         let replaced = match replaced {
-            Err(e @ LinkError::SessionReset(_)) => {
+            // The two ends' numbering disagrees, again and again, and no connection of the
+            // peer is live (else this is an impostor's claim, closed like any violation):
+            // refusing every RESUME would cut the link for good. Start the session over
+            // (with the delivery turn: no delivery is under way) and tell the peer to.
+            Err(LinkError::Sequence(e))
+                if peer
+                    .session(|s, now| s.is_unresumable() && s.live_incarnation(now).is_none()) =>
+            {
+                let reset = {
+                    let _turn = peer.delivery_turn();
+                    peer.session(|s, now| {
+                        let still = s.is_unresumable() && s.live_incarnation(now).is_none();
+                        if still {
+                            s.handle_reset(now);
+                        }
+                        still
+                    })
+                };
+                if !reset {
+                    conn.close();
+                    return Err(LinkError::Sequence(e));
+                }
+                let e = LinkError::SessionReset(e.to_string());
                 refuse(
                     &conn.link,
                     frame::RefuseCode::Reset,
@@ -582,20 +651,48 @@ impl Setup {
     }
 }
 
+/// Inbound handshakes in progress (see [`Setup::slot`]).
+#[derive(Default)]
+struct Slots {
+    by_ip: HashMap<IpAddr, Vec<Pending>>,
+    /// Places taken in the strangers' pool, and in the known addresses' one.
+    strangers: usize,
+    known: usize,
+    next_id: u64,
+}
+
+/// One handshake in progress: which pool it is in, and its socket (to cut it if its place
+/// is taken over; `None` once cut).
+struct Pending {
+    id: u64,
+    known: bool,
+    stream: Option<TcpStream>,
+}
+
 /// An inbound handshake's place; freed when dropped.
 pub(crate) struct HandshakeSlot {
     setup: Arc<Setup>,
     ip: IpAddr,
+    id: u64,
 }
 
 impl Drop for HandshakeSlot {
     fn drop(&mut self) {
         let mut g = self.setup.slots.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = g.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                g.remove(&self.ip);
-            }
+        let Some(list) = g.by_ip.get_mut(&self.ip) else {
+            return;
+        };
+        let Some(i) = list.iter().position(|p| p.id == self.id) else {
+            return;
+        };
+        let p = list.swap_remove(i);
+        if list.is_empty() {
+            g.by_ip.remove(&self.ip);
+        }
+        if p.known {
+            g.known -= 1;
+        } else {
+            g.strangers -= 1;
         }
     }
 }
