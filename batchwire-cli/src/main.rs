@@ -4,6 +4,7 @@ mod bench;
 mod certs;
 mod link;
 mod nodefile;
+mod sys;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -309,6 +310,7 @@ fn init_logs(default: LevelFilter) {
 }
 
 fn main() -> ExitCode {
+    sys::limit_malloc_arenas();
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Node {

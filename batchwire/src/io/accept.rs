@@ -49,7 +49,7 @@ pub(crate) fn run_acceptor(listener: TcpListener, setup: Arc<Setup>, threads: Th
             continue;
         };
         let st = setup.clone();
-        let spawned = threads.spawn(format!("bw-in-{}", setup.name), move || {
+        let spawned = threads.spawn_inbound(format!("bw-in-{}", setup.name), move || {
             st.run(s, Side::Accept(slot));
         });
         if let Err(e) = spawned {

@@ -5,6 +5,9 @@
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+/// The stack of an inbound connection's thread.
+pub(crate) const INBOUND_STACK: usize = 512 << 10;
+
 /// A cheap handle on the node's threads.
 #[derive(Clone, Default)]
 pub(crate) struct Threads(Arc<Mutex<Vec<JoinHandle<()>>>>);
@@ -12,7 +15,29 @@ pub(crate) struct Threads(Arc<Mutex<Vec<JoinHandle<()>>>>);
 impl Threads {
     /// Start a thread named `name` running `f`.
     pub fn spawn(&self, name: String, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
-        let h = std::thread::Builder::new().name(name).spawn(f)?;
+        self.spawn_with(std::thread::Builder::new().name(name), f)
+    }
+
+    /// Start a thread for an inbound connection: a stranger can make up to
+    /// `max_handshakes` of these, so each reserves a smaller stack than the default 2 MiB
+    /// (the handshake, TLS and the reader need far less).
+    pub fn spawn_inbound(
+        &self,
+        name: String,
+        f: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<()> {
+        let b = std::thread::Builder::new()
+            .name(name)
+            .stack_size(INBOUND_STACK);
+        self.spawn_with(b, f)
+    }
+
+    fn spawn_with(
+        &self,
+        b: std::thread::Builder,
+        f: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<()> {
+        let h = b.spawn(f)?;
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         g.retain(|h| !h.is_finished());
         g.push(h);
