@@ -92,3 +92,46 @@ fn a_handshake_flood_under_an_address_space_limit_does_not_abort_the_node() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The operator typos of the security v2 issue, in a node file: each is refused at start
+/// with the key, the value and the allowed range (before: a node that spun a CPU sending
+/// 354,554 ACK frames in 3 s, or aborted on an allocation).
+#[test]
+fn out_of_range_settings_in_a_node_file_are_refused_at_start() {
+    let dir = std::env::temp_dir().join(format!("bw-settings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("secret"), "limits-secret").unwrap();
+    for (line, want) in [
+        (
+            "heartbeat_interval_ms = 0",
+            "heartbeat_interval_ms = 0 is out of range: allowed 1 ..= 60000",
+        ),
+        (
+            "read_bytes = 1099511627776",
+            "read_bytes = 1099511627776 is out of range",
+        ),
+        (
+            "events_capacity = 1000000000000",
+            "events_capacity = 1000000000000 is out of range",
+        ),
+    ] {
+        let file = dir.join("node.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "name = \"a\"\nlisten = \"127.0.0.1:0\"\nsecret_file = \"{}\"\n{line}\n",
+                dir.join("secret").display()
+            ),
+        )
+        .unwrap();
+        let out = Command::new(EXE)
+            .args(["node", "--run-for", "5", "--config"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{line}: the node started");
+        assert!(err.contains(want), "{line}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -547,40 +547,122 @@ impl NodeConfig {
         batchwire_core::frame::MAX_FRAME_LEN
     }
 
+    /// Check every setting against its allowed range (out-of-range values would spin a
+    /// CPU, abort on an allocation, or wedge the node): the error names the setting as a
+    /// node file spells it, its value and the range.
     pub(crate) fn validate(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::Config(m));
         if self.secret.is_empty() {
             return bad("the cluster secret is empty".into());
         }
-        for (what, v) in [
-            ("send_queue_bytes", self.send_queue_bytes),
-            ("mailbox_bytes", self.mailbox_bytes),
-            ("max_payload", self.max_payload),
-            ("frame_bytes", self.frame_bytes),
-            ("fragment_bytes", self.fragment_bytes),
-            ("by_reference_bytes", self.by_reference_bytes),
-            ("bulk_inflight_bytes", self.session.bulk_inflight),
-            ("bulk_stream_bytes", self.session.bulk_stream),
-            ("read_bytes", self.read_bytes),
-            ("max_handshakes", self.max_handshakes),
+        const KIB: usize = 1 << 10;
+        const MIB: usize = 1 << 20;
+        const GIB: usize = 1 << 30;
+        let s = &self.session;
+        for (key, v, lo, hi) in [
+            ("send_queue_bytes", self.send_queue_bytes, 1, GIB),
+            ("mailbox_bytes", self.mailbox_bytes, 1, 4 * GIB),
+            (
+                "max_payload",
+                self.max_payload,
+                1,
+                MAX_PAYLOAD_LIMIT as usize,
+            ),
+            ("frame_bytes", self.frame_bytes, 1, MIB),
+            ("fragment_bytes", self.fragment_bytes, 1, MIB),
+            ("by_reference_bytes", self.by_reference_bytes, 1, usize::MAX),
+            ("bulk_inflight_bytes", s.bulk_inflight, 1, GIB),
+            ("bulk_stream_bytes", s.bulk_stream, 1, GIB),
+            ("read_bytes", self.read_bytes, 1, 16 * MIB),
+            ("unacked_bytes", s.unacked_bytes, 1, GIB),
+            ("ack_every_bytes", s.ack_every_bytes, 1, GIB),
+            ("ack_every", s.ack_every as usize, 1, MIB),
+            ("max_handshakes", self.max_handshakes, 1, 64 * KIB),
             (
                 "max_handshakes_per_address",
                 self.max_handshakes_per_address,
+                1,
+                64 * KIB,
             ),
-            ("max_peers", self.max_peers),
-            ("events_capacity", self.events_capacity),
-            ("max_pending_requests", self.max_pending_requests),
-            ("unacked_bytes", self.session.unacked_bytes),
-            ("ack_every", self.session.ack_every as usize),
-            ("bundler max_size", self.bundler.max_size),
+            ("max_peers", self.max_peers, 1, 64 * KIB),
+            // Each subscriber's queue is allocated whole.
+            ("events_capacity", self.events_capacity, 1, MIB),
+            (
+                "max_pending_requests",
+                self.max_pending_requests,
+                1,
+                16 * MIB,
+            ),
+            ("bundler_max_size", self.bundler.max_size, 1, 16 * MIB),
         ] {
-            if v == 0 {
-                return bad(format!("{what} must be above 0"));
+            if v < lo || v > hi {
+                return bad(format!(
+                    "{key} = {v} is out of range: allowed {lo} ..= {hi}"
+                ));
             }
+        }
+        if let Some(r) = self.reassembly_bytes
+            && (r < self.max_payload || r > 1 << 40)
+        {
+            return bad(format!(
+                "reassembly_bytes = {r} is out of range: allowed max_payload ({}) ..= {}",
+                self.max_payload,
+                1u64 << 40
+            ));
+        }
+        let ms = |d: Duration| d.as_millis();
+        const MS: Duration = Duration::from_millis(1);
+        const MINUTE: Duration = Duration::from_secs(60);
+        const HOUR: Duration = Duration::from_secs(3600);
+        for (key, v, lo, hi) in [
+            ("heartbeat_interval_ms", s.heartbeat_interval, MS, MINUTE),
+            ("peer_timeout_ms", s.peer_timeout, 2 * MS, HOUR),
+            (
+                "ack_delay_ms",
+                s.ack_delay,
+                Duration::ZERO,
+                10 * MINUTE / 60,
+            ),
+            (
+                "handshake_timeout_ms",
+                self.handshake_timeout,
+                MS,
+                10 * MINUTE,
+            ),
+            ("write_check_ms", self.write_check, MS, MINUTE),
+            (
+                "shutdown_timeout_ms",
+                self.shutdown_timeout,
+                Duration::ZERO,
+                HOUR,
+            ),
+            ("reconnect_min_ms", self.reconnect_min, MS, MINUTE),
+            ("reconnect_max_ms", self.reconnect_max, MS, HOUR),
+            (
+                "bundler_max_delay_ms",
+                self.bundler.max_delay,
+                Duration::ZERO,
+                10 * MINUTE / 60,
+            ),
+        ] {
+            if v < lo || v > hi {
+                return bad(format!(
+                    "{key} = {} is out of range: allowed {} ..= {}",
+                    ms(v),
+                    ms(lo),
+                    ms(hi)
+                ));
+            }
+        }
+        if self.reconnect_max < self.reconnect_min {
+            return bad(format!(
+                "reconnect_max_ms = {} must be at least reconnect_min_ms = {}",
+                ms(self.reconnect_max),
+                ms(self.reconnect_min)
+            ));
         }
         batchwire_core::idle::IdleStrategy::from_level(self.idle_cpu_level)
             .map_err(Error::Config)?;
-        let s = &self.session;
         if s.peer_timeout <= s.heartbeat_interval {
             return bad(format!(
                 "peer_timeout ({:?}) must be longer than heartbeat_interval ({:?})",
@@ -592,31 +674,6 @@ impl NodeConfig {
         }
         if !self.seeds.is_empty() && self.membership.is_none() {
             return bad("join (seeds) needs the membership layer, which is off".into());
-        }
-        if self.write_check.is_zero() || self.handshake_timeout.is_zero() {
-            return bad("write_check and handshake_timeout must be above 0".into());
-        }
-        if let Some(r) = self.reassembly_bytes
-            && r < self.max_payload
-        {
-            return bad(format!(
-                "reassembly_bytes ({r}) must be at least max_payload ({})",
-                self.max_payload
-            ));
-        }
-        if self.max_payload as u64 > MAX_PAYLOAD_LIMIT {
-            return bad(format!(
-                "max_payload ({}) must be at most 16 GiB",
-                self.max_payload
-            ));
-        }
-        for (what, v) in [
-            ("frame_bytes", self.frame_bytes),
-            ("fragment_bytes", self.fragment_bytes),
-        ] {
-            if v > 1 << 20 {
-                return bad(format!("{what} ({v}) must be at most 1 MiB"));
-            }
         }
         Ok(())
     }
@@ -654,5 +711,53 @@ mod tests {
         assert!(e.to_string().contains("max_payload"), "{e}");
         let e = c.fragment_bytes(2 << 20).validate().unwrap_err();
         assert!(e.to_string().contains("fragment_bytes"), "{e}");
+    }
+
+    /// The operator typos of the security v2 issue: each was accepted and then spun a CPU
+    /// (354,554 ACK frames in 3 s) or aborted the node on an allocation.
+    #[test]
+    fn out_of_range_settings_are_refused_with_key_value_and_range() {
+        let c = || {
+            NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "s")
+                .peer_timeout(Duration::from_secs(3))
+        };
+        let cases: [(NodeConfig, &str); 7] = [
+            (
+                c().heartbeat_interval(Duration::ZERO),
+                "heartbeat_interval_ms = 0 is out of range: allowed 1 ..= 60000",
+            ),
+            (
+                c().read_bytes(1 << 40),
+                "read_bytes = 1099511627776 is out of range: allowed 1 ..= 16777216",
+            ),
+            (
+                c().events_capacity(1_000_000_000_000),
+                "events_capacity = 1000000000000 is out of range: allowed 1 ..= 1048576",
+            ),
+            (c().max_peers(0), "max_peers = 0 is out of range"),
+            (
+                c().write_check(Duration::from_secs(3600)),
+                "write_check_ms = 3600000 is out of range",
+            ),
+            (
+                c().reconnect(Duration::from_secs(2), Duration::from_secs(1)),
+                "reconnect_max_ms = 1000 must be at least reconnect_min_ms = 2000",
+            ),
+            (
+                c().reassembly_bytes(1024),
+                "reassembly_bytes = 1024 is out of range: allowed max_payload",
+            ),
+        ];
+        for (cfg, want) in cases {
+            let e = cfg.validate().unwrap_err().to_string();
+            assert!(e.contains(want), "{e:?} does not say {want:?}");
+        }
+        // The defaults, and the edges of each range, are taken.
+        c().validate().unwrap();
+        c().heartbeat_interval(Duration::from_millis(1))
+            .read_bytes(16 << 20)
+            .events_capacity(1 << 20)
+            .validate()
+            .unwrap();
     }
 }
