@@ -3,6 +3,7 @@
 mod bench;
 mod certs;
 mod link;
+mod metrics_http;
 mod nodefile;
 mod sys;
 
@@ -71,8 +72,9 @@ enum Cmd {
         /// Print counters every this many seconds (0: never) [default: 10].
         #[arg(long)]
         stats_every: Option<u64>,
-        /// Serve the node's counters for Prometheus at http://ADDR/metrics.
-        #[arg(long)]
+        /// Serve the node's counters for Prometheus at http://ADDR/metrics: a port (on
+        /// 127.0.0.1) or an address (0.0.0.0:9100 to serve other hosts too)
+        #[arg(long, value_parser = metrics_http::parse_addr)]
         metrics_listen: Option<SocketAddr>,
         /// Exit (shutting down cleanly) after this many seconds (0: run until stopped).
         #[arg(long, default_value_t = 0)]
@@ -441,12 +443,10 @@ fn stop_signals() -> Result<Arc<AtomicBool>, String> {
 fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<(), String> {
     let stop = stop_signals()?;
     let stats_every = extras.stats_every;
-    if let Some(addr) = extras.metrics_listen {
-        metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .install()
-            .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
-    }
+    let metrics = match extras.metrics_listen {
+        Some(addr) => Some(metrics_http::serve(addr)?),
+        None => None,
+    };
     let node = Node::start(cfg).map_err(|e| e.to_string())?;
     let mut last_published: Option<Instant> = None;
     let echo = node.mailbox("echo").map_err(|e| e.to_string())?;
@@ -503,10 +503,11 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
         }
         // Metrics are copied from the node's counters once a second (a scrape sees values
         // at most that old).
-        if extras.metrics_listen.is_some()
+        if let Some(m) = &metrics
             && last_published.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
         {
             node.publish_metrics();
+            m.run_upkeep();
             last_published = Some(Instant::now());
         }
         if stats_every > 0 && last_stats.elapsed() >= Duration::from_secs(stats_every) {

@@ -44,7 +44,8 @@ pub const DEFAULTS: &str = r#"# batchwire node configuration (TOML). Every key i
 # idle_cpu_level = 1
 # Print counters every this many seconds (0: never).
 # stats_every_secs = 10
-# Serve the counters for Prometheus at http://ADDR/metrics (off unless set).
+# Serve the counters for Prometheus at http://ADDR/metrics (off unless set): a port
+# (served on 127.0.0.1 only) or an address ("0.0.0.0:9100" serves other hosts too).
 # metrics_listen = "127.0.0.1:9100"
 
 # Queues and flow control.
@@ -107,7 +108,17 @@ pub fn parse(text: &str) -> Result<CliFile, String> {
         None => None,
     };
     let metrics_listen = match take("metrics_listen") {
-        Some(v) => Some(SocketAddr::deserialize(v).map_err(|e| format!("`metrics_listen`: {e}"))?),
+        Some(toml::Value::Integer(port)) => Some(
+            u16::try_from(port)
+                .map_err(|_| format!("`metrics_listen`: port {port} is out of range"))
+                .and_then(|p| crate::metrics_http::parse_addr(&p.to_string()))?,
+        ),
+        Some(v) => Some(
+            String::deserialize(v)
+                .map_err(|e| format!("`metrics_listen`: {e}"))
+                .and_then(|s| crate::metrics_http::parse_addr(&s))
+                .map_err(|e| format!("`metrics_listen`: {e}"))?,
+        ),
         None => None,
     };
     // Each key on its own, so that an error names its key.

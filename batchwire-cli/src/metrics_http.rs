@@ -1,0 +1,151 @@
+//! `batchwire node --metrics-listen`: the node's counters for Prometheus at
+//! `http://ADDR/metrics`, served by one small, bounded HTTP/1.0 responder.
+//!
+//! Anyone who can reach the port can talk to it, so it is bounded like the node's own
+//! listener: at most [`MAX_CONNECTIONS`] requests are served at once (more are closed at
+//! once), each must send its whole request head within [`HEAD_DEADLINE`] and at most
+//! [`MAX_HEAD`] bytes, and a failure to accept (too many open files, say) backs off up to a
+//! second and is logged at most once per ten seconds with how many happened. A bare port
+//! binds to loopback: serving the counters beyond the host must be asked for with an
+//! address.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use metrics_exporter_prometheus::PrometheusHandle;
+
+/// Requests served at once.
+pub const MAX_CONNECTIONS: usize = 16;
+/// Time a client has to send its request head.
+pub const HEAD_DEADLINE: Duration = Duration::from_secs(5);
+/// Largest request head taken.
+pub const MAX_HEAD: usize = 8 << 10;
+
+/// `--metrics-listen`'s value: `PORT` (on 127.0.0.1) or `HOST:PORT`.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse().map_err(|_| {
+        format!("{s:?} is neither a port (served on 127.0.0.1) nor an address such as 127.0.0.1:9100 or 0.0.0.0:9100")
+    })
+}
+
+/// Install the Prometheus recorder and serve it on `addr` from a thread of its own.
+/// Returns the handle (the caller runs its upkeep now and then).
+pub fn serve(addr: SocketAddr) -> Result<PrometheusHandle, String> {
+    let listener =
+        TcpListener::bind(addr).map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    let h = handle.clone();
+    std::thread::Builder::new()
+        .name("bw-metrics".into())
+        .spawn(move || accept_loop(listener, h))
+        .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
+    tracing::info!(%addr, "serving metrics at http://{addr}/metrics");
+    Ok(handle)
+}
+
+fn accept_loop(listener: TcpListener, handle: PrometheusHandle) {
+    let busy = Arc::new(AtomicUsize::new(0));
+    let mut pause = Duration::from_millis(10);
+    let mut errors = 0u64;
+    let mut last_log: Option<Instant> = None;
+    loop {
+        let stream = match listener.accept() {
+            Ok((s, _)) => {
+                pause = Duration::from_millis(10);
+                s
+            }
+            Err(e) => {
+                // Typically out of file descriptors: wait, longer each time, and say so
+                // once per ten seconds.
+                errors += 1;
+                if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    tracing::warn!(error = %e, errors_so_far = errors, "metrics: accept failed; backing off");
+                    last_log = Some(Instant::now());
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+            busy.fetch_sub(1, Ordering::AcqRel);
+            continue; // closed at once
+        }
+        let (b, h) = (busy.clone(), handle.clone());
+        let spawned = std::thread::Builder::new()
+            .name("bw-metrics-req".into())
+            .stack_size(256 << 10)
+            .spawn(move || {
+                let _ = respond(stream, &h);
+                b.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            busy.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Read one request head (within the deadline and the size bound) and answer it.
+fn respond(mut s: TcpStream, handle: &PrometheusHandle) -> std::io::Result<()> {
+    let deadline = Instant::now() + HEAD_DEADLINE;
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || head.len() > MAX_HEAD {
+            return Ok(()); // cut
+        }
+        s.set_read_timeout(Some(left))?;
+        match s.read(&mut chunk) {
+            Ok(0) => return Ok(()),
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+            Err(_) => return Ok(()),
+        }
+    }
+    s.set_write_timeout(Some(HEAD_DEADLINE))?;
+    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (status, body) = match (parts.next(), parts.next()) {
+        (Some("GET"), Some("/metrics")) => ("200 OK", handle.render()),
+        (Some("GET"), Some(_)) => ("404 Not Found", "only /metrics is served\n".into()),
+        _ => ("405 Method Not Allowed", "only GET /metrics\n".into()),
+    };
+    write!(
+        s,
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    s.write_all(body.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_port_is_loopback_an_address_is_taken_as_given() {
+        assert_eq!(
+            parse_addr("9100").unwrap(),
+            "127.0.0.1:9100".parse().unwrap()
+        );
+        assert_eq!(
+            parse_addr("0.0.0.0:9100").unwrap(),
+            "0.0.0.0:9100".parse().unwrap()
+        );
+        assert_eq!(
+            parse_addr("[::1]:9100").unwrap(),
+            "[::1]:9100".parse().unwrap()
+        );
+        let e = parse_addr("nowhere").unwrap_err();
+        assert!(e.contains("127.0.0.1"), "{e}");
+    }
+}
