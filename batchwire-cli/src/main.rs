@@ -2,6 +2,7 @@
 
 mod bench;
 mod certs;
+mod echo;
 mod link;
 mod metrics_http;
 mod nodefile;
@@ -467,17 +468,13 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
     let start = Instant::now();
     let mut last_stats = Instant::now();
     let mut batch = Vec::new();
-    let answer = |batch: &mut Vec<batchwire::Envelope>| {
+    // A request gets a reply; a plain message goes back to its sender. Never waiting for
+    // one client: see echo.rs.
+    let mut owed = echo::Echo::default();
+    let answer = |batch: &mut Vec<batchwire::Envelope>, owed: &mut echo::Echo| {
+        owed.retry(&echo);
         for e in batch.drain(..) {
-            // A request gets a reply; a plain message goes back to its sender.
-            let r = if e.is_request() {
-                e.reply(e.payload.clone())
-            } else {
-                echo.send(&e.from, e.payload)
-            };
-            if let Err(err) = r {
-                tracing::warn!(to = %e.from, error = %err, "echo failed");
-            }
+            owed.answer(&echo, e);
         }
     };
     loop {
@@ -491,14 +488,31 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
                     Ok(k) => n += k,
                     Err(_) => break,
                 }
-                answer(&mut batch);
+                answer(&mut batch, &mut owed);
+            }
+            // What still waits for room gets until the shutdown's own deadline.
+            let until = Instant::now() + Duration::from_secs(5);
+            while owed.is_waiting() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(10));
+                owed.retry(&echo);
+            }
+            if owed.is_waiting() {
+                tracing::warn!(
+                    answers = owed.waiting(),
+                    "echo: clients took no answers before the shutdown; these were not sent"
+                );
             }
             tracing::info!(node = %node.name(), answered = n, "signal: draining and shutting down");
             break;
         }
-        match echo.recv_batch_into(&mut batch, 4096, Duration::from_millis(200)) {
-            Ok(_) => answer(&mut batch),
-            Err(RecvError::Timeout | RecvError::Empty) => {}
+        // Answers waiting for room are retried every 10 ms.
+        let wait = if owed.is_waiting() {
+            Duration::from_millis(10)
+        } else {
+            Duration::from_millis(200)
+        };
+        match echo.recv_batch_into(&mut batch, 4096, wait) {
+            Ok(_) | Err(RecvError::Timeout | RecvError::Empty) => answer(&mut batch, &mut owed),
             Err(_) => break,
         }
         // Metrics are copied from the node's counters once a second (a scrape sees values

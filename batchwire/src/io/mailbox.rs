@@ -160,6 +160,13 @@ impl Envelope {
         out.send(&from, &to, payload.into(), crate::Class::Ordinary, true)
     }
 
+    /// Like [`Envelope::reply`] but returns [`Error::Full`] (the payload handed back)
+    /// instead of blocking while the queue or the credit toward the caller is used up.
+    pub fn try_reply(&self, payload: impl Into<Bytes>) -> Result<(), Error> {
+        let (out, from, to) = self.reply_route()?;
+        out.send(&from, &to, payload.into(), crate::Class::Ordinary, false)
+    }
+
     /// Answer this request with a value serialized with postcard (see
     /// `Node::request_value`).
     pub fn reply_value<T: serde::Serialize>(&self, value: &T) -> Result<(), Error> {
