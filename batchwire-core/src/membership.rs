@@ -195,6 +195,11 @@ impl Membership {
 
     // ---- getters ----
 
+    /// Members in the view (without this node), whatever their state.
+    pub fn view_len(&self) -> usize {
+        self.view.len()
+    }
+
     /// Whether `name` is a member SWIM knows but the view had no room for (`max_members`):
     /// the IO layer sends it nothing (no peer, no thread, no dial).
     pub fn is_refused(&self, name: &[u8]) -> bool {

@@ -33,6 +33,12 @@ fn member_node(name: &str, seed: Option<std::net::SocketAddr>, m: MembershipConf
 fn invented_members_cannot_grow_the_view_the_peers_or_the_threads() {
     let mut cfg = MembershipConfig::default();
     cfg.max_members = 32;
+    // Members down for a second are forgotten (default 10 min); a member is probed every
+    // 200 ms (SWIM probes one at a time: the ghosts are found out one by one).
+    cfg.forget_down_after = Duration::from_secs(1);
+    cfg.probe_period = Duration::from_millis(200);
+    cfg.probe_rtt = Duration::from_millis(50);
+    cfg.suspicion_timeout = Duration::from_millis(600);
     let a = member_node("a", None, cfg.clone());
     let threads_before = a.threads();
     let events = a.events();
@@ -117,6 +123,37 @@ fn invented_members_cannot_grow_the_view_the_peers_or_the_threads() {
         })
         .collect();
     assert!(joined.is_empty(), "announced again: {joined:?}");
+    // Once the ghosts (and the attacker) are down and forgotten, their peers are removed:
+    // their writer threads end, and only b is left.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a.stats().peers.len() > 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let s = a.stats();
+    let names: Vec<&str> = s.peers.iter().map(|p| p.peer.as_str()).collect();
+    assert_eq!(names, ["b"], "peers left: {names:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.threads() > threads_before + 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let names = || -> Vec<String> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|s| s.trim().to_string())
+            .filter(|s| s.contains("-a"))
+            .collect()
+    };
+    assert!(
+        a.threads() <= threads_before + 4,
+        "threads {} (from {threads_before}): {:?}",
+        a.threads(),
+        names()
+    );
+    // And b still gets through.
+    b.send(&Address::new("a", "inbox").unwrap(), &b"still"[..])
+        .unwrap();
+    assert_eq!(&inbox.recv_timeout(T).unwrap().payload[..], b"still");
 }
 
 /// A MEMBER frame body: a SWIM ping (foca's postcard encoding) from `from` to `to` whose

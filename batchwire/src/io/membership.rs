@@ -22,6 +22,8 @@ use crate::io::shutdown::Shutdown;
 
 /// Inputs taken in one turn, at most.
 const TURN: usize = 4096;
+/// How often peers of forgotten members are looked for, at least.
+const SWEEP: Duration = Duration::from_secs(1);
 /// Longest sleep of the thread (it is woken by every input).
 const IDLE: Duration = Duration::from_secs(1);
 
@@ -35,6 +37,8 @@ pub(crate) struct MembersCtx {
     pub node: Name,
     /// Frames taken, counted for the at-rest figure (`NodeStats`).
     pub counters: Arc<MemberStats>,
+    /// When peers of forgotten members were last looked for (see `act`).
+    pub swept: std::cell::Cell<Option<Instant>>,
 }
 
 /// The thread body: until the node stops, take inputs and timers, act on the outputs.
@@ -120,6 +124,8 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
         changed = true;
         act_on(e, ctx);
     }
+    // Members forgotten (down for `forget_down_after`) leave the view without an event.
+    changed |= m.view_len() != ctx.members.view().len();
     let c = m.counters();
     let s = &ctx.counters;
     s.bytes_in.store(c.bytes_in, Relaxed);
@@ -130,10 +136,23 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
     s.members_refused.store(c.members_refused, Relaxed);
     if changed {
         let view: Vec<Member> = m.members().iter().map(|(id, st)| member(id, *st)).collect();
-        // Forgotten members (down for `forget_down_after`) no longer need a dialer.
+        // Forgotten members (down for `forget_down_after`) no longer need a dialer, nor,
+        // if they hold nothing, a peer (configured peers stay).
         ctx.dialers
             .retain(|n| view.iter().any(|v| v.name == n.as_str()));
         *ctx.members.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::from(view);
+    }
+    // When the view changed, and once a second (a peer busy at the change, e.g. with
+    // messages still queued, is looked at again).
+    if changed || ctx.swept.get().is_none_or(|t| t.elapsed() >= SWEEP) {
+        ctx.swept.set(Some(Instant::now()));
+        let view = ctx.members.view();
+        let removed = ctx
+            .peers
+            .remove_forgotten(|n| view.iter().any(|v| v.name == n.as_str()));
+        if removed > 0 {
+            debug!(node = %ctx.node, removed, "peers of forgotten members removed");
+        }
     }
 }
 

@@ -185,6 +185,11 @@ pub(crate) struct Peer {
     /// frames; at most `MEMBER_QUEUE`, the oldest dropped first (SWIM tolerates loss).
     member_out: Mutex<VecDeque<Bytes>>,
     has_member_out: AtomicBool,
+    /// A configured (static) peer: never removed from the registry.
+    pub pinned: AtomicBool,
+    /// Removed from the registry (see `Peers::remove_forgotten`): lookups skip it, its
+    /// lane refuses messages, its writer has ended.
+    removed: AtomicBool,
     pub stats: PeerCounters,
 }
 
@@ -244,6 +249,8 @@ impl Peer {
             has_notices: AtomicBool::new(false),
             member_out: Mutex::new(VecDeque::new()),
             has_member_out: AtomicBool::new(false),
+            pinned: AtomicBool::new(false),
+            removed: AtomicBool::new(false),
             stats: PeerCounters::default(),
         }
     }
@@ -372,6 +379,37 @@ impl Peer {
     }
 
     /// The peer's messages in pieces (the caller has the delivery turn).
+    /// Whether the peer was removed from the registry.
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
+    }
+
+    /// Remove it if it holds nothing: no live connection, nothing queued, nothing
+    /// unacknowledged, nothing in pieces, not pinned. Its lane then refuses messages and
+    /// its writer ends. Returns whether it was removed.
+    pub fn remove_if_idle(&self) -> bool {
+        if self.pinned.load(Ordering::Acquire)
+            || self.current().is_some_and(|c| !c.is_closed())
+            || self.lane.queued() > 0
+            || !self.lock_reassembly().is_empty()
+        {
+            return false;
+        }
+        // Under the session lock: nothing can be held meanwhile (the writer holds with it).
+        let idle = self.session(|s, _| s.window_bytes() == 0 && s.window_messages() == 0);
+        if !idle {
+            return false;
+        }
+        self.lane.close();
+        if self.lane.queued() > 0 {
+            // A send slipped in before the close: it goes out (or fails) as usual.
+            return false;
+        }
+        self.removed.store(true, Ordering::Release);
+        self.lane.poke();
+        true
+    }
+
     /// Whether the node's reassembly budget has room for a message of `total` bytes.
     pub fn reassembly_has_room(&self, total: u64) -> bool {
         self.ctx.reassembly.has_room(total)

@@ -30,7 +30,8 @@ struct Inner {
     map: RwLock<HashMap<Name, Arc<Peer>, NameHash>>,
     /// The first peers again, for the send path's lookup without a lock.
     index: Index<Arc<Peer>>,
-    by_id: RwLock<Vec<Arc<Peer>>>,
+    /// By id (a peer's `Dest`); a removed peer's slot is empty (ids are never reused).
+    by_id: RwLock<Vec<Option<Arc<Peer>>>>,
     maker: Maker,
 }
 
@@ -88,6 +89,7 @@ impl Peers {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(name)
+            .filter(|p| !p.is_removed())
             .cloned()
     }
 
@@ -110,7 +112,7 @@ impl Peers {
         self.0
             .index
             .at(h as u32 as usize)
-            .filter(|p| batchwire_core::codec::bytes_eq(p.key(), name))
+            .filter(|p| batchwire_core::codec::bytes_eq(p.key(), name) && !p.is_removed())
     }
 
     /// [`Peers::with`]; with `remember`, the peer found in the index is the one
@@ -138,7 +140,8 @@ impl Peers {
             .map
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(name))
+            .get(name)
+            .filter(|p| !p.is_removed()))
     }
 
     pub fn by_id(&self, id: Dest) -> Option<Arc<Peer>> {
@@ -148,6 +151,7 @@ impl Peers {
             .unwrap_or_else(|p| p.into_inner())
             .get(id as usize)
             .cloned()
+            .flatten()
     }
 
     /// Run `f` on every peer, in id order, until it breaks: without a lock or a reference
@@ -177,7 +181,46 @@ impl Peers {
             .by_id
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .iter()
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
+    /// Remove the peers that are not pinned (configured), for which `keep` says no (not
+    /// members any more: forgotten by the membership), and that hold nothing (see
+    /// `Peer::remove_if_idle`): their writer threads end, and they no longer count
+    /// against `max_peers`. Not with transfer-queue, whose shared lane may hold messages
+    /// for any peer. Returns how many were removed.
+    pub fn remove_forgotten(&self, keep: impl Fn(&Name) -> bool) -> usize {
+        if self.0.maker.shared {
+            return 0;
+        }
+        let candidates: Vec<Arc<Peer>> = self
+            .all()
+            .into_iter()
+            .filter(|p| !p.pinned.load(Ordering::Acquire) && !keep(&p.name))
+            .collect();
+        let mut removed = 0;
+        for p in candidates {
+            // No registry lock while the peer's own locks are taken.
+            if !p.remove_if_idle() {
+                continue;
+            }
+            let mut map = self.0.map.write().unwrap_or_else(|e| e.into_inner());
+            if map
+                .get(p.name.as_bytes())
+                .is_some_and(|q| Arc::ptr_eq(q, &p))
+            {
+                map.remove(p.name.as_bytes());
+            }
+            let mut by_id = self.0.by_id.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(slot) = by_id.get_mut(p.id as usize) {
+                *slot = None;
+            }
+            removed += 1;
+        }
+        removed
     }
 
     /// The peer called `name`, made (with its writer thread) if there is none yet: a
@@ -199,7 +242,7 @@ impl Peers {
             return Ok(p);
         }
         let mut map = self.0.map.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = map.get(name.as_bytes()) {
+        if let Some(p) = map.get(name.as_bytes()).filter(|p| !p.is_removed()) {
             return Ok(p.clone());
         }
         let m = &self.0.maker;
@@ -235,7 +278,7 @@ impl Peers {
                 run_writer(p, wcfg, sd)
             })
             .map_err(AddError::Spawn)?;
-        by_id.push(peer.clone());
+        by_id.push(Some(peer.clone()));
         // Under the map's write lock: one adder at a time.
         self.0.index.insert(&peer);
         map.insert(name.clone(), peer.clone());
@@ -281,11 +324,18 @@ struct Index<T> {
 /// What the index is keyed by.
 trait Keyed {
     fn key(&self) -> &[u8];
+    /// Removed from the registry: lookups go past it.
+    fn is_removed(&self) -> bool {
+        false
+    }
 }
 
 impl Keyed for Arc<Peer> {
     fn key(&self) -> &[u8] {
         self.name.as_bytes()
+    }
+    fn is_removed(&self) -> bool {
+        Peer::is_removed(self)
     }
 }
 
@@ -313,7 +363,7 @@ impl<T: Keyed + Clone> Index<T> {
         // At most half the slots are set, so this ends; bounded anyway.
         for _ in 0..self.slots.len() {
             let p = self.slots[i].get()?;
-            if batchwire_core::codec::bytes_eq(p.key(), name) {
+            if batchwire_core::codec::bytes_eq(p.key(), name) && !p.is_removed() {
                 return Some((i, p));
             }
             i = (i + 1) & self.mask;
@@ -349,7 +399,10 @@ impl<T: Keyed + Clone> Index<T> {
     /// The entries in the order they were added.
     fn in_order(&self) -> impl Iterator<Item = &T> {
         let n = self.len.load(Ordering::Acquire);
-        self.order[..n].iter().filter_map(OnceLock::get)
+        self.order[..n]
+            .iter()
+            .filter_map(OnceLock::get)
+            .filter(|p| !p.is_removed())
     }
 }
 

@@ -217,7 +217,9 @@ impl Runtime {
         for (pn, _) in &peer_names {
             peers
                 .get_or_insert(pn)
-                .map_err(|e| Error::Config(format!("peer {pn}: {e:?}")))?;
+                .map_err(|e| Error::Config(format!("peer {pn}: {e:?}")))?
+                .pinned
+                .store(true, Ordering::Release);
         }
         let rt = Arc::new(Runtime {
             name: name.clone(),
@@ -281,6 +283,7 @@ impl Runtime {
                 shutdown: rt.shutdown.clone(),
                 node: name.clone(),
                 counters: member_stats,
+                swept: std::cell::Cell::new(None),
             };
             threads.spawn(format!("bw-members-{name}"), move || {
                 run_members(machine, rx, ctx)

@@ -244,6 +244,12 @@ impl Setup {
             }
         };
 
+        // Removed from the registry meanwhile (forgotten by the membership): the dialer
+        // or the peer tries again, and finds a new one.
+        if peer.is_removed() {
+            return false;
+        }
+
         // A live node holds the name: another incarnation claiming it (a second node
         // started with the same name by mistake, or an impostor) is refused while that
         // connection lasts, with one line. A restarted node's old connection ends with its
@@ -296,6 +302,11 @@ impl Setup {
             }
         };
         let (conn, buf) = conn;
+        if peer.is_removed() {
+            conn.close();
+            peer.uninstall(&conn);
+            return false;
+        }
         // Stopped meanwhile: the node's last sweep of its connections may already be past,
         // so this one closes itself (its reader then ends at once).
         if self.shutdown.is_stopped() {

@@ -57,6 +57,10 @@ pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
     let mut control = Vec::new();
     let mut closing = false;
     loop {
+        // Removed from the registry with nothing to send: done.
+        if peer.is_removed() {
+            return;
+        }
         // Read the epoch first: a poke after this makes the waits below return at once.
         let epoch = peer.lane.epoch();
         let conn = peer.current().filter(|c| !c.is_closed());
