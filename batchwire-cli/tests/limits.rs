@@ -25,38 +25,80 @@ fn connect_from(ip: &str, to: SocketAddr) -> std::io::Result<TcpStream> {
     Ok(s.into())
 }
 
+/// A scratch folder holding the secret, removed when dropped.
+struct Dir(std::path::PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        let dir = std::env::temp_dir().join(format!("bw-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("secret"), "limits-secret").unwrap();
+        Dir(dir)
+    }
+
+    fn secret(&self) -> std::path::PathBuf {
+        self.0.join("secret")
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `batchwire node` "b" on `addr` for `run_for` seconds with `extra` flags, under
+/// `prlimit LIMIT` if given; stderr piped.
+fn node(
+    dir: &Dir,
+    limit: Option<String>,
+    addr: SocketAddr,
+    run_for: u32,
+    extra: &[String],
+) -> std::process::Child {
+    let mut cmd = match limit {
+        Some(l) => {
+            let mut c = Command::new("prlimit");
+            c.arg(l).arg(EXE);
+            c
+        }
+        None => Command::new(EXE),
+    };
+    cmd.args(["node", "--name", "b", "--stats-every", "0", "--run-for"])
+        .arg(run_for.to_string())
+        .arg("--listen")
+        .arg(addr.to_string())
+        .arg("--secret-file")
+        .arg(dir.secret())
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the node (and prlimit, from util-linux) runs")
+}
+
+/// Wait for the node to exit: its status and what it wrote to stderr.
+fn finish(mut node: std::process::Child) -> (std::process::ExitStatus, String) {
+    let status = node.wait().unwrap();
+    let mut err = String::new();
+    node.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status, err)
+}
+
 /// 64 silent handshakes from 4 addresses (every place) under a 200 MiB address-space
 /// limit: before, each thread's malloc arena reserved 64 MiB and its stack 2 MiB, an
 /// allocation failed and the process aborted ("memory allocation of 41 bytes failed",
 /// exit 134). Now it serves them, answers a client afterwards, and exits cleanly.
 #[test]
 fn a_handshake_flood_under_an_address_space_limit_does_not_abort_the_node() {
-    let dir = std::env::temp_dir().join(format!("bw-limits-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let secret = dir.join("secret");
-    std::fs::write(&secret, "limits-secret").unwrap();
+    let dir = Dir::new("limits");
     let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut node = Command::new("prlimit")
-        .arg(format!("--as={}", 200 << 20))
-        .arg(EXE)
-        .args([
-            "node",
-            "--name",
-            "b",
-            "--stats-every",
-            "0",
-            "--run-for",
-            "6",
-        ])
-        .arg("--listen")
-        .arg(addr.to_string())
-        .arg("--secret-file")
-        .arg(&secret)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("prlimit (util-linux) runs the node");
+    let node = node(&dir, Some(format!("--as={}", 200 << 20)), addr, 6, &[]);
     // Listening?
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(addr).is_err() && Instant::now() < deadline {
@@ -78,19 +120,12 @@ fn a_handshake_flood_under_an_address_space_limit_does_not_abort_the_node() {
     let mut first = [0u8; 1];
     assert_eq!(c.read(&mut first).ok(), Some(1), "no HELLO after the flood");
     drop(held);
-    let status = node.wait().unwrap();
-    let mut err = String::new();
-    node.stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let (status, err) = finish(node);
     assert!(
         status.success(),
         "the node ended with {status}: {}",
         err.lines().rev().take(5).collect::<Vec<_>>().join("\n")
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The operator typos of the security v2 issue, in a node file: each is refused at start
@@ -98,9 +133,7 @@ fn a_handshake_flood_under_an_address_space_limit_does_not_abort_the_node() {
 /// 354,554 ACK frames in 3 s, or aborted on an allocation).
 #[test]
 fn out_of_range_settings_in_a_node_file_are_refused_at_start() {
-    let dir = std::env::temp_dir().join(format!("bw-settings-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("secret"), "limits-secret").unwrap();
+    let dir = Dir::new("settings");
     for (line, want) in [
         (
             "heartbeat_interval_ms = 0",
@@ -115,12 +148,12 @@ fn out_of_range_settings_in_a_node_file_are_refused_at_start() {
             "events_capacity = 1000000000000 is out of range",
         ),
     ] {
-        let file = dir.join("node.toml");
+        let file = dir.0.join("node.toml");
         std::fs::write(
             &file,
             format!(
                 "name = \"a\"\nlisten = \"127.0.0.1:0\"\nsecret_file = \"{}\"\n{line}\n",
-                dir.join("secret").display()
+                dir.secret().display()
             ),
         )
         .unwrap();
@@ -133,7 +166,6 @@ fn out_of_range_settings_in_a_node_file_are_refused_at_start() {
         assert!(!out.status.success(), "{line}: the node started");
         assert!(err.contains(want), "{line}: {err}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The metrics endpoint is bounded like the node's own listener: before, half-sent
@@ -144,32 +176,17 @@ fn out_of_range_settings_in_a_node_file_are_refused_at_start() {
 /// keeps working through it.
 #[test]
 fn the_metrics_endpoint_cuts_slow_clients_and_caps_connections() {
-    let dir = std::env::temp_dir().join(format!("bw-metrics-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("secret"), "limits-secret").unwrap();
+    let dir = Dir::new("metrics");
     let (port, mport) = (free_port(), free_port());
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let maddr: SocketAddr = format!("127.0.0.1:{mport}").parse().unwrap();
-    let mut node = Command::new(EXE)
-        .args([
-            "node",
-            "--name",
-            "b",
-            "--stats-every",
-            "0",
-            "--run-for",
-            "14",
-        ])
-        .arg("--listen")
-        .arg(addr.to_string())
-        .arg("--metrics-listen")
-        .arg(mport.to_string())
-        .arg("--secret-file")
-        .arg(dir.join("secret"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut node = node(
+        &dir,
+        None,
+        addr,
+        14,
+        &["--metrics-listen".into(), mport.to_string()],
+    );
     let scrape = || -> Option<String> {
         let mut s = TcpStream::connect_timeout(&maddr, Duration::from_secs(2)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
@@ -235,7 +252,6 @@ fn the_metrics_endpoint_cuts_slow_clients_and_caps_connections() {
     drop(slow);
     let status = node.wait().unwrap();
     assert!(status.success(), "{status}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Out of file descriptors (a limit of 64, held by silent connections to the node's
@@ -244,34 +260,17 @@ fn the_metrics_endpoint_cuts_slow_clients_and_caps_connections() {
 /// million lines in 53 s).
 #[test]
 fn out_of_file_descriptors_the_accept_loops_back_off_and_stay_quiet() {
-    let dir = std::env::temp_dir().join(format!("bw-nofile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("secret"), "limits-secret").unwrap();
+    let dir = Dir::new("nofile");
     let (port, mport) = (free_port(), free_port());
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let maddr: SocketAddr = format!("127.0.0.1:{mport}").parse().unwrap();
-    let mut node = Command::new("prlimit")
-        .arg("--nofile=64")
-        .arg(EXE)
-        .args([
-            "node",
-            "--name",
-            "b",
-            "--stats-every",
-            "0",
-            "--run-for",
-            "6",
-        ])
-        .arg("--listen")
-        .arg(addr.to_string())
-        .arg("--metrics-listen")
-        .arg(mport.to_string())
-        .arg("--secret-file")
-        .arg(dir.join("secret"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("prlimit (util-linux) runs the node");
+    let node = node(
+        &dir,
+        Some("--nofile=64".into()),
+        addr,
+        6,
+        &["--metrics-listen".into(), mport.to_string()],
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(maddr).is_err() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
@@ -299,13 +298,7 @@ fn out_of_file_descriptors_the_accept_loops_back_off_and_stay_quiet() {
         std::thread::sleep(Duration::from_millis(5));
     }
     drop(held);
-    let status = node.wait().unwrap();
-    let mut err = String::new();
-    node.stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let (status, err) = finish(node);
     let lines = err.lines().count();
     assert!(
         status.success(),
@@ -322,5 +315,4 @@ fn out_of_file_descriptors_the_accept_loops_back_off_and_stay_quiet() {
         "{lines} log lines; the last: {}",
         err.lines().rev().take(3).collect::<Vec<_>>().join("\n")
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -115,11 +115,7 @@ fn relay_and_reflection_are_refused_on_both_sides() {
 /// stream from a arrives complete, once and in order.
 #[test]
 fn forged_acks_and_resumes_close_the_connection_and_skip_nothing() {
-    let cfgs: Vec<_> = mesh(&["a", "b"])
-        .into_iter()
-        .map(|c| c.mailbox("inbox"))
-        .collect();
-    let nodes = start(cfgs);
+    let nodes = start_with_inbox(&["a", "b"]);
     let (a, b) = (&nodes[0], &nodes[1]);
     let inbox = b.mailbox("inbox").unwrap();
     let a_inc = incarnation_of(a.local_addr());

@@ -254,11 +254,7 @@ fn partial_messages_are_bounded_node_wide_and_freed_when_their_session_ends() {
 /// carries messages again: it is never cut for good.
 #[test]
 fn a_poisoned_link_heals_by_resetting_the_session() {
-    let cfgs: Vec<_> = mesh(&["a", "b"])
-        .into_iter()
-        .map(|c| c.mailbox("inbox"))
-        .collect();
-    let nodes = start(cfgs);
+    let nodes = start_with_inbox(&["a", "b"]);
     let (a, b) = (&nodes[0], &nodes[1]);
     let inbox = b.mailbox("inbox").unwrap();
     let to = Address::new("b", "inbox").unwrap();

@@ -97,6 +97,16 @@ pub fn start(cfgs: Vec<NodeConfig>) -> Vec<Node> {
     nodes
 }
 
+/// Nodes `names` in a full mesh on loopback, each with a mailbox "inbox", started.
+pub fn start_with_inbox(names: &[&str]) -> Vec<Node> {
+    start(
+        mesh(names)
+            .into_iter()
+            .map(|c| c.mailbox("inbox"))
+            .collect(),
+    )
+}
+
 /// Wait (bounded) for an event matching `pred`.
 pub fn wait_event(
     rx: &Receiver<Event>,
