@@ -39,6 +39,9 @@ pub(crate) struct MembersCtx {
     pub counters: Arc<MemberStats>,
     /// When peers of forgotten members were last looked for (see `act`).
     pub swept: std::cell::Cell<Option<Instant>>,
+    /// Members that left the view (forgotten) whose peers are still to be removed; at
+    /// most the view's bound (a name back in the view leaves it).
+    pub forgotten: std::cell::RefCell<std::collections::HashSet<Name>>,
 }
 
 /// The thread body: until the node stops, take inputs and timers, act on the outputs.
@@ -134,22 +137,32 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
     s.packets_out.store(c.packets_out, Relaxed);
     s.rate_limited.store(c.rate_limited, Relaxed);
     s.members_refused.store(c.members_refused, Relaxed);
+    let mut forgotten = ctx.forgotten.borrow_mut();
     if changed {
         let view: Vec<Member> = m.members().iter().map(|(id, st)| member(id, *st)).collect();
         // Forgotten members (down for `forget_down_after`) no longer need a dialer, nor,
-        // if they hold nothing, a peer (configured peers stay).
+        // if they hold nothing, a peer (configured peers stay). Only members that were in
+        // the view: a node joining right now is not in it yet.
         ctx.dialers
             .retain(|n| view.iter().any(|v| v.name == n.as_str()));
+        let old = ctx.members.view();
+        for o in old.iter() {
+            if !view.iter().any(|v| v.name == o.name)
+                && let Some(n) = Name::new(&o.name)
+            {
+                forgotten.insert(n);
+            }
+        }
+        forgotten.retain(|n| !view.iter().any(|v| v.name == n.as_str()));
         *ctx.members.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::from(view);
     }
     // When the view changed, and once a second (a peer busy at the change, e.g. with
     // messages still queued, is looked at again).
-    if changed || ctx.swept.get().is_none_or(|t| t.elapsed() >= SWEEP) {
+    if !forgotten.is_empty() && (changed || ctx.swept.get().is_none_or(|t| t.elapsed() >= SWEEP)) {
         ctx.swept.set(Some(Instant::now()));
-        let view = ctx.members.view();
-        let removed = ctx
-            .peers
-            .remove_forgotten(|n| view.iter().any(|v| v.name == n.as_str()));
+        let removed = ctx.peers.remove_forgotten(|n| !forgotten.contains(n));
+        // Done with those removed or gone; the rest (busy) are looked at again.
+        forgotten.retain(|n| ctx.peers.get(n.as_bytes()).is_some());
         if removed > 0 {
             debug!(node = %ctx.node, removed, "peers of forgotten members removed");
         }

@@ -284,6 +284,7 @@ impl Runtime {
                 node: name.clone(),
                 counters: member_stats,
                 swept: std::cell::Cell::new(None),
+                forgotten: Default::default(),
             };
             threads.spawn(format!("bw-members-{name}"), move || {
                 run_members(machine, rx, ctx)
