@@ -587,15 +587,28 @@ fn nodes_talk_over_ipv6_and_shut_down_promptly() {
             .unwrap()
             .port()
     };
-    let (pa, pb) = (free(), free());
     let at = |host: &str, port: u16| format!("[{host}]:{port}").parse().unwrap();
-    let peer_b: batchwire::PeerSpec = format!("b=[::1]:{pb}").parse().unwrap();
-    let a = Node::start(
-        NodeConfig::new("a", at("::", pa), SECRET).peer(peer_b.name.clone(), peer_b.addr),
-    )
-    .unwrap();
-    let b =
-        Node::start(NodeConfig::new("b", at("::1", pb), SECRET).peer("a", at("::1", pa))).unwrap();
+    // A port found free may be taken by another test's node before this one binds it (a
+    // wildcard listener clashes with any address): pick again, a bounded number of times.
+    let mut tries = 0;
+    let (a, b) = loop {
+        tries += 1;
+        let (pa, pb) = (free(), free());
+        let peer_b: batchwire::PeerSpec = format!("b=[::1]:{pb}").parse().unwrap();
+        let a = Node::start(
+            NodeConfig::new("a", at("::", pa), SECRET).peer(peer_b.name.clone(), peer_b.addr),
+        );
+        let b = a.as_ref().ok().map(|_| {
+            Node::start(NodeConfig::new("b", at("::1", pb), SECRET).peer("a", at("::1", pa)))
+        });
+        match (a, b) {
+            (Ok(a), Some(Ok(b))) => break (a, b),
+            (Err(batchwire::Error::Listen { .. }), _)
+            | (_, Some(Err(batchwire::Error::Listen { .. })))
+                if tries < 5 => {}
+            (a, b) => panic!("cannot start: {:?} {:?}", a.err(), b.and_then(|b| b.err())),
+        }
+    };
     assert!(a.wait_for_peers(&["b"], T), "{:?}", a.connected_peers());
     assert!(b.wait_for_peers(&["a"], T));
     let (ma, mb) = (a.mailbox("in").unwrap(), b.mailbox("in").unwrap());
