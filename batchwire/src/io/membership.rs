@@ -110,15 +110,27 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
         if m.is_refused(to.name.as_bytes()) {
             continue;
         }
-        match ctx.peers.get_or_insert_learnt(&to.name) {
-            Ok(peer) => {
-                peer.push_member(body);
-                if peer.current().is_none_or(|c| c.is_closed()) {
-                    ctx.dialers.reach(&to.name, to.addr);
+        // A member down in the view (SWIM announces to some, to heal partitions) gets the
+        // packet only through a peer it still has: none is made for it (a forgotten one,
+        // learnt again as down from another member's gossip, would come back each time).
+        let down = m
+            .state_of(to.name.as_bytes())
+            .is_some_and(|(_, s)| !s.is_live());
+        let peer = if down {
+            ctx.peers.get(to.name.as_bytes())
+        } else {
+            match ctx.peers.get_or_insert_learnt(&to.name) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    debug!(node = %ctx.node, member = %to.name, error = ?e, "no room for the member's peer; packet dropped");
+                    None
                 }
             }
-            Err(e) => {
-                debug!(node = %ctx.node, member = %to.name, error = ?e, "no room for the member's peer; packet dropped")
+        };
+        if let Some(peer) = peer {
+            peer.push_member(body);
+            if peer.current().is_none_or(|c| c.is_closed()) {
+                ctx.dialers.reach(&to.name, to.addr);
             }
         }
     }
