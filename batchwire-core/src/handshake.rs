@@ -21,10 +21,14 @@
 //! The secret never crosses the wire. Every refusal is sent to the peer as a REFUSE frame
 //! with a reason before the connection closes, so both sides log why.
 //!
-//! Randomness is passed in (the nonce), so tests are deterministic.
+//! A handshake has a deadline ([`Handshake::with_deadline`]): the IO layer asks for it
+//! ([`Handshake::poll_timeout`]) and reports the time ([`Handshake::handle_timeout`]); not
+//! done by then, it fails with [`HandshakeError::Timeout`], naming the peer if it said who
+//! it is. Randomness (the nonce) and time are passed in, so tests are deterministic.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -89,6 +93,7 @@ pub struct PeerInfo {
 
 /// Why a handshake failed. `peer` is the name the peer claimed, when it got that far.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandshakeError {
     /// The peer speaks another protocol version.
     #[error("protocol version mismatch: we speak {ours}, peer {peer:?} speaks {theirs}")]
@@ -140,6 +145,14 @@ pub enum HandshakeError {
         /// The frame's kind.
         got: &'static str,
     },
+    /// Not done within its time.
+    #[error("handshake not done within {after:?}{}", peer.as_ref().map(|p| format!(" (peer {p:?})")).unwrap_or_default())]
+    Timeout {
+        /// The name the peer claimed, if its HELLO came.
+        peer: Option<Name>,
+        /// The time it had.
+        after: Duration,
+    },
 }
 
 impl HandshakeError {
@@ -149,7 +162,9 @@ impl HandshakeError {
             HandshakeError::Version { peer, .. } | HandshakeError::Secret { peer } => Some(peer),
             HandshakeError::WrongPeer { got, .. } => Some(got),
             HandshakeError::SameName(p) | HandshakeError::WrongDirection(p) => Some(p),
-            HandshakeError::Refused { peer, .. } => peer.as_ref(),
+            HandshakeError::Refused { peer, .. } | HandshakeError::Timeout { peer, .. } => {
+                peer.as_ref()
+            }
             HandshakeError::Unexpected { .. } => None,
         }
     }
@@ -171,6 +186,8 @@ pub struct Handshake {
     state: State,
     peer: Option<Hello>,
     out: VecDeque<Frame>,
+    /// (started, deadline), if it has one.
+    deadline: Option<(Instant, Instant)>,
 }
 
 impl Handshake {
@@ -188,6 +205,37 @@ impl Handshake {
             state: State::AwaitHello,
             peer: None,
             out: VecDeque::from([hello]),
+            deadline: None,
+        }
+    }
+
+    /// This handshake, started at `now`, fails if not done within `timeout`.
+    pub fn with_deadline(mut self, now: Instant, timeout: Duration) -> Self {
+        self.deadline = Some((now, now + timeout));
+        self
+    }
+
+    /// When [`Handshake::handle_timeout`] must be called next: its deadline while it is
+    /// neither done nor failed.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.state {
+            State::Done | State::Failed => None,
+            State::AwaitHello | State::AwaitAuth => self.deadline.map(|(_, d)| d),
+        }
+    }
+
+    /// The time is `now`: at or past the deadline, a handshake not yet done fails. Nothing
+    /// is sent to the peer (it is too late to explain); the caller closes the connection.
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), HandshakeError> {
+        match (self.poll_timeout(), self.deadline) {
+            (Some(d), Some((started, _))) if now >= d => {
+                self.state = State::Failed;
+                Err(HandshakeError::Timeout {
+                    peer: self.peer.as_ref().map(|h| h.name.clone()),
+                    after: d - started,
+                })
+            }
+            _ => Ok(()),
         }
     }
 

@@ -262,3 +262,58 @@ fn messages_before_authentication_are_a_protocol_error() {
         "a failed handshake stays failed"
     );
 }
+
+/// The deadline, on a fake clock: before it nothing happens, at it (and after it) a
+/// handshake not done fails with `Timeout`, naming the peer once its HELLO came; a done
+/// handshake has no deadline left, and one without a deadline never times out.
+#[test]
+fn a_handshake_fails_at_its_deadline_not_before() {
+    let t0 = Instant::now();
+    let limit = Duration::from_secs(5);
+    let ns = Duration::from_nanos(1);
+    // Silent peer: nothing came at all.
+    let mut b = Handshake::new(accept("b", b"s", &[]), [2; 16]).with_deadline(t0, limit);
+    assert_eq!(b.poll_timeout(), Some(t0 + limit));
+    assert_eq!(b.handle_timeout(t0), Ok(()));
+    assert_eq!(b.handle_timeout(t0 + limit - ns), Ok(()));
+    assert!(!b.is_done());
+    assert_eq!(
+        b.handle_timeout(t0 + limit),
+        Err(HandshakeError::Timeout {
+            peer: None,
+            after: limit
+        })
+    );
+    assert_eq!(b.poll_timeout(), None, "failed: no deadline left");
+    assert_eq!(b.handle_timeout(t0 + 2 * limit), Ok(()), "fails once");
+    assert!(matches!(
+        b.handle(Frame::Auth(Auth { proof: [0; 32] })),
+        Err(HandshakeError::Unexpected { .. })
+    ));
+    // The peer said its HELLO and then nothing: the error names it; past the deadline
+    // counts as at it.
+    let mut b = Handshake::new(accept("b", b"s", &[]), [2; 16]).with_deadline(t0, limit);
+    b.handle(Frame::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        incarnation: 9,
+        nonce: [3; 16],
+        name: n("a"),
+    }))
+    .unwrap();
+    assert_eq!(b.handle_timeout(t0 + limit - ns), Ok(()));
+    let e = b.handle_timeout(t0 + limit + limit).unwrap_err();
+    assert_eq!(e.peer().map(|p| p.as_str()), Some("a"));
+    assert_eq!(e.to_string(), "handshake not done within 5s (peer \"a\")");
+    // Done in time: no deadline, and no failure however late it is asked.
+    let mut a = Handshake::new(dial("a", b"s", "b"), [1; 16]).with_deadline(t0, limit);
+    let mut b = Handshake::new(accept("b", b"s", &[]), [2; 16]).with_deadline(t0, limit);
+    run(&mut a, &mut b);
+    assert!(a.is_done() && b.is_done());
+    assert_eq!((a.poll_timeout(), b.poll_timeout()), (None, None));
+    assert_eq!(a.handle_timeout(t0 + 10 * limit), Ok(()));
+    assert!(a.peer().is_some());
+    // No deadline set: never.
+    let mut c = Handshake::new(dial("c", b"s", "b"), [1; 16]);
+    assert_eq!(c.poll_timeout(), None);
+    assert_eq!(c.handle_timeout(t0 + 1000 * limit), Ok(()));
+}

@@ -292,14 +292,14 @@ impl LinkError {
             }
             L::Handshake(H::WrongDirection(_)) => HandshakeFailure::Direction,
             L::Handshake(H::Refused { .. }) => HandshakeFailure::Refused,
-            L::Handshake(H::Unexpected { .. })
+            L::Handshake(H::Timeout { .. }) | L::HandshakeTimeout(_) => HandshakeFailure::Timeout,
+            L::Handshake(H::Unexpected { .. } | _)
             | L::Frame(_)
             | L::Unexpected(_)
             | L::Sequence(_)
             | L::Flow(_)
             | L::Pieces(_)
             | L::SessionReset(_) => HandshakeFailure::Protocol,
-            L::HandshakeTimeout(_) => HandshakeFailure::Timeout,
             L::Io(e)
                 if matches!(
                     e.kind(),

@@ -474,6 +474,13 @@ impl Setup {
                 role,
             },
             nonce,
+        )
+        // The connection's deadline (TLS, handshake and RESUME share it) is the machine's.
+        .with_deadline(
+            deadline
+                .checked_sub(self.config.handshake_timeout)
+                .unwrap_or(deadline),
+            self.config.handshake_timeout,
         );
         let mut buf = BytesMut::with_capacity(HANDSHAKE_MAX_FRAME);
         let mut out = Vec::new();
@@ -509,7 +516,17 @@ impl Setup {
                         return Err(e.into());
                     }
                 }
-                read_small(link, &mut buf, deadline, self.config.handshake_timeout)?;
+                hs.handle_timeout(Instant::now())?;
+                match read_small(link, &mut buf, deadline, self.config.handshake_timeout) {
+                    Ok(()) => {}
+                    // The socket gave up at the deadline: the machine says so, naming the
+                    // peer if its HELLO came.
+                    Err(LinkError::HandshakeTimeout(_)) => {
+                        hs.handle_timeout(Instant::now().max(deadline))?;
+                        return Err(LinkError::HandshakeTimeout(self.config.handshake_timeout));
+                    }
+                    Err(e) => return Err(e),
+                }
             };
             // Feed it to the machine; on failure send its REFUSE (best effort) and give up.
             if let Err(e) = hs.handle(frame) {
