@@ -29,6 +29,13 @@ use crate::address::Address;
 use crate::error::Error;
 use crate::io::mailbox::Envelope;
 
+/// What a blocking caller does next ([`Calls::wait_step`]).
+#[derive(Debug)]
+enum Step {
+    Answer(Result<Envelope, Error>),
+    Park(Duration),
+}
+
 /// Who waits for a slot's answer.
 pub(crate) enum Waiter {
     Thread(Thread),
@@ -269,19 +276,30 @@ impl Calls {
     pub fn wait(&self, id: u64, deadline: Instant) -> Result<Envelope, Error> {
         loop {
             let mut t = self.lock();
-            match t.slots.get(&id).map(|s| &s.state) {
-                Some(State::Done(_)) | None => return self.take(&mut t, id),
-                Some(State::Waiting(_)) => {}
+            match self.wait_step(&mut t, id, Instant::now(), deadline) {
+                Step::Answer(r) => return r,
+                Step::Park(d) => {
+                    drop(t);
+                    std::thread::park_timeout(d);
+                }
             }
-            let now = Instant::now();
-            if now >= deadline {
-                t.slots.remove(&id);
-                self.counters.timed_out.fetch_add(1, Relaxed);
-                return Err(Error::Timeout);
-            }
-            drop(t);
-            std::thread::park_timeout(deadline - now);
         }
+    }
+
+    /// One look at a blocking call at time `now`: its answer if it is in (even if `now`
+    /// is past the deadline: it came), else `Timeout` at or past `deadline` (the slot is
+    /// gone), else how long to park.
+    fn wait_step(&self, t: &mut Table, id: u64, now: Instant, deadline: Instant) -> Step {
+        match t.slots.get(&id).map(|s| &s.state) {
+            Some(State::Done(_)) | None => return Step::Answer(self.take(t, id)),
+            Some(State::Waiting(_)) => {}
+        }
+        if now >= deadline {
+            t.slots.remove(&id);
+            self.counters.timed_out.fetch_add(1, Relaxed);
+            return Step::Answer(Err(Error::Timeout));
+        }
+        Step::Park(deadline - now)
     }
 
     /// Whether call `id` has its answer (or is gone: taken, timed out, failed).
@@ -466,6 +484,80 @@ mod tests {
             Err(Error::ShutDown { .. })
         ));
         assert_eq!(c.pending(), 0);
+    }
+
+    /// Request timeouts on a fake clock: a blocking call parks exactly until its deadline
+    /// and times out at it, not a nanosecond before; an answer that is in wins even when
+    /// looked at late. The timer fails async calls at their deadline, in deadline order,
+    /// and says when to look next.
+    #[test]
+    fn requests_time_out_at_their_deadline_not_before() {
+        let c = Calls::new(8, 0);
+        let t0 = Instant::now();
+        let ns = Duration::from_nanos(1);
+        let d = t0 + Duration::from_millis(100);
+        let me = || Waiter::Thread(std::thread::current());
+        let a = c.begin(&to("b"), d, me()).unwrap();
+        let mut t = c.lock();
+        assert!(matches!(c.wait_step(&mut t, a, t0, d), Step::Park(p) if p == d - t0));
+        assert!(matches!(c.wait_step(&mut t, a, d - ns, d), Step::Park(p) if p == ns));
+        assert!(matches!(
+            c.wait_step(&mut t, a, d, d),
+            Step::Answer(Err(Error::Timeout))
+        ));
+        assert!(t.slots.is_empty(), "timed out: the slot is gone");
+        drop(t);
+        assert_eq!(c.counters.timed_out.load(Relaxed), 1);
+        // Past the deadline, too; and its late reply is counted and dropped.
+        let b = c.begin(&to("b"), d, me()).unwrap();
+        let mut t = c.lock();
+        assert!(matches!(
+            c.wait_step(&mut t, b, d + Duration::from_secs(9), d),
+            Step::Answer(Err(Error::Timeout))
+        ));
+        drop(t);
+        c.reply(b, &n("b"), Bytes::from_static(b"late"));
+        assert_eq!(c.counters.late_replies.load(Relaxed), 1);
+        // Answered before the caller looked: the answer, however late it looks.
+        let e = c.begin(&to("b"), d, me()).unwrap();
+        c.reply(e, &n("b"), Bytes::from_static(b"yes"));
+        let mut t = c.lock();
+        assert!(matches!(
+            c.wait_step(&mut t, e, d + Duration::from_secs(9), d),
+            Step::Answer(Ok(ref m)) if &m.payload[..] == b"yes"
+        ));
+        drop(t);
+        assert_eq!(c.counters.timed_out.load(Relaxed), 2);
+        // Async calls: the timer's `expire`.
+        let d1 = t0 + Duration::from_millis(10);
+        let d2 = t0 + Duration::from_millis(20);
+        let x = c.begin(&to("b"), d2, Waiter::Task(None)).unwrap();
+        let y = c.begin(&to("b"), d1, Waiter::Task(None)).unwrap();
+        let mut woken = Vec::new();
+        let mut t = c.lock();
+        assert_eq!(c.expire(&mut t, t0, &mut woken), Some(d1));
+        assert_eq!(c.expire(&mut t, d1 - ns, &mut woken), Some(d1));
+        assert!(woken.is_empty());
+        assert_eq!(
+            c.expire(&mut t, d1, &mut woken),
+            Some(d2),
+            "y at its deadline"
+        );
+        assert_eq!(woken.len(), 1);
+        assert_eq!(c.expire(&mut t, d2 - ns, &mut woken), Some(d2));
+        assert_eq!(c.expire(&mut t, d2 + ns, &mut woken), None, "x past it");
+        assert_eq!(woken.len(), 2);
+        drop(t);
+        let mut cx = Context::from_waker(Waker::noop());
+        for id in [x, y] {
+            assert!(matches!(
+                c.poll(id, &mut cx),
+                Poll::Ready(Err(Error::Timeout))
+            ));
+        }
+        assert_eq!(c.counters.timed_out.load(Relaxed), 4);
+        assert_eq!(c.pending(), 0);
+        assert!(c.lock().deadlines.is_empty());
     }
 
     #[test]
