@@ -49,18 +49,31 @@ fn three_nodes_talk_over_mutual_tls() {
             .unwrap();
     }
     nodes[1].send_all("inbox", &b"to all"[..]).unwrap();
+    // b's inbox: 2,000 from a and 2,000 from c, each in order, and b's own "to all"
+    // (send_all includes the sender): 4,001, nothing else.
     let mut next = std::collections::HashMap::new();
-    for _ in 0..4000 {
-        let e = inboxes[1].recv_timeout(T).unwrap();
-        if e.payload.len() != 8 {
+    let mut to_all = 0;
+    for k in 0..4001 {
+        let e = inboxes[1]
+            .recv_timeout(T)
+            .unwrap_or_else(|e| panic!("message {k} of 4001: {e}"));
+        if &e.payload[..] == b"to all" {
+            assert_eq!(e.from.node(), "b");
+            to_all += 1;
             continue;
         }
         let n = next.entry(e.from.node().to_string()).or_insert(0u64);
         assert_eq!(u64::from_le_bytes(e.payload[..].try_into().unwrap()), *n);
         *n += 1;
     }
+    assert_eq!(to_all, 1);
+    assert_eq!((next["a"], next["c"], next.len()), (2000, 2000, 2));
     for i in [0, 2] {
         assert_eq!(&inboxes[i].recv_timeout(T).unwrap().payload[..], b"to all");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    for (i, mb) in inboxes.iter().enumerate() {
+        assert!(mb.try_recv().is_err(), "inbox {i}: a message too many");
     }
 }
 
