@@ -909,10 +909,23 @@ fn tls_cluster_of_node_processes_from_the_certs_command() {
                 .unwrap();
         }
     }
-    for _ in 0..1000 {
-        me.recv_timeout(Duration::from_secs(20))
-            .expect("echo over TLS lost");
+    // Every echo comes back once, from the node it went to, with its payload, in order
+    // per node; and no more.
+    let mut next = std::collections::HashMap::new();
+    for k in 0..1000 {
+        let e = me
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("echo {k} of 1000 over TLS: {e}"));
+        assert_eq!(e.from.mailbox(), "echo");
+        let n = next.entry(e.from.node().to_string()).or_insert(0u64);
+        assert_eq!(e.payload[..], n.to_le_bytes(), "from {}", e.from);
+        *n += 1;
     }
+    assert_eq!((next["b"], next["c"], next.len()), (500, 500, 2));
+    assert!(
+        me.recv_timeout(Duration::from_millis(200)).is_err(),
+        "an echo too many"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -146,7 +146,7 @@ pub enum HandshakeError {
         got: &'static str,
     },
     /// Not done within its time.
-    #[error("handshake not done within {after:?}{}", peer.as_ref().map(|p| format!(" (peer {p:?})")).unwrap_or_default())]
+    #[error("timed out after {after:?}{}", peer.as_ref().map(|p| format!(" (peer {p:?})")).unwrap_or_default())]
     Timeout {
         /// The name the peer claimed, if its HELLO came.
         peer: Option<Name>,

@@ -303,7 +303,7 @@ fn a_handshake_fails_at_its_deadline_not_before() {
     assert_eq!(b.handle_timeout(t0 + limit - ns), Ok(()));
     let e = b.handle_timeout(t0 + limit + limit).unwrap_err();
     assert_eq!(e.peer().map(|p| p.as_str()), Some("a"));
-    assert_eq!(e.to_string(), "handshake not done within 5s (peer \"a\")");
+    assert_eq!(e.to_string(), "timed out after 5s (peer \"a\")");
     // Done in time: no deadline, and no failure however late it is asked.
     let mut a = Handshake::new(dial("a", b"s", "b"), [1; 16]).with_deadline(t0, limit);
     let mut b = Handshake::new(accept("b", b"s", &[]), [2; 16]).with_deadline(t0, limit);
