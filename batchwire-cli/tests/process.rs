@@ -1301,6 +1301,29 @@ fn bench_membership_runs_a_small_cluster_of_processes() {
         assert!(names.contains(&what), "{what} missing: {names:?}");
     }
     assert!(stdout.contains("killed node down at all"), "{stdout}");
+    // The figures themselves, against the protocol's rules (defaults: probe 1 s,
+    // suspicion 3 s): a killed node is declared down no sooner than the suspicion timeout
+    // and within suspicion plus one probe period (and a second for the news to spread);
+    // membership at rest sends under 1 KB/s per node; the cluster converged and the
+    // restarted node was seen again. (Their lost/duplicated/reordered say nothing: no
+    // messages are counted in this scenario.)
+    let value = |what: &str| {
+        rows.iter()
+            .find(|r| r["bundler"] == what)
+            .and_then(|r| r["median"].as_f64())
+            .unwrap_or_else(|| panic!("{what}: {rows:?}"))
+    };
+    let down = value("down-seen-by-all/4-nodes");
+    assert!(
+        (3.0..5.0).contains(&down),
+        "down seen by all after {down} s"
+    );
+    let rest = value("member-bytes-per-sec-at-rest/4-nodes");
+    assert!(rest > 0.0 && rest < 1024.0, "{rest} B/s at rest");
+    for what in ["converge/4-nodes", "rejoin/4-nodes"] {
+        let v = value(what);
+        assert!(v > 0.0 && v < 20.0, "{what}: {v} s");
+    }
 }
 
 /// The soak's CI version (`bench soak`, 60 s on loopback): three nodes stream to each other
