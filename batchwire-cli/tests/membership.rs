@@ -2,6 +2,8 @@
 //! seen as down, a restart seen as a new incarnation, a SIGTERM seen as a leave; on
 //! loopback, and across network namespaces (root only: the CI runs as root).
 
+#[path = "shared/can_run.rs"]
+mod can_run;
 #[path = "../../batchwire/tests/common/mod.rs"]
 mod common;
 
@@ -111,9 +113,7 @@ fn node_processes_join_crash_restart_and_leave() {
 
 #[test]
 fn a_cluster_across_network_namespaces_survives_kills_and_restarts() {
-    let root = Command::new("id").arg("-u").output().map(|o| o.stdout);
-    if !root.is_ok_and(|o| o == b"0\n") {
-        eprintln!("skipped: creating network namespaces needs root (the CI runs as root)");
+    if !can_run::can_run("the netns cluster test", can_run::netns_missing()) {
         return;
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/netns-cluster.sh");

@@ -1,6 +1,8 @@
 //! Real `batchwire` processes: standalone nodes, and the benchmark at a tiny size.
 
 // The library's test helpers (free ports, small clusters, the test certificates).
+#[path = "shared/can_run.rs"]
+mod can_run;
 #[path = "../../batchwire/tests/common/mod.rs"]
 mod common;
 
@@ -363,8 +365,7 @@ fn bench_fan_in_runs_every_bundler_with_a_few_threads() {
 
 #[test]
 fn bench_fan_in_pins_its_processes_when_asked() {
-    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
-        eprintln!("skipped: --pin needs 2 CPUs");
+    if !can_run::can_run("the --pin test", can_run::cpus_missing(2)) {
         return;
     }
     let (v, stdout) = bench(
@@ -546,16 +547,6 @@ fn bench_refuses_what_it_cannot_do_before_running() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Whether this test process may make network namespaces (the CI runs as root).
-fn root() -> bool {
-    let uid = Command::new("id").arg("-u").output().map(|o| o.stdout);
-    let ok = uid.is_ok_and(|o| o == b"0\n") && std::path::Path::new("/dev/net/tun").exists();
-    if !ok {
-        eprintln!("skipped: --hosts netns needs root and /dev/net/tun (the CI runs as root)");
-    }
-    ok
-}
-
 /// The tests that make network namespaces run one at a time: each checks that its bench
 /// left none behind, and must not see the other's (seen in CI: the WAN test found the
 /// Ctrl-C test's four namespaces, which that test was still waiting to see removed).
@@ -575,7 +566,7 @@ fn bench_namespaces() -> Vec<String> {
 
 #[test]
 fn bench_runs_over_an_emulated_wan_link_and_chaos_on_a_lossy_one_loses_nothing() {
-    if !root() {
+    if !can_run::can_run("the WAN bench test", can_run::netns_missing()) {
         return;
     }
     let _alone = NETNS.lock().unwrap_or_else(|p| p.into_inner());
@@ -647,7 +638,7 @@ fn bench_runs_over_an_emulated_wan_link_and_chaos_on_a_lossy_one_loses_nothing()
 
 #[test]
 fn ctrl_c_during_a_wan_run_removes_the_hosts() {
-    if !root() {
+    if !can_run::can_run("the WAN Ctrl-C test", can_run::netns_missing()) {
         return;
     }
     let _alone = NETNS.lock().unwrap_or_else(|p| p.into_inner());

@@ -495,17 +495,21 @@ fn deliverer(sh: &Shared, n: usize) {
 
 /// The emulator measured from the outside: real sockets in two hosts, timed by the wall
 /// clock. They need root (namespaces, TUN devices), as the bench does; without it they say
-/// so and pass (CI runs as root).
+/// SKIPPED, or fail under CI (`tests/shared/can_run.rs` decides).
+#[cfg(test)]
+#[path = "../../tests/shared/can_run.rs"]
+mod can_run;
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream, UdpSocket};
 
+    use super::can_run;
+
     fn hosts(spec: &str) -> Option<Hosts> {
-        // SAFETY: geteuid(2) only reads.
-        if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/net/tun").exists() {
-            eprintln!("skipped: the link emulator needs root and /dev/net/tun");
+        if !can_run::can_run("the link emulator's test", can_run::netns_missing()) {
             return None;
         }
         Some(Hosts::start_private(2, spec.parse().unwrap()).unwrap())
