@@ -208,3 +208,58 @@ fn tls_reads_without_waiting_take_what_is_at_hand() {
     let r = b.read_append(&mut got, 1000, false);
     assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
 }
+
+/// A certificate (self-signed: only its names matter here) with these subject alternative
+/// names.
+fn cert_with(sans: Vec<rcgen::SanType>) -> rustls::pki_types::CertificateDer<'static> {
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.subject_alt_names = sans;
+    let key = rcgen::KeyPair::generate().unwrap();
+    p.self_signed(&key).unwrap().der().clone()
+}
+
+fn dns(n: &str) -> rcgen::SanType {
+    rcgen::SanType::DnsName(n.try_into().unwrap())
+}
+
+/// How a certificate's names are matched to a node name: exactly. webpki alone would take
+/// a certificate for "b" as naming "B", "*.c" as naming "a.c" and an IP address as naming
+/// a node called by it; node names are exact bytes, so none of those name a node.
+#[test]
+fn a_certificate_names_only_the_nodes_spelt_exactly_as_in_it() {
+    use super::cert_names;
+    let both = cert_with(vec![dns("a"), dns("b")]);
+    assert_eq!(cert_names(&both, "a"), Ok(()));
+    assert_eq!(cert_names(&both, "b"), Ok(()));
+    let e = cert_names(&both, "c").unwrap_err();
+    assert!(
+        e.contains(r#"does not name "c" (it names ["a", "b"]"#),
+        "{e}"
+    );
+    // Case: "b" and "B" are two nodes.
+    let lower = cert_with(vec![dns("node-b.cluster")]);
+    assert_eq!(cert_names(&lower, "node-b.cluster"), Ok(()));
+    assert!(cert_names(&lower, "NODE-B.cluster").is_err());
+    assert!(cert_names(&cert_with(vec![dns("B")]), "b").is_err());
+    // Wildcards name no node, not even one spelt like the wildcard.
+    let wild = cert_with(vec![dns("*.cluster")]);
+    assert!(cert_names(&wild, "a.cluster").is_err());
+    assert!(cert_names(&wild, "*.cluster").is_err());
+    // IP addresses are not node names, even when a node is called by one.
+    let ip = cert_with(vec![rcgen::SanType::IpAddress(
+        "127.0.0.1".parse().unwrap(),
+    )]);
+    let e = cert_names(&ip, "127.0.0.1").unwrap_err();
+    assert!(e.contains("it names []"), "{e}");
+    // A node name that is no DNS name cannot be in a certificate: said so.
+    let e = cert_names(&both, "not a dns name").unwrap_err();
+    assert!(e.contains("is not a DNS name"), "{e}");
+    // The list shown is bounded (the certificate is the peer's).
+    let many = cert_with((0..50).map(|i| dns(&format!("n{i}"))).collect());
+    let e = cert_names(&many, "x").unwrap_err();
+    assert!(e.contains("and 46 more"), "{e}");
+    assert!(e.len() < 300, "{e}");
+    // Not a certificate at all.
+    let junk = rustls::pki_types::CertificateDer::from(vec![0u8; 10]);
+    assert!(cert_names(&junk, "a").unwrap_err().contains("unreadable"));
+}
