@@ -148,7 +148,15 @@ pub struct Membership {
     /// most a packet's worth of members (about 40); announcing to a few of them brings
     /// the rest, each answering with a random selection.
     bootstrap: u8,
+    /// Seeds this node announced itself to (at most `MAX_SEEDS`, the latest of each
+    /// name), and when to announce again if it is still alone: an announce or its answer
+    /// may be lost, and nothing else would bring a node that knows nobody in.
+    seeds: Vec<MemberId>,
+    rejoin_at: Option<Instant>,
 }
+
+/// Seeds remembered for announcing again (see `Membership::seeds`).
+const MAX_SEEDS: usize = 16;
 
 /// Names of members refused for want of room, remembered to count each once.
 const REFUSED_NAMES: usize = 4096;
@@ -188,6 +196,8 @@ impl Membership {
             held: Vec::new(),
             refused: HashSet::default(),
             bootstrap: 0,
+            seeds: Vec::new(),
+            rejoin_at: None,
         };
         m.after(now);
         Ok(m)
@@ -245,9 +255,16 @@ impl Membership {
         if seed.name == self.me().name {
             return;
         }
+        self.seeds.retain(|s| s.name != seed.name);
+        if self.seeds.len() == MAX_SEEDS {
+            self.seeds.remove(0);
+        }
+        self.seeds.push(seed.clone());
         let r = self.foca.announce(seed, &mut self.out);
         self.result(r);
         self.bootstrap = BOOTSTRAP_ANNOUNCES;
+        // Still alone a probe period from now: announce again (see `handle_timeout`).
+        self.rejoin_at = Some(now + self.cfg.probe_period);
         self.after(now);
     }
 
@@ -399,6 +416,20 @@ impl Membership {
         self.hinted = later;
         // Held downs whose time came are looked at again by `after`.
         self.held.retain(|(_, at)| *at > now);
+        // Joining and still alone: the announce or its answer was lost; again, to every
+        // seed, each probe period until someone answers (or this node leaves).
+        if self.rejoin_at.is_some_and(|t| t <= now) {
+            if self.is_alone() && !self.left_cluster {
+                for seed in self.seeds.clone() {
+                    let r = self.foca.announce(seed, &mut self.out);
+                    self.result(r);
+                }
+                self.counters.rejoins += 1;
+                self.rejoin_at = Some(now + self.cfg.probe_period);
+            } else {
+                self.rejoin_at = None;
+            }
+        }
         for (_, id, inc) in due {
             let still = self
                 .foca
@@ -436,6 +467,7 @@ impl Membership {
             .iter()
             .map(|h| h.0)
             .chain(self.held.iter().map(|h| h.1))
+            .chain(self.rejoin_at)
             .min();
         let t = self.timers.keys().next().map(|k| k.0);
         match (t, hinted) {

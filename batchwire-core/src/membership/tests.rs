@@ -1,5 +1,6 @@
-//! The membership glue on a simulated network with a fake clock: packets take 1 ms, links
-//! can be cut, nodes can crash (stop, silently) or leave. Seeded, so every run is the same.
+//! The membership glue on a simulated network with a fake clock: packets take 1 ms (or a
+//! random delay, and may be lost at random), links can be cut, nodes can crash (stop,
+//! silently) or leave. Seeded, so every run is the same.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -17,6 +18,12 @@ struct Net {
     cut: HashSet<(usize, usize)>,
     /// Every event each node reported, with the time since the start.
     log: Vec<Vec<(Duration, MemberEvent)>>,
+    /// Random loss and delay: (probability a packet is lost, extra delay up to this), drawn
+    /// from `rng`. None: every packet arrives after `LATENCY`.
+    lossy: Option<(f64, Duration)>,
+    rng: SmallRng,
+    /// Packets the lossy network dropped.
+    lost: u64,
 }
 
 const LATENCY: Duration = Duration::from_millis(1);
@@ -52,7 +59,19 @@ impl Net {
             wire: Vec::new(),
             cut: HashSet::new(),
             log: vec![Vec::new(); n],
+            lossy: None,
+            rng: SmallRng::seed_from_u64(0),
+            lost: 0,
         }
+    }
+
+    /// From now on every packet is lost with probability `loss`, and the others take
+    /// `LATENCY` plus a uniform random delay up to `jitter` (so they may overtake each
+    /// other); seeded.
+    fn lossy(mut self, seed: u64, loss: f64, jitter: Duration) -> Net {
+        self.lossy = Some((loss, jitter));
+        self.rng = SmallRng::seed_from_u64(seed);
+        self
     }
 
     fn node(&mut self, i: usize) -> &mut Membership {
@@ -91,8 +110,18 @@ impl Net {
                 self.log[i].push((t, e));
             }
             for (to, body) in sends {
+                let mut delay = LATENCY;
+                if let Some((loss, jitter)) = self.lossy {
+                    use rand::RngExt;
+                    if self.rng.random_bool(loss) {
+                        self.lost += 1;
+                        continue;
+                    }
+                    let extra = self.rng.random_range(0..=jitter.as_micros() as u64);
+                    delay += Duration::from_micros(extra);
+                }
                 if let Some(j) = self.index(&to.name) {
-                    self.wire.push((self.now + LATENCY, i, j, body));
+                    self.wire.push((self.now + delay, i, j, body));
                 }
             }
         }
@@ -626,4 +655,111 @@ fn an_absurd_member_limit_is_refused_not_overflowed() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("max_members"), "{e}");
+}
+
+/// Random loss and delay (seeded): 8 nodes, 10 % or 25 % of packets lost and up to 40 ms
+/// of extra delay each (reordering them), for a simulated minute: no live member is ever
+/// declared down (suspicions, hundreds at 25 %, are refuted in time). Then one crashes, found by the transport as the
+/// IO layer does (its connections fail at every peer), and every survivor sees it down
+/// within the suspicion timeout plus one probe period: the README's claim, under loss.
+#[test]
+fn under_random_loss_and_delay_no_live_member_is_declared_down_and_a_dead_one_is() {
+    let c = cfg();
+    for seed in 0..8 {
+        let loss = if seed % 2 == 0 { 0.10 } else { 0.25 };
+        let mut net = Net::new(8, c.clone()).lossy(seed, loss, Duration::from_millis(40));
+        net.join_all_through_0();
+        if net
+            .run_until(Duration::from_secs(20), Net::converged)
+            .is_none()
+        {
+            for i in 0..8 {
+                let v: Vec<_> = (0..8)
+                    .filter(|j| *j != i)
+                    .map(|j| {
+                        let n = id(j, 1).name;
+                        net.nodes[i]
+                            .as_ref()
+                            .unwrap()
+                            .state_of(n.as_bytes())
+                            .map(|(_, s)| s)
+                    })
+                    .collect();
+                eprintln!("node {i}: {v:?} events {:?}", net.events_of(i));
+            }
+            panic!("seed {seed}: never converged");
+        }
+        net.run_until(Duration::from_secs(60), |_| false);
+        for i in 0..8 {
+            let downs: Vec<_> = net.log[i]
+                .iter()
+                .filter(|(_, e)| matches!(e, MemberEvent::Down(_) | MemberEvent::Left(_)))
+                .collect();
+            assert!(downs.is_empty(), "seed {seed}: node {i} declared {downs:?}");
+        }
+        assert!(
+            net.lost > 100,
+            "seed {seed}: only {} packets lost",
+            net.lost
+        );
+        let suspected: usize = (0..8)
+            .map(|i| {
+                net.log[i]
+                    .iter()
+                    .filter(|(_, e)| matches!(e, MemberEvent::Suspected(_)))
+                    .count()
+            })
+            .sum();
+        eprintln!(
+            "seed {seed}, loss {loss}: {} packets lost in a minute, {suspected} suspicions, all refuted",
+            net.lost
+        );
+        // A crash.
+        let victim = net.node(5).me().name.clone();
+        net.nodes[5] = None;
+        let now = net.now;
+        for i in (0..8).filter(|i| *i != 5) {
+            net.node(i).handle_unreachable(now, victim.as_bytes());
+        }
+        net.collect();
+        let t = net
+            .run_until(c.suspicion_timeout + c.probe_period, |n| {
+                n.all_running_see(&victim, MemberState::Down)
+            })
+            .unwrap_or_else(|| panic!("seed {seed}: the crash was not seen by all in time"));
+        eprintln!("seed {seed}: crash seen by all after {t:?}");
+        // And nobody else went down meanwhile.
+        for i in (0..8).filter(|i| *i != 5) {
+            assert!(
+                !net.log[i].iter().any(
+                    |(_, e)| matches!(e, MemberEvent::Down(m) | MemberEvent::Left(m) if m.name != victim)
+                ),
+                "seed {seed}: node {i}"
+            );
+        }
+    }
+}
+
+/// A joining node whose announce is lost (or whose seed's answer is) announces itself
+/// again each probe period while it is alone, and stops once it is in.
+#[test]
+fn a_lost_join_is_announced_again_until_it_is_answered() {
+    let c = cfg();
+    let mut net = Net::new(2, c.clone());
+    net.cut.insert((0, 1));
+    net.join_all_through_0();
+    net.run_until(c.probe_period * 3 + STEP, |_| false);
+    assert!(net.node(1).is_alone());
+    let tries = net.node(1).counters().rejoins;
+    assert_eq!(tries, 3, "once a probe period");
+    net.cut.clear();
+    let t = net
+        .run_until(c.probe_period * 2, Net::converged)
+        .expect("joined once the link works");
+    assert!(t <= c.probe_period + STEP, "{t:?}");
+    net.run_until(c.probe_period * 5, |_| false);
+    assert!(
+        net.node(1).counters().rejoins <= tries + 1,
+        "no more announces once in"
+    );
 }
