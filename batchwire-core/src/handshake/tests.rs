@@ -317,3 +317,13 @@ fn a_handshake_fails_at_its_deadline_not_before() {
     assert_eq!(c.poll_timeout(), None);
     assert_eq!(c.handle_timeout(t0 + 1000 * limit), Ok(()));
 }
+
+/// A configuration printed for a log or a panic shows who and in which role, never the
+/// cluster secret.
+#[test]
+fn the_secret_never_appears_in_debug_output() {
+    let c = dial("a", b"hunter2-cluster-secret", "b");
+    let s = format!("{c:?}");
+    assert!(!s.contains("hunter2"), "{s}");
+    assert!(s.contains("<redacted>") && s.contains("\"a\"") && s.contains("Dial"), "{s}");
+}
