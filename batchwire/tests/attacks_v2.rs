@@ -378,6 +378,7 @@ fn log_lines_caused_by_the_network_are_rate_limited() {
     for _ in 0..1000 {
         use std::io::Write;
         let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
         // Not a batchwire frame: the node refuses it at once.
         let _ = s.write_all(&[0xff; 64]);
         let _ = s.shutdown(std::net::Shutdown::Write);

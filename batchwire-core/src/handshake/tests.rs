@@ -325,5 +325,8 @@ fn the_secret_never_appears_in_debug_output() {
     let c = dial("a", b"hunter2-cluster-secret", "b");
     let s = format!("{c:?}");
     assert!(!s.contains("hunter2"), "{s}");
-    assert!(s.contains("<redacted>") && s.contains("\"a\"") && s.contains("Dial"), "{s}");
+    assert!(
+        s.contains("<redacted>") && s.contains("\"a\"") && s.contains("Dial"),
+        "{s}"
+    );
 }

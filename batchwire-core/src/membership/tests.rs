@@ -763,3 +763,52 @@ fn a_lost_join_is_announced_again_until_it_is_answered() {
         "no more announces once in"
     );
 }
+
+/// The suspicion timeout on the fake clock: a member the transport reports unreachable
+/// at t0 is suspect until t0 + suspicion_timeout and down at that moment, not a step
+/// before; a member that refutes in time is never down.
+#[test]
+fn a_suspicion_ends_in_down_at_its_timeout_not_before() {
+    let c = cfg();
+    let mut net = Net::new(3, c.clone());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .unwrap();
+    let victim = net.node(2).me().name.clone();
+    net.nodes[2] = None;
+    let t0 = net.now;
+    net.node(0).handle_unreachable(t0, victim.as_bytes());
+    net.collect();
+    assert!(net.sees(0, &victim, MemberState::Suspect));
+    while net.now + STEP < t0 + c.suspicion_timeout {
+        net.step();
+        assert!(
+            net.sees(0, &victim, MemberState::Suspect),
+            "{:?} after the hint, {:?} before the timeout",
+            net.now - t0,
+            c.suspicion_timeout
+        );
+    }
+    net.step();
+    assert_eq!(net.now - t0, c.suspicion_timeout);
+    assert!(
+        net.sees(0, &victim, MemberState::Down),
+        "down at the timeout"
+    );
+    // A live member suspected the same way refutes within the timeout: never down.
+    let mut net = Net::new(3, c.clone());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .unwrap();
+    let live = net.node(2).me().name.clone();
+    let t0 = net.now;
+    net.node(0).handle_unreachable(t0, live.as_bytes());
+    net.collect();
+    net.run_until(c.suspicion_timeout * 3, |_| false);
+    assert!(net.sees(0, &live, MemberState::Alive) && net.sees(1, &live, MemberState::Alive));
+    assert!(!(0..3).any(|i| {
+        net.events_of(i)
+            .iter()
+            .any(|e| matches!(e, MemberEvent::Down(_)))
+    }));
+}
