@@ -25,6 +25,11 @@ mod send;
 mod stats;
 mod stream;
 
+/// The guide (`docs/guide.md`): how to use the library and the `batchwire` command, every
+/// guarantee, refusal and setting. Its examples are compiled and run as doc tests.
+#[doc = include_str!("../../docs/guide.md")]
+pub mod guide {}
+
 pub use crate::address::Address;
 pub use crate::class::Class;
 pub use crate::config::{NodeConfig, PeerSpec, TlsFiles};

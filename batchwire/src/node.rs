@@ -264,7 +264,7 @@ impl Node {
     }
 
     /// Copy this node's counters into the `metrics` facade, for the exporter the
-    /// application installed (feature `metrics`; names in the README, "Operating a cluster").
+    /// application installed (feature `metrics`; names in docs/guide.md, "Operating a cluster").
     /// Nothing is recorded per message: this reads the counters the node keeps anyway.
     #[cfg(feature = "metrics")]
     pub fn publish_metrics(&self) {

@@ -77,7 +77,7 @@ fn nodes_join_through_one_seed_and_send_to_the_live_view() {
         assert_eq!(&e.payload[..], b"hello");
         assert_eq!(e.from.node(), "0d");
     }
-    // At rest the membership costs little: the README's promise is under 1 KB/s sent per
+    // At rest the membership costs little: the guide's promise is under 1 KB/s sent per
     // node (a probe and its ack each way per second, about 100 B/s). Counted in bytes over
     // 3 s after the join's gossip settled (a second), for every node.
     std::thread::sleep(Duration::from_secs(1));

@@ -65,7 +65,7 @@ pub fn rate_table(rows: &[BenchResult], runs: usize, show_idle: bool, mb_head: &
 }
 
 /// One result: a scenario, a bundler and a size, over several runs. The JSON keys are
-/// stable (see docs/bench.md).
+/// stable (see docs/benchmark.md, "JSON").
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct BenchResult {
     pub scenario: String,

@@ -540,7 +540,7 @@ mod tests {
     /// direction is a hard limit on every try. A tighter bound failed in CI three times: a
     /// 5 MB/s link read 4.0-4.5 MB/s, then 2.45-3.16 MB/s, beside other tests of this
     /// binary. The bound still catches a wrong unit (8x) or a link that does not shape;
-    /// its accuracy on an idle machine is measured, not asserted (README, "The emulator's
+    /// its accuracy on an idle machine is measured, not asserted (docs/benchmark.md, "The emulator's
     /// own tests").
     const LOADED_SLACK: f64 = 2.5;
 

@@ -661,7 +661,7 @@ fn an_absurd_member_limit_is_refused_not_overflowed() {
 /// of extra delay each (reordering them), for a simulated minute: no live member is ever
 /// declared down (suspicions, hundreds at 25 %, are refuted in time). Then one crashes, found by the transport as the
 /// IO layer does (its connections fail at every peer), and every survivor sees it down
-/// within the suspicion timeout plus one probe period: the README's claim, under loss.
+/// within the suspicion timeout plus one probe period: the guide's claim, under loss.
 #[test]
 fn under_random_loss_and_delay_no_live_member_is_declared_down_and_a_dead_one_is() {
     let c = cfg();
