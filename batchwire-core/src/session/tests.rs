@@ -887,3 +887,182 @@ fn a_session_that_cannot_be_resumed_is_reset_on_both_ends_and_goes_on() {
     let d = b.begin_delivery(ib, 0, 2).unwrap().unwrap();
     assert_eq!(d.skip, 0, "nothing taken for a duplicate");
 }
+
+// ---- found by cargo-mutants: rules the tests above did not pin ----
+
+/// What the session says of itself: the peer's incarnation, the current connection, the
+/// window, the next number expected, a delivery in progress, closing, why it went down,
+/// its configuration, resets; each before and after the input that changes it.
+#[test]
+fn the_session_reports_its_state_as_it_changes() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    assert_eq!(
+        (s.incarnation(), s.current(), s.recv_next()),
+        (None, None, 0)
+    );
+    assert_eq!(
+        (s.window_bytes(), s.resets(), s.down_reason()),
+        (0, 0, None)
+    );
+    assert!(!s.is_closing() && !s.delivering());
+    assert_eq!(s.config().unacked_bytes, 1 << 20);
+    assert_eq!(s.config().ack_every, 64);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    assert_eq!((s.incarnation(), s.current()), (Some(2), Some(id)));
+    // Three frames of one message each (a frame is freed whole).
+    for k in 0..3 {
+        hold(&mut s, k..k + 1);
+    }
+    let held = s.window_bytes();
+    assert!(held > 3, "{held}");
+    assert_eq!(s.window_messages(), 3);
+    // Acknowledging two of three frees two, and their bytes.
+    let u = s.unwritten(id);
+    s.mark_written(t0, id, u.generation, *u.ends.last().unwrap());
+    assert_eq!(s.handle_ack(t0, id, 2).unwrap(), 2);
+    assert!(s.window_bytes() > 0 && s.window_bytes() < held);
+    assert_eq!(s.handle_ack(t0, id, 3).unwrap(), 1);
+    assert_eq!(s.window_bytes(), 0);
+    // A delivery in progress, then the next number expected.
+    let d = s.begin_delivery(id, 0, 5).unwrap().unwrap();
+    assert!(s.delivering());
+    s.end_delivery(t0, d, 5, 50);
+    assert!(!s.delivering());
+    assert_eq!(s.recv_next(), 5);
+    // The peer says goodbye: down, because it left; no current connection.
+    s.handle_goodbye(t0, id);
+    assert_eq!(s.down_reason(), Some(DownReason::Left));
+    assert_eq!(s.current(), None);
+    assert!(events(&mut s).iter().any(|e| matches!(
+        e,
+        SessionEvent::Down {
+            reason: DownReason::Left
+        }
+    )));
+    s.begin_close(t0 + MS);
+    assert!(s.is_closing());
+    // Resets are counted one by one.
+    let mut r = Session::new(cfg(), t0);
+    r.handle_reset(t0);
+    r.handle_reset(t0);
+    assert_eq!(r.resets(), 2);
+}
+
+/// A RESUME after a break says how many messages go again: all that were held and not
+/// acknowledged; none on a first connection.
+#[test]
+fn a_resume_counts_the_messages_written_again() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (ia, ra) = s.handle_connect(t0, 2);
+    let (ib, rb) = peer.handle_connect(t0, 1);
+    assert_eq!(s.handle_resume(t0, ia, rb).unwrap().resent, 0);
+    peer.handle_resume(t0, ib, ra).unwrap();
+    hold(&mut s, 0..3);
+    let u = s.unwritten(ia);
+    s.mark_written(t0, ia, u.generation, *u.ends.last().unwrap());
+    s.handle_disconnect(t0, ia);
+    peer.handle_disconnect(t0, ib);
+    let (ia, _) = s.handle_connect(t0, 2);
+    let (_, rb) = peer.handle_connect(t0, 1);
+    let r = s.handle_resume(t0, ia, rb).unwrap();
+    assert_eq!(r.resent, 3, "the peer had none of them");
+}
+
+/// Pieces have their own budget: bulk bytes never make the ordinary window full, and the
+/// budget is a strict bound (exactly at it, no more room).
+#[test]
+fn pieces_count_against_their_budget_only_and_it_is_strict() {
+    let t0 = Instant::now();
+    let piece = |s: &mut Session, offset: usize, id: Option<u64>| {
+        let p = Piece {
+            serial: 1,
+            to: Name::from_static("to"),
+            from: Name::from_static("from"),
+            payload: Bytes::from(vec![7u8; 10_000]),
+            offset,
+            len: 500,
+            id,
+        };
+        s.hold_piece(&p).unwrap()
+    };
+    // One piece's charge, measured.
+    let mut probe = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    connect(&mut probe, &mut peer, t0);
+    piece(&mut probe, 0, None);
+    let k = probe.bulk_bytes();
+    assert!(k >= 500, "{k}");
+    // A window smaller than the pieces held, a bulk budget of exactly two pieces.
+    let mut c = cfg();
+    c.unacked_bytes = 10;
+    c.bulk_inflight = 2 * k;
+    c.bulk_stream = 2 * k;
+    let mut s = Session::new(c, t0);
+    let mut peer = Session::new(cfg(), t0);
+    connect(&mut s, &mut peer, t0);
+    let id = piece(&mut s, 0, None);
+    assert!(s.bulk_room());
+    piece(&mut s, 500, Some(id));
+    assert_eq!(s.bulk_bytes(), 2 * k);
+    assert!(!s.bulk_room(), "at the budget: no more");
+    assert!(
+        !s.window_full(),
+        "{} bulk bytes held: the ordinary window is still empty",
+        s.bulk_bytes()
+    );
+    hold(&mut s, 0..1);
+    assert!(
+        s.window_full(),
+        "one ordinary message fills a window of 10 B"
+    );
+}
+
+/// A delivery that delivered nothing (all duplicates) sets no acknowledgement timer, and an
+/// unsequenced session never acknowledges, however much it delivers.
+#[test]
+fn nothing_delivered_or_nothing_sequenced_owes_no_acknowledgement() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    let before = s.poll_timeout();
+    let d = s.begin_delivery(id, 0, 5).unwrap().unwrap();
+    assert!(!s.end_delivery(t0, d, 0, 0), "none delivered");
+    assert_eq!(
+        s.poll_timeout(),
+        before,
+        "no acknowledgement timer for nothing"
+    );
+    let mut c = cfg();
+    c.reliable = false;
+    let mut u = Session::new(c, t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut u, &mut peer, t0);
+    let d = u.begin_delivery(id, 0, 100).unwrap().unwrap();
+    assert!(
+        !u.end_delivery(t0, d, 100, IDLE_ACK_BYTES),
+        "unsequenced: no ack"
+    );
+    assert!(!u.handle_idle(id));
+    assert_eq!(u.poll_control(t0, id), None);
+}
+
+/// A drained reader's early acknowledgement is for the current connection only, and only
+/// once: not when one is already due, not on a replaced connection.
+#[test]
+fn the_idle_acknowledgement_is_for_the_current_connection_once() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (old, _) = connect(&mut s, &mut peer, t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    let d = s.begin_delivery(id, 0, 10).unwrap().unwrap();
+    s.end_delivery(t0, d, 10, IDLE_ACK_BYTES);
+    assert!(!s.handle_idle(old), "a replaced connection owes nothing");
+    assert!(s.handle_idle(id));
+    assert!(!s.handle_idle(id), "already due");
+}
