@@ -1066,3 +1066,145 @@ fn the_idle_acknowledgement_is_for_the_current_connection_once() {
     assert!(s.handle_idle(id));
     assert!(!s.handle_idle(id), "already due");
 }
+
+/// Holding: refused with the reason once the peer is down; a batch's count is its
+/// messages'. Shutdown: a node with nothing held is closed once nobody is connected, a
+/// held message keeps it open, `abandon` fails what is held, and a passed deadline with
+/// nothing held fails nothing.
+#[test]
+fn holding_refusals_counts_and_shutdown_edges() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    assert_eq!(s.holdable(), Ok(()));
+    assert!(s.is_closed(), "never connected, nothing held");
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    assert!(!s.is_closed(), "connected");
+    let mut batch = crate::outbox::numbered(0..5);
+    assert_eq!(s.hold_batch(&mut batch), 5);
+    // Silent past the timeout: down, and holding is refused with why.
+    s.handle_timeout(t0 + 600 * MS);
+    let why = s.down_reason().unwrap();
+    assert_eq!(s.holdable(), Err(FailReason::Down(why)));
+    let failed: u64 = events(&mut s)
+        .iter()
+        .map(|e| match e {
+            SessionEvent::Failed { messages, .. } => messages.len() as u64,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(
+        (failed, s.window_messages()),
+        (5, 0),
+        "down: the five failed"
+    );
+    assert!(s.is_closed(), "no connection, nothing held");
+    // Held messages without a connection: not closed; abandon fails them.
+    let mut t = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (tid, _) = connect(&mut t, &mut peer, t0);
+    hold(&mut t, 0..2);
+    t.handle_disconnect(t0, tid);
+    assert!(!t.is_closed(), "two messages held");
+    t.abandon();
+    let failed: Vec<_> = events(&mut t)
+        .into_iter()
+        .filter_map(|e| match e {
+            SessionEvent::Failed { messages, reason } => Some((messages.len(), reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed, [(2, FailReason::ShutDown)]);
+    assert!(t.is_closed());
+    // Closing with nothing held: the deadline passes and nothing is failed.
+    let mut u = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    connect(&mut u, &mut peer, t0);
+    u.begin_close(t0 + MS);
+    assert_eq!(
+        u.poll_timeout(),
+        Some(t0 + 100 * MS),
+        "no close deadline to wait for"
+    );
+    u.handle_timeout(t0 + 2 * MS);
+    assert!(
+        !events(&mut u)
+            .iter()
+            .any(|e| matches!(e, SessionEvent::Failed { .. })),
+        "nothing held, nothing failed"
+    );
+    // With something held, the close deadline is the next timeout.
+    hold(&mut u, 0..1);
+    assert_eq!(u.poll_timeout(), Some(t0 + MS));
+    let _ = id;
+}
+
+/// What a connection that is not current gets: nothing to write, but the current
+/// generation (so a stale mark is recognised), no control frame.
+#[test]
+fn a_replaced_connection_gets_nothing_to_write_and_no_control() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (old, _) = connect(&mut s, &mut peer, t0);
+    hold(&mut s, 0..3);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    let cur = s.unwritten(id);
+    assert_eq!(cur.messages, 3);
+    let stale = s.unwritten(old);
+    assert_eq!((stale.messages, stale.ends.len()), (0, 0));
+    assert_eq!(stale.generation, cur.generation);
+    assert!(cur.generation > 0, "a resume starts a new generation");
+    // Control: due on the current connection only, and only when something is due.
+    assert!(!s.control_due(id));
+    let d = s.begin_delivery(id, 0, 64).unwrap().unwrap();
+    s.end_delivery(t0, d, 64, 640);
+    assert!(s.control_due(id));
+    assert!(!s.control_due(old));
+    assert_eq!(s.poll_control(t0, id), Some(Frame::Ack(64)));
+    assert!(!s.control_due(id));
+    s.handle_timeout(t0 + 100 * MS);
+    assert!(s.control_due(id), "a heartbeat is control too");
+}
+
+/// The clock, exactly: the next timeout is the heartbeat while one is not yet due, then
+/// the peer timeout; without a connection, the unreachability deadline; closing, no
+/// failure detection. The live incarnation holds until peer_timeout after the last word,
+/// not at it.
+#[test]
+fn the_next_timeout_and_the_live_incarnation_on_a_fake_clock() {
+    let t0 = Instant::now();
+    let ns = Duration::from_nanos(1);
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    assert_eq!(s.live_incarnation(t0), None);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    assert_eq!(s.poll_timeout(), Some(t0 + 100 * MS), "heartbeat first");
+    s.handle_timeout(t0 + 100 * MS);
+    assert_eq!(
+        s.poll_timeout(),
+        Some(t0 + 600 * MS),
+        "then the peer timeout"
+    );
+    assert_eq!(s.live_incarnation(t0), Some(2));
+    assert_eq!(s.live_incarnation(t0 + 600 * MS - ns), Some(2));
+    assert_eq!(s.live_incarnation(t0 + 600 * MS), None);
+    // Heard later: both move.
+    s.handle_heard(t0 + 200 * MS, id);
+    assert_eq!(s.poll_timeout(), Some(t0 + 800 * MS));
+    assert_eq!(s.live_incarnation(t0 + 700 * MS), Some(2));
+    // Disconnected: down after peer_timeout without a connection.
+    s.handle_disconnect(t0 + 300 * MS, id);
+    assert_eq!(s.poll_timeout(), Some(t0 + 900 * MS));
+    assert_eq!(s.live_incarnation(t0 + 300 * MS), None);
+    // Closing: nobody is declared down any more, nothing else is due.
+    s.begin_close(t0 + 10 * 600 * MS);
+    assert_eq!(s.poll_timeout(), None);
+    // A paused reader's silence is not counted either.
+    let mut p = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    connect(&mut p, &mut peer, t0);
+    p.handle_timeout(t0 + 100 * MS);
+    p.set_paused(t0 + 100 * MS, true);
+    assert_eq!(p.poll_timeout(), None, "heartbeat due, paused: no deadline");
+}
