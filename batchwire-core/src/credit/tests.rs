@@ -280,3 +280,129 @@ fn one_lookup_per_send_charges_the_same_as_two() {
     }
     assert!(!one.admits(b"a"), "a's window closed");
 }
+
+// ---- found by cargo-mutants: rules the tests above did not pin ----
+
+/// The sender: admitted strictly below the window (at it, held back, on both lookups); a
+/// grant that leaves the charge exactly at the window reopens nothing; a SYNC that opens
+/// nothing says so; `synced` only after one; pruning idle accounts keeps busy ones.
+#[test]
+fn the_sender_window_is_strict_and_recounts_report_what_opened() {
+    let mut c = SendCredit::default();
+    assert!(!c.synced());
+    let x = n("x");
+    c.try_charge(&x, INITIAL_WINDOW);
+    assert!(!c.admits(b"x"), "exactly at the window: held back");
+    assert_eq!(c.admits_at(b"x"), (false, Some(c.last)));
+    assert_eq!(c.admits_at(b"new"), (true, None));
+    assert!(!c.try_charge(&x, 1), "refused at the window");
+    c.charge_at(None, &x, INITIAL_WINDOW - 1);
+    assert_eq!(c.outstanding(b"x"), 2 * INITIAL_WINDOW - 1);
+    assert!(
+        !c.grant(b"x", INITIAL_WINDOW - 1),
+        "back at the window: still closed"
+    );
+    assert!(c.grant(b"x", 1), "one below: open");
+    // A SYNC that opens nothing returns false; one that opens a closed mailbox true.
+    let mut totals = NameMap::default();
+    totals.insert(n("x"), 5);
+    assert!(!c.sync(INITIAL_WINDOW, 1, &totals), "nothing was closed");
+    assert!(c.synced());
+    c.try_charge(&x, INITIAL_WINDOW);
+    assert!(!c.admits(b"x"));
+    let mut totals = NameMap::default();
+    totals.insert(n("x"), INITIAL_WINDOW);
+    assert!(
+        !c.sync(INITIAL_WINDOW, 1, &totals),
+        "recounted to the window: still closed"
+    );
+    totals.insert(n("x"), INITIAL_WINDOW - 1);
+    assert!(
+        c.sync(INITIAL_WINDOW, 1, &totals),
+        "recounted below: opened"
+    );
+    // Idle accounts pruned; one with bytes outstanding kept, with its charge.
+    let mut c = SendCredit::default();
+    c.try_charge(&n("busy"), 100);
+    for i in 0..2 * MAX_IDLE_SLOTS {
+        let name = n(&format!("m{i}"));
+        c.try_charge(&name, 1);
+        c.grant(name.as_bytes(), 1);
+    }
+    assert_eq!(c.outstanding(b"busy"), 100);
+    assert!(c.slots.len() <= MAX_IDLE_SLOTS + 1);
+}
+
+/// The receiver: its window and limit as configured; a charge taken back; a SYNC asked for;
+/// a snapshot bounded to one frame's entries; urgency kept while grants remain.
+#[test]
+fn the_receiver_accounts_limits_and_frames() {
+    let r = RecvCredit::new(1000, 50);
+    assert_eq!(r.window(), 1000);
+    assert_eq!(r.limit(), 2000 + 50 + (1 << 20));
+    let mut r = RecvCredit::new(1 << 20, 1 << 20);
+    let x = n("x");
+    r.charge(&x, 300).unwrap();
+    r.uncharge(b"x", 100);
+    assert_eq!(r.held(b"x"), 200);
+    assert!(
+        r.take_grants().is_none(),
+        "nothing owed for a charge taken back"
+    );
+    assert!(!r.wants_sync());
+    r.request_sync();
+    assert!(r.wants_sync());
+    // More held mailboxes than one frame lists: the snapshot lists one frame's worth.
+    let mut r = RecvCredit::new(1 << 20, 1 << 20);
+    for i in 0..MAX_CREDIT_ENTRIES + 3 {
+        r.charge(&n(&format!("h{i}")), 1).unwrap();
+    }
+    assert_eq!(r.snapshot(0, 0).held.len(), MAX_CREDIT_ENTRIES);
+    // Urgent grants for more mailboxes than a frame: still urgent after the first frame.
+    let mut r = RecvCredit::new(8, 1 << 20);
+    for i in 0..MAX_CREDIT_ENTRIES + 3 {
+        let m = n(&format!("u{i}"));
+        r.charge(&m, 8).unwrap();
+        r.release(m.as_bytes(), 8);
+    }
+    assert_eq!(r.grants_waiting(), (true, true));
+    r.take_grants().unwrap();
+    assert_eq!(r.grants_waiting(), (true, true), "the rest is as urgent");
+    r.take_grants().unwrap();
+    assert_eq!(r.grants_waiting(), (false, false));
+}
+
+/// Names without a mailbox are counted as such across tidying: 63 of them, a tidy, and two
+/// more reach the bound of 64 (the second asks for a SYNC). Names that turn out to be
+/// mailboxes stop counting, and real mailboxes never count.
+#[test]
+fn stray_names_are_counted_exactly_across_tidying() {
+    let mut r = RecvCredit::new(1 << 20, 1 << 20);
+    for i in 0..MAX_STRAY - 1 {
+        r.dropped(&n(&format!("gone{i}")), 10);
+    }
+    r.uncharge(b"nothing", 0); // tidies
+    assert_eq!(r.strays, MAX_STRAY - 1);
+    r.dropped(&n("one"), 10);
+    assert!(!r.wants_sync());
+    r.dropped(&n("two"), 10);
+    assert!(r.wants_sync(), "the 65th name without a mailbox");
+    // Strays that become mailboxes (a charge arrives) stop counting.
+    let mut r = RecvCredit::new(1 << 20, 1 << 20);
+    for i in 0..MAX_STRAY {
+        r.dropped(&n(&format!("s{i}")), 10);
+    }
+    for i in 0..MAX_STRAY {
+        r.charge(&n(&format!("s{i}")), 1).unwrap();
+    }
+    assert_eq!(r.strays, 0);
+    r.dropped(&n("new"), 10);
+    assert!(!r.wants_sync(), "one stray, far below the bound");
+    // Real mailboxes holding bytes are not strays, before or after a tidy.
+    let mut r = RecvCredit::new(1 << 20, 1 << 20);
+    for i in 0..MAX_STRAY {
+        r.charge(&n(&format!("real{i}")), 1).unwrap();
+    }
+    r.uncharge(b"nothing", 0);
+    assert_eq!(r.strays, 0);
+}
