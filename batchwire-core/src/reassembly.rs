@@ -826,4 +826,113 @@ mod tests {
             Added::Complete { kept: true, .. }
         ));
     }
+
+    // ---- found by cargo-mutants: rules the tests above did not pin ----
+
+    /// The buffer grows ahead of the data: a message of up to `LOOKAHEAD` gets its whole
+    /// buffer with its first piece; a larger one doubles, so a 16 MiB message in 64 KiB
+    /// pieces is moved a handful of times, not once per piece; a piece read in place has
+    /// room for all of it before it is read.
+    #[test]
+    fn buffers_grow_ahead_so_messages_are_rarely_moved() {
+        let mut r = Reassembly::default();
+        let ps = pieces(0, LOOKAHEAD, 64 << 10);
+        r.add(&ps[0], true).unwrap();
+        assert_eq!(r.partial[0].buf.capacity(), LOOKAHEAD, "1 MiB at once");
+        let mut r = Reassembly::default();
+        let ps = pieces(0, 16 << 20, 64 << 10);
+        let (mut caps, mut last) = (0, 0);
+        for p in &ps[..ps.len() - 1] {
+            r.add(p, true).unwrap();
+            let c = r.partial[0].buf.capacity();
+            if c != last {
+                caps += 1;
+                last = c;
+            }
+        }
+        assert!(caps <= 6, "{caps} buffers for 16 MiB");
+        // In place: room for the whole piece before a byte of it is read.
+        let mut r = Reassembly::default();
+        let ps = pieces(0, 200_000, 64 << 10);
+        let (buf, left) = r.direct_room(&head(&ps[0]), 0, C1, || true).unwrap();
+        assert_eq!(left, 64 << 10);
+        assert!(buf.capacity() >= 64 << 10, "{}", buf.capacity());
+    }
+
+    /// What is held: messages in pieces and the bytes the kept ones will hold when whole.
+    #[test]
+    fn it_reports_messages_in_pieces_and_what_the_kept_ones_commit() {
+        let mut r = Reassembly::default();
+        assert_eq!((r.len(), r.committed()), (0, 0));
+        r.add(&pieces(0, 3000, 1000)[0], true).unwrap();
+        r.add(&pieces(10, 5000, 1000)[0], true).unwrap();
+        r.add(&pieces(20, 7000, 1000)[0], false).unwrap();
+        assert_eq!(r.len(), 3);
+        assert_eq!(r.committed(), 8000, "the one not kept commits nothing");
+    }
+
+    /// In place: a piece read to its end still has (empty) room; a later piece of a message
+    /// never started gets none and starts nothing; a read that appended less than it says
+    /// is not committed.
+    #[test]
+    fn in_place_reads_are_checked_at_both_ends() {
+        let ps = pieces(0, 30, 10);
+        let mut r = Reassembly::default();
+        let h = head(&ps[0]);
+        let (buf, _) = r.direct_room(&h, 0, C1, || true).unwrap();
+        buf.extend_from_slice(&ps[0].data);
+        let (_, left) = r.direct_room(&h, 10, C1, || true).expect("read to its end");
+        assert_eq!(left, 0);
+        assert!(r.direct_room(&h, 11, C1, || true).is_none(), "past its end");
+        assert_eq!(r.add_direct(&h, C1).unwrap(), Added::Partial);
+        // A middle piece of a message nobody started: no room, no entry.
+        let mut r = Reassembly::default();
+        let qs = pieces(50, 30, 10);
+        assert!(r.direct_room(&head(&qs[1]), 0, C1, || true).is_none());
+        assert!(r.is_empty());
+        // Claimed 10 bytes, appended 9: not committed.
+        let mut r = Reassembly::default();
+        let h = head(&ps[0]);
+        let (buf, _) = r.direct_room(&h, 0, C1, || true).unwrap();
+        buf.extend_from_slice(&ps[0].data[..9]);
+        assert!(matches!(
+            r.add_direct(&h, C1),
+            Err(ReassemblyError::OutOfOrder { .. })
+        ));
+    }
+
+    /// A first piece again: a duplicate once anything was received, and also when a start
+    /// read in place (nothing received) announced another length. A one-piece message not
+    /// kept carries no payload. Below the floor, a piece is dropped even while another
+    /// message is in pieces.
+    #[test]
+    fn first_pieces_again_one_piece_messages_and_the_floor() {
+        let ps = pieces(0, 30, 10);
+        let mut r = Reassembly::default();
+        r.add(&ps[0], true).unwrap();
+        assert_eq!(
+            r.add(&ps[0], true),
+            Err(ReassemblyError::Duplicate { id: 0 })
+        );
+        let mut r = Reassembly::default();
+        r.direct_room(&head(&ps[0]), 0, C1, || true).unwrap();
+        let mut longer = ps[0].clone();
+        longer.total = 40;
+        assert_eq!(
+            r.add(&longer, true),
+            Err(ReassemblyError::Duplicate { id: 0 })
+        );
+        // One piece, not kept.
+        let one = &pieces(7, 10, 10)[0];
+        let Added::Complete { payload, kept, .. } = r.add(one, false).unwrap() else {
+            panic!()
+        };
+        assert!(payload.is_empty() && !kept);
+        // The floor: message 5 was given up; message 12 is in pieces.
+        let mut r = Reassembly::default();
+        r.discard_below(10);
+        r.add(&pieces(12, 30, 10)[0], true).unwrap();
+        assert_eq!(r.add(&pieces(5, 30, 10)[1], true), Ok(Added::Partial));
+        assert_eq!(r.len(), 1);
+    }
 }
