@@ -1010,3 +1010,203 @@ fn packets_foca_refuses_are_counted_as_ignored() {
     m.handle_frame(t, &n0, &body).unwrap();
     assert_eq!(m.counters().ignored, before + 2);
 }
+
+/// Every bad setting is refused by `validate`, each bound exactly: `max_members` may be
+/// `MAX_MEMBERS_LIMIT`, not one more; `probe_rtt` must be below `probe_period`.
+#[test]
+fn every_bad_setting_is_refused_at_its_bound() {
+    let ok = MembershipConfig::default();
+    assert!(ok.validate().is_ok());
+    let s = Duration::from_secs(1);
+    let bad: Vec<(&str, MembershipConfig)> = vec![
+        (
+            "probe_rtt 0",
+            MembershipConfig {
+                probe_rtt: Duration::ZERO,
+                ..ok.clone()
+            },
+        ),
+        (
+            "probe_rtt = period",
+            MembershipConfig {
+                probe_rtt: s,
+                probe_period: s,
+                ..ok.clone()
+            },
+        ),
+        (
+            "suspicion 0",
+            MembershipConfig {
+                suspicion_timeout: Duration::ZERO,
+                ..ok.clone()
+            },
+        ),
+        (
+            "gossip 0",
+            MembershipConfig {
+                gossip_period: Duration::ZERO,
+                ..ok.clone()
+            },
+        ),
+        (
+            "announce 0",
+            MembershipConfig {
+                announce_period: Duration::ZERO,
+                ..ok.clone()
+            },
+        ),
+        (
+            "frames 0",
+            MembershipConfig {
+                frames_per_second: 0,
+                ..ok.clone()
+            },
+        ),
+        (
+            "members 0",
+            MembershipConfig {
+                max_members: 0,
+                ..ok.clone()
+            },
+        ),
+        (
+            "members past the limit",
+            MembershipConfig {
+                max_members: MAX_MEMBERS_LIMIT + 1,
+                ..ok.clone()
+            },
+        ),
+    ];
+    for (what, c) in bad {
+        assert!(
+            matches!(c.validate(), Err(MemberError::Config(_))),
+            "{what}: accepted"
+        );
+    }
+    let edge = MembershipConfig {
+        max_members: MAX_MEMBERS_LIMIT,
+        probe_rtt: s - Duration::from_nanos(1),
+        probe_period: s,
+        ..ok.clone()
+    };
+    assert!(edge.validate().is_ok());
+    // Updates are retransmitted log10(max_members + 1) x 4 times (at least 4).
+    let tx = |m: usize| {
+        MembershipConfig {
+            max_members: m,
+            ..ok.clone()
+        }
+        .foca()
+        .unwrap()
+        .max_transmissions
+        .get()
+    };
+    assert_eq!((tx(1), tx(99), tx(1024)), (4, 8, 12));
+}
+
+/// Identities: only alive and suspect members are live; of two identities of one name,
+/// the later start (then the later bump) wins, and an identity does not win against
+/// itself.
+#[test]
+fn liveness_and_which_identity_wins() {
+    use foca::Identity;
+    assert!(MemberState::Alive.is_live() && MemberState::Suspect.is_live());
+    assert!(!MemberState::Down.is_live() && !MemberState::Left.is_live());
+    let a = id(1, 5);
+    let later = id(1, 6);
+    let bumped = MemberId {
+        bump: 1,
+        ..a.clone()
+    };
+    assert!(later.win_addr_conflict(&a) && !a.win_addr_conflict(&later));
+    assert!(bumped.win_addr_conflict(&a));
+    assert!(!a.win_addr_conflict(&a), "no win against itself");
+}
+
+/// A node that joins after a member went down hears of it as down: it never reports it
+/// joined. Down members are forgotten after `forget_down_after`, from the view and from
+/// the refused names alike.
+#[test]
+fn a_member_first_heard_of_as_down_never_joined_and_the_forgotten_go() {
+    let c = MembershipConfig {
+        forget_down_after: Duration::from_secs(8),
+        ..cfg()
+    };
+    let mut net = Net::new(4, c.clone());
+    // Nodes 0-2 form the cluster; 3 joins later.
+    let seed = net.node(0).me().clone();
+    let t = net.now;
+    for i in 1..3 {
+        net.node(i).handle_join(t, seed.clone());
+    }
+    net.collect();
+    net.run_until(Duration::from_secs(10), |n| {
+        (0..3).all(|i| {
+            (0..3)
+                .filter(|j| *j != i)
+                .all(|j| n.sees(i, &id(j, 1).name, MemberState::Alive))
+        })
+    })
+    .unwrap();
+    let victim = id(2, 1).name;
+    net.nodes[2] = None;
+    let t = net.now;
+    net.node(0).handle_unreachable(t, victim.as_bytes());
+    net.collect();
+    net.run_until(Duration::from_secs(10), |n| {
+        n.sees(0, &victim, MemberState::Down) && n.sees(1, &victim, MemberState::Down)
+    })
+    .unwrap();
+    let t = net.now;
+    net.node(3).handle_join(t, seed);
+    net.collect();
+    net.run_until(Duration::from_secs(3), |n| {
+        n.sees(3, &victim, MemberState::Down)
+    })
+    .expect("the newcomer hears of the down member");
+    assert!(
+        !net.events_of(3)
+            .iter()
+            .any(|e| matches!(e, MemberEvent::Joined(m) if m.name == victim)),
+        "{:?}",
+        net.events_of(3)
+    );
+    // Forgotten after forget_down_after, by everyone.
+    net.run_until(c.forget_down_after + Duration::from_secs(5), |n| {
+        [0, 1, 3].iter().all(|i| {
+            n.nodes[*i]
+                .as_ref()
+                .unwrap()
+                .state_of(victim.as_bytes())
+                .is_none()
+        })
+    })
+    .expect("the down member is forgotten");
+}
+
+/// A name refused for want of room is forgotten with the member: once SWIM forgets it,
+/// it is not "refused" any more.
+#[test]
+fn refused_names_are_forgotten_with_their_members() {
+    let c = MembershipConfig {
+        max_members: 1,
+        forget_down_after: Duration::from_secs(5),
+        ..cfg()
+    };
+    let mut net = Net::new(3, c.clone());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(5), |_| false);
+    let refused: Vec<usize> = (1..3)
+        .filter(|i| net.node(0).is_refused(id(*i, 1).name.as_bytes()))
+        .collect();
+    assert_eq!(refused.len(), 1, "{:?}", net.node(0).members());
+    let r = refused[0];
+    net.nodes[r] = None;
+    net.run_until(Duration::from_secs(40), |n| {
+        !n.nodes[0]
+            .as_ref()
+            .unwrap()
+            .is_refused(id(r, 1).name.as_bytes())
+    })
+    .expect("forgotten once SWIM forgets it");
+}
