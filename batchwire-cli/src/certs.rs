@@ -22,9 +22,29 @@ pub fn generate_certs(dir: &Path, nodes: &[&str]) -> Result<(), String> {
         .push(DnType::CommonName, "batchwire test CA");
     let ca_key = KeyPair::generate().map_err(g)?;
     let ca = ca_params.self_signed(&ca_key).map_err(g)?;
+    // Private keys are readable by their owner only (0600), made so before a byte is
+    // written; certificates are public (0644).
     let write = |name: &str, text: String| {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
         let p = dir.join(name);
-        std::fs::write(&p, text).map_err(|e| tls_err("cannot write", &p, e))
+        let mode = if name.ends_with("-key.pem") {
+            0o600
+        } else {
+            0o644
+        };
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&p)
+            .map_err(|e| tls_err("cannot write", &p, e))?;
+        // An existing file keeps its mode on open: set it.
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .map_err(|e| tls_err("cannot set the mode of", &p, e))?;
+        f.write_all(text.as_bytes())
+            .map_err(|e| tls_err("cannot write", &p, e))
     };
     write("ca.pem", ca.pem())?;
     write("ca-key.pem", ca_key.serialize_pem())?;

@@ -1,5 +1,16 @@
 //! The `batchwire` command: run a node, or benchmark the bundlers.
 
+/// `println!` that ends the process quietly on a closed pipe (see `sys::write_stdout`).
+macro_rules! outln {
+    () => { $crate::sys::write_stdout(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::sys::write_stdout(format_args!("{}\n", format_args!($($t)*))) };
+}
+
+/// `print!` that ends the process quietly on a closed pipe (see `sys::write_stdout`).
+macro_rules! out {
+    ($($t:tt)*) => { $crate::sys::write_stdout(format_args!($($t)*)) };
+}
+
 mod bench;
 mod certs;
 mod echo;
@@ -338,7 +349,7 @@ fn main() -> ExitCode {
             advertise,
         } => {
             if print_config {
-                print!("{}", nodefile::DEFAULTS);
+                out!("{}", nodefile::DEFAULTS);
                 return ExitCode::SUCCESS;
             }
             init_logs(LevelFilter::INFO);
@@ -381,12 +392,12 @@ fn main() -> ExitCode {
             let names: Vec<&str> = nodes.iter().map(|s| s.as_str()).collect();
             certs::generate_certs(&out, &names)
                 .map(|()| {
-                    println!(
+                    outln!(
                         "wrote {}: ca.pem, ca-key.pem, and NAME.pem + NAME-key.pem for {}",
                         out.display(),
                         names.join(", ")
                     );
-                    println!(
+                    outln!(
                         "use: batchwire node --name {n} --tls-cert {d}/{n}.pem --tls-key {d}/{n}-key.pem --tls-ca {d}/ca.pem ...",
                         n = names.first().copied().unwrap_or("a"),
                         d = out.display()
@@ -461,10 +472,10 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
             batchwire::MemberState::Down => "down",
             _ => "left",
         };
-        println!("member {what} {} {} {}", m.name, m.addr, m.incarnation);
+        outln!("member {what} {} {} {}", m.name, m.addr, m.incarnation);
     }
     print_member_events(events);
-    println!("node {} listening on {}", node.name(), node.local_addr());
+    outln!("node {} listening on {}", node.name(), node.local_addr());
     let start = Instant::now();
     let mut last_stats = Instant::now();
     let mut batch = Vec::new();
@@ -525,14 +536,14 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
             last_published = Some(Instant::now());
         }
         if stats_every > 0 && last_stats.elapsed() >= Duration::from_secs(stats_every) {
-            print!("{}", node.stats());
+            out!("{}", node.stats());
             last_stats = Instant::now();
         }
         if run_for > 0 && start.elapsed() >= Duration::from_secs(run_for) {
             break;
         }
     }
-    print!("{}", node.stats());
+    out!("{}", node.stats());
     drop(echo);
     node.shutdown();
     Ok(())
@@ -554,7 +565,7 @@ fn print_member_events(events: std::sync::mpsc::Receiver<batchwire::Event>) {
                     E::MemberLeft { member } => ("left", member),
                     _ => continue,
                 };
-                println!("member {what} {} {} {}", m.name, m.addr, m.incarnation);
+                outln!("member {what} {} {} {}", m.name, m.addr, m.incarnation);
             }
         });
     if let Err(e) = spawned {
@@ -758,7 +769,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
             for r in &mut res {
                 r.link = Some(spec.clone());
             }
-            print!("{}", link_reading(h, &link_before, &res));
+            out!("{}", link_reading(h, &link_before, &res));
         }
         results.extend(res);
         if !a.quiet {
@@ -769,11 +780,11 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
     if let Some(path) = &a.json {
         bench::write_json(path, &results)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        println!("\nwrote {}", path.display());
+        outln!("\nwrote {}", path.display());
     }
     if let Some(path) = &a.plot {
         plot::write_svg(path, &results)?;
-        println!("wrote {}", path.display());
+        outln!("wrote {}", path.display());
     }
     if !a.quiet {
         eprintln!("bench took {:.0} s", started.elapsed().as_secs_f64());

@@ -16,3 +16,18 @@ pub fn limit_malloc_arenas() {
         }
     }
 }
+
+/// Write to standard output; a closed pipe (`batchwire ... | head`) ends the process
+/// quietly with the status a shell gives a process killed by SIGPIPE (141), instead of
+/// `println!`'s panic ("failed printing to stdout: Broken pipe"). SIGPIPE itself stays
+/// ignored: the node's sockets rely on that.
+pub fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(141);
+        }
+        panic!("failed printing to stdout: {e}");
+    }
+}

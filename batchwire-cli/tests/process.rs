@@ -848,6 +848,21 @@ fn tls_cluster_of_node_processes_from_the_certs_command() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Private keys readable by their owner only; certificates by anyone.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |f: &str| {
+            std::fs::metadata(certs.join(f))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        for n in ["ca", "a", "b", "c"] {
+            assert_eq!(mode(&format!("{n}-key.pem")), 0o600, "{n}-key.pem");
+            assert_eq!(mode(&format!("{n}.pem")), 0o644, "{n}.pem");
+        }
+    }
     let secret = dir.join("secret");
     std::fs::write(&secret, SECRET).unwrap();
     let addrs = free_addrs(3);
@@ -1362,4 +1377,21 @@ fn a_60_second_soak_under_kills_and_restarts_loses_nothing() {
         assert!(n["rss_mib_max"].as_f64().unwrap() > 0.0, "{n}");
     }
     assert!(stdout.contains("soak 20 s: sent"), "{stdout}");
+}
+
+/// `batchwire ... | head`: output into a pipe nobody reads any more ends the process with
+/// the status of a SIGPIPE (141), quietly, not with a panic.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(EXE)
+        .args(["node", "--print-config"])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }

@@ -92,7 +92,10 @@ mod tests {
         let r = request_sender(0xdead_beef, "caller").unwrap();
         assert_eq!(r.len(), CALL_TAG_LEN + 6);
         assert!(is_reserved(r.as_bytes()));
-        assert!(!is_reserved(b"caller") && !is_reserved(b""), "plain names are not");
+        assert!(
+            !is_reserved(b"caller") && !is_reserved(b""),
+            "plain names are not"
+        );
         assert_eq!(
             parse(r.as_bytes()),
             Some((0xdead_beef, b"caller".as_slice()))

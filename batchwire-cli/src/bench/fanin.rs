@@ -464,7 +464,7 @@ pub fn run(c: &Common, ov: &Overrides, pin: bool) -> Result<Vec<BenchResult>, St
             r.pinned = o.pin.then(|| PINNED.to_string());
             results.push(r);
         }
-        print!("{}", table(&results[first..], &o, c));
+        out!("{}", table(&results[first..], &o, c));
     }
     Ok(results)
 }

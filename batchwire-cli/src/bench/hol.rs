@@ -554,7 +554,7 @@ pub fn run(
             None,
         );
     }
-    print!("{}", table(&results, c, phase_ms));
+    out!("{}", table(&results, c, phase_ms));
     Ok(results)
 }
 

@@ -308,9 +308,12 @@ pub fn run(
         all.push((n, figs));
     }
     let d = MembershipConfig::default();
-    println!(
+    outln!(
         "\nmembership: N nodes, each its own `batchwire node` process on loopback, joining through one seed (defaults: probe every {:?}, probe RTT {:?}, suspicion timeout {:?}, gossip every {:?}); medians of {runs} run(s) (min-max)",
-        d.probe_period, d.probe_rtt, d.suspicion_timeout, d.gossip_period
+        d.probe_period,
+        d.probe_rtt,
+        d.suspicion_timeout,
+        d.gossip_period
     );
     let mut t = Table::new([
         "nodes",
@@ -370,8 +373,8 @@ pub fn run(
             ));
         }
     }
-    print!("{}", t.render());
-    println!(
+    out!("{}", t.render());
+    outln!(
         "targets: 32 nodes converge in under 3 s; a killed node is seen down by all within the suspicion timeout plus one probe period ({:?}); at rest under 1 KB/s of membership per node",
         d.suspicion_timeout + d.probe_period
     );

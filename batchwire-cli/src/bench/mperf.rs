@@ -371,7 +371,7 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
             r.nodes = o.nodes;
             results.push(r);
         }
-        print!("{}", table(&results[first..], &o, c));
+        out!("{}", table(&results[first..], &o, c));
     }
     Ok(results)
 }

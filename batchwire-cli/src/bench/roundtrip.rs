@@ -481,7 +481,7 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
             results.push(r);
         }
     }
-    print!("{}", table(&results, &plan, c));
+    out!("{}", table(&results, &plan, c));
     Ok(results)
 }
 

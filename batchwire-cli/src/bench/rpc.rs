@@ -660,7 +660,7 @@ pub fn run(c: &Common, ov: &Overrides) -> Result<Vec<BenchResult>, String> {
                 results.push(r);
             }
         }
-        print!(
+        out!(
             "{}",
             tables(
                 &results[first..mid],

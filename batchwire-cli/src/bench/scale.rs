@@ -239,7 +239,7 @@ fn cpu_percent(r: &HubReport) -> f64 {
 }
 
 fn print_table(reports: &[HubReport]) {
-    println!(
+    outln!(
         "\nscale: one node (natural, defaults: heartbeat 500 ms; static peers, membership off) with N peers, each peer a node in another process; measured on the node after connecting, idle (nothing sent)"
     );
     let mut t = Table::new([
@@ -258,12 +258,12 @@ fn print_table(reports: &[HubReport]) {
             format!("{:.0}", r.frames_per_sec),
         ]);
     }
-    print!("{}", t.render());
+    out!("{}", t.render());
     if let (Some(a), Some(b)) = (reports.first(), reports.last())
         && b.peers > a.peers
     {
         let per = |x: f64, y: f64| (y - x) / (b.peers - a.peers) as f64;
-        println!(
+        outln!(
             "per additional peer: {:.1} threads, {:.0} KiB resident, {:.3}% of a core idle",
             per(a.threads as f64, b.threads as f64),
             per(a.rss_kib as f64, b.rss_kib as f64),

@@ -335,7 +335,7 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
                 };
                 for (w, out) in outs.iter().enumerate() {
                     if o.verify {
-                        println!(
+                        outln!(
                             "verify {size} B {}{} run {}: sent {} delivered {} lost {} duplicated {} reordered {} (connection breaks {})",
                             e.name(),
                             ways[w],
@@ -403,7 +403,7 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool, 
     } else {
         "one sender thread"
     };
-    println!(
+    outln!(
         "\nthroughput: {} B messages, {how}, 2 processes {}; msgs/s, median of {runs} alternating runs; {}",
         first.size,
         match crate::link::hosts::active_link() {
@@ -415,25 +415,33 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool, 
             first.size
         ),
     );
-    print!("{:<25} {:>9}", "bundler", "messages");
+    out!("{:<25} {:>9}", "bundler", "messages");
     for i in 0..runs {
-        print!(" {:>9}", format!("run {}", i + 1));
+        out!(" {:>9}", format!("run {}", i + 1));
     }
-    println!(
+    outln!(
         " {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>10}",
-        "median", "min", "max", "MB/s", "% raw", "msgs/wr", "CPU ns/msg"
+        "median",
+        "min",
+        "max",
+        "MB/s",
+        "% raw",
+        "msgs/wr",
+        "CPU ns/msg"
     );
     for (r, m) in rows.iter().zip(mpw) {
-        print!("{:<25} {:>9}", r.label(show_idle), r.messages);
+        out!("{:<25} {:>9}", r.label(show_idle), r.messages);
         if r.failed() {
-            println!(
+            outln!(
                 "  FAILED: lost {} duplicated {} reordered {}",
-                r.lost, r.duplicated, r.reordered
+                r.lost,
+                r.duplicated,
+                r.reordered
             );
             continue;
         }
         for v in &r.runs {
-            print!(" {:>9}", si(*v));
+            out!(" {:>9}", si(*v));
         }
         let pct = raw
             .map(|x| format!("{:.0}%", 100.0 * r.median / x))
@@ -446,7 +454,7 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool, 
         let cpu = r
             .cpu_ns_per_msg
             .map_or("-".to_string(), |c| format!("{c:.0}"));
-        println!(
+        outln!(
             " {:>9} {:>9} {:>9} {:>9.0} {:>7} {:>9} {:>10}",
             si(r.median),
             si(r.min),

@@ -315,7 +315,7 @@ pub fn parse_results<T: serde::de::DeserializeOwned>(lines: &[String]) -> Result
 /// Print a worker's result line (`RESULT {json}`) on stdout.
 pub fn print_result<T: Serialize>(v: &T) -> Result<(), String> {
     let s = serde_json::to_string(v).ctx("encoding the result")?;
-    println!("RESULT {s}");
+    outln!("RESULT {s}");
     Ok(())
 }
 

@@ -463,7 +463,7 @@ impl Soak<'_> {
             if now >= next_report {
                 let t = self.totals();
                 let label = format!("{:.0} s", self.start.elapsed().as_secs_f64());
-                println!("{}", self.line(&t, &label));
+                outln!("{}", self.line(&t, &label));
                 next_report = now + o.report_every;
             }
         }
@@ -485,10 +485,10 @@ impl Soak<'_> {
         let missing = self.missing_at_end();
         t.lost += missing;
         let elapsed = o.duration.as_secs_f64();
-        println!("{}", self.line(&t, "end"));
+        outln!("{}", self.line(&t, "end"));
         let usage = self.usage();
         for u in &usage {
-            println!(
+            outln!(
                 "  {}: threads {} (max {}), RSS {:.1} MiB (max {:.1}), RSS slope {}",
                 u.name,
                 u.threads_end,
@@ -503,14 +503,14 @@ impl Soak<'_> {
             .sent
             .saturating_sub(t.delivered + t.failed_to_restarted + t.failed_between_others);
         if self.restarts > 0 {
-            println!(
+            outln!(
                 "  sent - delivered - failed = {vanished}: what the SIGKILLed processes held or had in flight when they died (nobody is left to tell)"
             );
         }
         if missing > 0 {
-            println!("  {missing} accepted messages never arrived after the run settled:");
+            outln!("  {missing} accepted messages never arrived after the run settled:");
             for (s, d, sent, got) in self.pairs() {
-                println!("    n{s} -> n{d}: accepted {sent}, arrived {got}");
+                outln!("    n{s} -> n{d}: accepted {sent}, arrived {got}");
             }
         }
         let bundler = if o.bundlers.len() == 1 {
