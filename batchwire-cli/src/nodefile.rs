@@ -91,11 +91,28 @@ pub const DEFAULTS: &str = r#"# batchwire node configuration (TOML). Every key i
 # ca = "ca.pem"
 "#;
 
-/// Read and check a config file.
+/// Read and check a config file. Relative paths in it (`secret_file`, the `[tls]` files)
+/// are relative to the file's folder, not to where the command runs: a config and its
+/// secret move together.
 pub fn read(path: &Path) -> Result<CliFile, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
-    parse(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+    let mut f = parse(&text).map_err(|e| format!("config file {}: {e}", path.display()))?;
+    let folder = path.parent().unwrap_or(Path::new(""));
+    let beside = |p: &mut PathBuf| {
+        if p.is_relative() {
+            *p = folder.join(&*p);
+        }
+    };
+    if let Some(p) = f.node.secret_file.as_mut() {
+        beside(p);
+    }
+    if let Some(t) = f.node.tls.as_mut() {
+        beside(&mut t.cert);
+        beside(&mut t.key);
+        beside(&mut t.ca);
+    }
+    Ok(f)
 }
 
 /// Parse a config file's text: TOML syntax first (errors with the line), then the
@@ -313,5 +330,26 @@ mod tests {
             .unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert!(e.contains("`peers`") && e.contains("b=x"), "{e}");
+    }
+
+    /// Paths in a config file are relative to its folder, wherever the command runs;
+    /// absolute ones stay as they are.
+    #[test]
+    fn relative_paths_in_a_file_are_relative_to_its_folder() {
+        let dir = std::env::temp_dir().join(format!("bw-nodefile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("node.toml");
+        std::fs::write(
+            &file,
+            "name = \"a\"\nsecret_file = \"secret\"\n[tls]\ncert = \"c/a.pem\"\nkey = \"/abs/a-key.pem\"\nca = \"ca.pem\"\n",
+        )
+        .unwrap();
+        let f = read(&file).unwrap();
+        assert_eq!(f.node.secret_file, Some(dir.join("secret")));
+        let t = f.node.tls.unwrap();
+        assert_eq!(t.cert, dir.join("c/a.pem"));
+        assert_eq!(t.key, PathBuf::from("/abs/a-key.pem"));
+        assert_eq!(t.ca, dir.join("ca.pem"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
