@@ -57,8 +57,8 @@ enum Cmd {
         /// This node's name, unique in the cluster (here or in the config file).
         #[arg(long)]
         name: Option<String>,
-        /// Address to listen on, e.g. 127.0.0.1:7001 or [::1]:7001.
-        #[arg(long)]
+        /// Address to listen on, e.g. 127.0.0.1:7001, [::1]:7001 or localhost:7001.
+        #[arg(long, value_parser = resolve_addr)]
         listen: Option<SocketAddr>,
         /// A peer, NAME=HOST:PORT; repeat for each peer.
         #[arg(long = "peer")]
@@ -103,10 +103,10 @@ enum Cmd {
         max_handshakes_per_address: Option<usize>,
         /// Join a running cluster through the member at HOST:PORT (repeatable; one that
         /// answers is enough). Membership events are printed as `member ...` lines.
-        #[arg(long = "join")]
+        #[arg(long = "join", value_parser = resolve_addr)]
         join: Vec<SocketAddr>,
         /// The address other members dial to reach this node [default: --listen].
-        #[arg(long)]
+        #[arg(long, value_parser = resolve_addr)]
         advertise: Option<SocketAddr>,
     },
     /// Generate a test CA and a certificate per node, to try mutual TLS in a minute.
@@ -321,6 +321,19 @@ fn init_logs(default: LevelFilter) {
         // Colours only for a terminal: not into a log file or a pipe.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
+}
+
+/// HOST:PORT as an address: an IP address as it is, a host name resolved (its first
+/// address), as `--peer` does.
+fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    use std::net::ToSocketAddrs;
+    s.to_socket_addrs()
+        .map_err(|e| format!("{s:?} is not HOST:PORT that resolves: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{s:?} resolves to no address"))
 }
 
 fn main() -> ExitCode {

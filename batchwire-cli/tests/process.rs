@@ -1395,3 +1395,35 @@ fn output_into_a_closed_pipe_ends_quietly() {
     assert_eq!(out.status.code(), Some(141), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `--listen` takes a host name as `--peer` does.
+#[test]
+fn a_node_listens_on_a_host_name() {
+    let dir = temp_dir("listen-name");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let port = free_addrs(1)[0].port();
+    let out = Command::new(EXE)
+        .args([
+            "node",
+            "--name",
+            "a",
+            "--listen",
+            &format!("localhost:{port}"),
+        ])
+        .args(["--secret-file", secret.to_str().unwrap(), "--run-for", "1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("listening on 127.0.0.1:{port}"))
+            || stdout.contains(&format!("listening on [::1]:{port}")),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
