@@ -391,8 +391,16 @@ fn main() -> ExitCode {
                 Some(path) => nodefile::read(path),
                 None => Ok(nodefile::CliFile::default()),
             };
-            file.and_then(|f| nodefile::build(flags, f))
-                .and_then(|(cfg, extras)| run_node(cfg, &extras, run_for))
+            // A setting that does not build names the file it may come from.
+            let built = file
+                .and_then(|f| nodefile::build(flags, f))
+                .map_err(|e| match &config {
+                    Some(path) if !e.starts_with("config file") => {
+                        format!("{e} (with config file {})", path.display())
+                    }
+                    _ => e,
+                });
+            built.and_then(|(cfg, extras)| run_node(cfg, &extras, run_for))
         }
         Cmd::Bench(a) => {
             init_logs(LevelFilter::WARN);

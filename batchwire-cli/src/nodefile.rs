@@ -186,27 +186,25 @@ pub struct Extras {
 /// The node's configuration from the flags over the file, and the command's own settings.
 pub fn build(flags: Flags, file: CliFile) -> Result<(NodeConfig, Extras), String> {
     let mut f = file.node;
-    let flag_missing = |key: &str, flag: &str| {
-        format!("missing `{key}`: give {flag} or `{key} = ...` in a --config file")
-    };
-    f.name = Some(
-        flags
-            .name
-            .or(f.name)
-            .ok_or_else(|| flag_missing("name", "--name"))?,
-    );
-    f.listen = Some(
-        flags
-            .listen
-            .or(f.listen)
-            .ok_or_else(|| flag_missing("listen", "--listen"))?,
-    );
-    f.secret_file = Some(
-        flags
-            .secret_file
-            .or(f.secret_file)
-            .ok_or_else(|| flag_missing("secret_file", "--secret-file"))?,
-    );
+    // Every missing essential at once, each with its flag and key.
+    f.name = flags.name.or(f.name);
+    f.listen = flags.listen.or(f.listen);
+    f.secret_file = flags.secret_file.or(f.secret_file);
+    let missing: Vec<String> = [
+        (f.name.is_none(), "name", "--name"),
+        (f.listen.is_none(), "listen", "--listen"),
+        (f.secret_file.is_none(), "secret_file", "--secret-file"),
+    ]
+    .into_iter()
+    .filter(|m| m.0)
+    .map(|(_, key, flag)| format!("`{key}` ({flag})"))
+    .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "missing {}: give each as a flag or `key = ...` in a --config file",
+            missing.join(", ")
+        ));
+    }
     // A peer given as a flag replaces one of the same name in the file.
     for p in &flags.peers {
         f.peers
@@ -238,6 +236,7 @@ pub fn build(flags: Flags, file: CliFile) -> Result<(NodeConfig, Extras), String
     if let Some(t) = flags.tls {
         cfg = cfg.tls(t);
     }
+    cfg.validate().map_err(|e| e.to_string())?;
     let extras = Extras {
         stats_every: flags.stats_every.or(file.stats_every_secs).unwrap_or(10),
         metrics_listen: flags.metrics_listen.or(file.metrics_listen),
@@ -305,7 +304,18 @@ mod tests {
     #[test]
     fn flags_win_over_the_file_and_missing_essentials_are_named() {
         let e = build(Flags::default(), parse("").unwrap()).err().unwrap();
-        assert!(e.contains("`name`") && e.contains("--name"), "{e}");
+        assert_eq!(
+            e,
+            "missing `name` (--name), `listen` (--listen), `secret_file` (--secret-file): give \
+             each as a flag or `key = ...` in a --config file"
+        );
+        let e = build(Flags::default(), parse("name = \"a\"").unwrap())
+            .err()
+            .unwrap();
+        assert!(
+            e.starts_with("missing `listen` (--listen), `secret_file`"),
+            "{e}"
+        );
         let dir = std::env::temp_dir().join(format!("bw-nodefile2-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let secret = dir.join("secret");

@@ -550,7 +550,7 @@ impl NodeConfig {
     /// Check every setting against its allowed range (out-of-range values would spin a
     /// CPU, abort on an allocation, or wedge the node): the error names the setting as a
     /// node file spells it, its value and the range.
-    pub(crate) fn validate(&self) -> Result<(), Error> {
+    pub fn validate(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::Config(m));
         if self.secret.is_empty() {
             return bad("the cluster secret is empty".into());
