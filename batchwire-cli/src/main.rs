@@ -311,15 +311,36 @@ impl Scenario {
 }
 
 fn init_logs(default: LevelFilter) {
-    let level = std::env::var("BATCHWIRE_LOG")
-        .ok()
-        .and_then(|s| s.parse::<LevelFilter>().ok())
-        .unwrap_or(default);
-    let _ = tracing_subscriber::fmt()
-        .with_max_level(level)
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    // BATCHWIRE_LOG (or else RUST_LOG): a level, or per-target directives as RUST_LOG
+    // takes them without regexes ("warn,batchwire::io=debug"). One that does not parse is
+    // said, not ignored.
+    let (var, spec) = match (std::env::var("BATCHWIRE_LOG"), std::env::var("RUST_LOG")) {
+        (Ok(s), _) => ("BATCHWIRE_LOG", Some(s)),
+        (Err(_), Ok(s)) => ("RUST_LOG", Some(s)),
+        _ => ("", None),
+    };
+    let filter = match spec.as_deref().map(str::parse::<Targets>) {
+        Some(Ok(t)) => t,
+        Some(Err(e)) => {
+            eprintln!(
+                "batchwire: {var}={:?} is not a log filter ({e}): using {default}; give a \
+                 level (error, warn, info, debug, trace) or TARGET=LEVEL,...",
+                spec.unwrap_or_default()
+            );
+            Targets::new().with_default(default)
+        }
+        None => Targets::new().with_default(default),
+    };
+    let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         // Colours only for a terminal: not into a log file or a pipe.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let _ = tracing_subscriber::registry()
+        .with(layer)
+        .with(filter)
         .try_init();
 }
 
