@@ -59,6 +59,11 @@ pub const DEFAULTS: &str = r#"# batchwire node configuration (TOML). Every key i
 # bulk_stream_bytes = 2097152       # ... once bulk has had the connection to itself
 # read_bytes = 65536                # one read call
 # unacked_bytes = 16777216          # the send window per peer
+# reliable = true                   # false: the unsequenced baseline (same on every node)
+# ack_every_messages = 4096         # acknowledge after this many messages,
+# ack_every_bytes = 1048576         # ... or this many bytes,
+# ack_delay_ms = 5                  # ... or this long after the first unacknowledged one
+# max_pending_requests = 65536      # requests in flight at most
 
 # Connections and liveness.
 # reconnect_min_ms = 50

@@ -242,7 +242,15 @@ impl Runtime {
             config,
             call_timer: AtomicBool::new(false),
         });
-        info!(node = %name, addr = %local_addr, bundler = %rt.config.bundler.kind, "node started");
+        info!(
+            node = %name,
+            addr = %local_addr,
+            bundler = %rt.config.bundler.kind,
+            tls = rt.config.tls.is_some(),
+            membership = rt.config.membership.is_some(),
+            peers = rt.config.peers.len(),
+            "node started"
+        );
         let (p, t, s) = (peers.clone(), timer, shutdown);
         threads.spawn(format!("bw-tick-{name}"), move || run_ticker(p, t, s))?;
         let (st, th) = (setup.clone(), threads.clone());
