@@ -303,3 +303,24 @@ fn postcard_header_from(name: &str) -> Vec<u8> {
     h.extend_from_slice(&[0, 1]); // Message::Ping(1)
     h
 }
+
+/// Two members, the smallest cluster: the one that shuts down is seen as left by the
+/// other, never suspected (its leave notice goes before its goodbye).
+#[test]
+fn in_a_two_member_cluster_a_shutdown_is_a_leave() {
+    let a = node("a", None);
+    let b = node("b", Some(a.local_addr()));
+    assert!(sees(&a, &["b"]) && sees(&b, &["a"]));
+    let ev = a.events();
+    b.shutdown();
+    let left = wait_event(&ev, T, |e| {
+        matches!(
+            e,
+            Event::MemberLeft { .. } | Event::MemberSuspected { .. } | Event::MemberDown { .. }
+        )
+    });
+    assert!(
+        matches!(&left, Some(Event::MemberLeft { member }) if member.name == "b"),
+        "{left:?}"
+    );
+}

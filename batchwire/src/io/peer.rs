@@ -343,7 +343,12 @@ impl Peer {
                 self.abandon(gone);
             }
             SessionEvent::Down { reason } => {
-                warn!(node = %node, peer = %self.name, %reason, "peer declared down");
+                // A peer that left (said goodbye, or left the cluster) is not a failure.
+                if matches!(reason, batchwire_core::session::DownReason::Left) {
+                    info!(node = %node, peer = %self.name, %reason, "peer left");
+                } else {
+                    warn!(node = %node, peer = %self.name, %reason, "peer declared down");
+                }
                 self.ctx.events.emit(Event::PeerDown {
                     peer: self.name.to_string(),
                     reason,

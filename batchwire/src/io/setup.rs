@@ -336,6 +336,10 @@ impl Setup {
         let result = reader.run(buf);
 
         // 5. Tear down: close both halves (the writer notices) and forget the connection.
+        //    One that another connection of the peer had already superseded (the join
+        //    connection once the canonical one is up, or a redundant one) ends quietly,
+        //    whoever closed it: nothing of the session depended on it.
+        let superseded = peer.current().is_some_and(|c| c.id != conn.id);
         conn.close();
         peer.session(|s, now| s.handle_disconnect(now, conn.id));
         peer.uninstall(&conn);
@@ -350,6 +354,7 @@ impl Setup {
         };
         let reason = match reason {
             _ if self.shutdown.is_shutting_down() && result.is_err() => CloseReason::ShutDown,
+            CloseReason::Closed | CloseReason::Io(_) if superseded => CloseReason::Replaced,
             CloseReason::Closed if peer.state() == batchwire_core::session::PeerState::Down => {
                 CloseReason::Down
             }
