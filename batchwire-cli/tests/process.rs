@@ -1427,3 +1427,45 @@ fn a_node_listens_on_a_host_name() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--duplex` with the default bundler list (which has `raw`, one-way) runs the bundlers;
+/// a size past the default 64 MiB payload limit is taken (the bench's nodes allow it).
+#[test]
+fn bench_duplex_with_the_default_list_and_a_size_past_64_mib() {
+    let (v, _) = bench(
+        "bench-duplex-default",
+        2,
+        &[
+            "throughput",
+            "--duplex",
+            "--messages",
+            "500",
+            "--size",
+            "100",
+        ],
+    );
+    let rows = check_report(&v, "throughput");
+    assert!(rows.iter().all(|r| r["bundler"] != "raw"), "{rows:?}");
+    assert!(rows.iter().any(|r| {
+        r["bundler"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("natural"))
+    }));
+    let big = (64 << 20) + 1;
+    let (v, _) = bench(
+        "bench-past-64-mib",
+        2,
+        &[
+            "throughput",
+            "--bundler",
+            "natural",
+            "--messages",
+            "2",
+            "--size",
+            &big.to_string(),
+            "--verify",
+        ],
+    );
+    let rows = check_report(&v, "throughput");
+    assert_eq!(rows[0]["size"], big, "{rows:?}");
+}

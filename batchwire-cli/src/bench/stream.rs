@@ -77,6 +77,11 @@ impl WorkerArgs {
         if let Some(w) = self.unacked_bytes {
             cfg = cfg.unacked_bytes(w);
         }
+        // Messages past the default largest payload (64 MiB) are what the run asks for:
+        // both nodes take them.
+        if self.size > 64 << 20 {
+            cfg = cfg.max_payload(self.size);
+        }
         super::with_bench_settings(cfg, self.tls_dir.as_deref())
     }
 }
