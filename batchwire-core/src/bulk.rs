@@ -260,6 +260,17 @@ mod tests {
         Name::new(s).unwrap()
     }
 
+    /// What the queue holds: items and payload bytes, as pushed and taken.
+    #[test]
+    fn it_counts_items_and_bytes() {
+        let mut q = BulkQueue::default();
+        assert!(q.is_empty() && q.len() == 0 && q.bytes() == 0);
+        q.push(&n("to"), &n("from"), Bytes::from(vec![0u8; 300]), 0);
+        q.push(&n("to"), &n("from"), Bytes::from(vec![0u8; 500]), 0);
+        assert!(!q.is_empty());
+        assert_eq!((q.len(), q.bytes()), (2, 800));
+    }
+
     #[test]
     fn pieces_cover_the_message_in_order_and_charge_it_exactly() {
         let mut q = BulkQueue::default();

@@ -600,3 +600,38 @@ fn a_list_to_one_mailbox_is_one_run_however_it_was_made() {
     let mut data = rest.body().clone();
     assert_eq!(&next_message(&mut data).unwrap().1[..], b"2");
 }
+
+/// A FRAGMENT written as its head and then its data (the writer's way, data uncopied)
+/// is byte for byte the frame encoded whole; only the piece whose data ends the message
+/// is the last.
+#[test]
+fn a_fragment_head_and_its_data_are_the_whole_frame() {
+    let (to, from) = (Name::new("inbox").unwrap(), Name::new("big").unwrap());
+    let data = Bytes::from(vec![5u8; 300]);
+    let f = Fragment {
+        seq: 9,
+        id: 7,
+        total: 1000,
+        offset: 700,
+        to: to.clone(),
+        from: from.clone(),
+        data: data.clone(),
+    };
+    assert!(f.is_last() && !f.is_first());
+    let mut whole = Vec::new();
+    Frame::Fragment(f).encode(&mut whole);
+    let mut split = Vec::new();
+    encode_fragment_head(&mut split, 9, 7, 1000, 700, &to, &from, data.len());
+    split.extend_from_slice(&data);
+    assert_eq!(split, whole);
+    let middle = Fragment {
+        seq: 8,
+        id: 7,
+        total: 1000,
+        offset: 400,
+        to,
+        from,
+        data,
+    };
+    assert!(!middle.is_last() && !middle.is_first());
+}

@@ -1208,3 +1208,48 @@ fn the_next_timeout_and_the_live_incarnation_on_a_fake_clock() {
     p.set_paused(t0 + 100 * MS, true);
     assert_eq!(p.poll_timeout(), None, "heartbeat due, paused: no deadline");
 }
+
+/// Why a peer went down and why messages failed read as sentences that name the cause
+/// (they go into logs and `Error` messages as they are).
+#[test]
+fn reasons_say_what_happened() {
+    let after = Duration::from_secs(3);
+    let cases: Vec<(String, &str)> = vec![
+        (
+            DownReason::Silent { after }.to_string(),
+            "silent for more than 3s",
+        ),
+        (
+            DownReason::Unreachable { after }.to_string(),
+            "unreachable for more than 3s",
+        ),
+        (DownReason::Left.to_string(), "the peer shut down"),
+        (DownReason::Membership.to_string(), "cluster membership"),
+        (
+            FailReason::Down(DownReason::Left).to_string(),
+            "declared down (the peer shut down)",
+        ),
+        (FailReason::Restarted.to_string(), "restarted"),
+        (FailReason::ShutDown.to_string(), "this node shut down"),
+        (FailReason::ConnectionLost.to_string(), "unsequenced"),
+        (FailReason::Reset.to_string(), "reset"),
+    ];
+    for (text, says) in cases {
+        assert!(text.contains(says), "{text:?} should say {says:?}");
+    }
+}
+
+/// Nothing held, nothing to write; something held, something to write.
+#[test]
+fn unwritten_is_empty_exactly_when_nothing_is_to_be_written() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    assert!(s.unwritten(id).is_empty());
+    hold(&mut s, 0..2);
+    let u = s.unwritten(id);
+    assert!(!u.is_empty());
+    s.mark_written(t0, id, u.generation, *u.ends.last().unwrap());
+    assert!(s.unwritten(id).is_empty());
+}
