@@ -264,7 +264,8 @@ mod tests {
     #[test]
     fn it_counts_items_and_bytes() {
         let mut q = BulkQueue::default();
-        assert!(q.is_empty() && q.len() == 0 && q.bytes() == 0);
+        assert!(q.is_empty());
+        assert_eq!((q.len(), q.bytes()), (0, 0));
         q.push(&n("to"), &n("from"), Bytes::from(vec![0u8; 300]), 0);
         q.push(&n("to"), &n("from"), Bytes::from(vec![0u8; 500]), 0);
         assert!(!q.is_empty());
