@@ -635,3 +635,42 @@ fn a_fragment_head_and_its_data_are_the_whole_frame() {
     };
     assert!(!middle.is_last() && !middle.is_first());
 }
+
+/// Small things the decoders and writers rely on: a writer or a list with no message is
+/// empty and one with a message is not; `get_encoding` is `encode` into a fresh vector;
+/// bytes left after a value, or after a list's last message, are an error naming how many.
+#[test]
+fn emptiness_encodings_and_trailing_bytes() {
+    use crate::codec::{Codec, Reader};
+    let (to, from) = (n("to"), n("from"));
+    let mut v = Vec::new();
+    let mut w = ListWriter::start(&mut v);
+    assert!(w.is_empty());
+    w.push(&mut v, &to, &from, b"x");
+    assert!(!w.is_empty());
+    assert!(MessageList::from_messages(&[]).is_empty());
+    let m = Message {
+        to: to.clone(),
+        from: from.clone(),
+        payload: Bytes::from_static(b"abc"),
+    };
+    let list = MessageList::from_messages([&m]);
+    assert!(!list.is_empty());
+    let mut by_hand = Vec::new();
+    list.encode(&mut by_hand);
+    assert_eq!(list.get_encoding(), by_hand);
+    assert!(by_hand.len() > 12);
+    // A reader with bytes left says how many.
+    let mut r = Reader::new(Bytes::from(by_hand.clone()));
+    assert_eq!(
+        r.expect_empty(),
+        Err(DecodeError::TrailingBytes(by_hand.len()))
+    );
+    MessageList::read(&mut r).unwrap();
+    assert_eq!(r.expect_empty(), Ok(()));
+    // A list's body with three bytes past its last message.
+    let mut body = list.get_encoding();
+    body.extend_from_slice(&[1, 2, 3]);
+    let e = MessageList::read(&mut Reader::new(Bytes::from(body))).unwrap_err();
+    assert_eq!(e, DecodeError::TrailingBytes(3));
+}
