@@ -568,6 +568,49 @@ mod tests {
             .collect()
     }
 
+    /// A batch's size on the wire counts payloads sent by reference; a batch without
+    /// frames is empty; handing back a batch's messages skips its control frames.
+    #[test]
+    fn a_batch_counts_its_wire_bytes_and_hands_back_only_messages() {
+        let mut o = Outbox::new(64 << 10).by_reference(100);
+        let (to, from) = (Name::from_static("mb"), Name::from_static("s"));
+        let big = Bytes::from(vec![7u8; 1000]);
+        o.push_message(A, &to, &from, b"small", None);
+        o.push_frame(A, &Frame::Ack(5));
+        o.push_bytes(A, &to, &from, &big, None);
+        let mut b = Batch::default();
+        assert!(b.is_empty());
+        o.take(usize::MAX, usize::MAX, &mut b, None);
+        assert!(!b.is_empty());
+        assert_eq!(b.refs.len(), 1, "the large payload went by reference");
+        assert_eq!(b.wire_len(), b.buf.len() + 1000);
+        assert!(b.frames.iter().all(|f| !f.is_empty()));
+        assert_eq!(
+            b.frames.iter().map(|f| f.wire_len()).sum::<usize>(),
+            b.wire_len()
+        );
+        let back = b.decode_messages();
+        let payloads: Vec<&[u8]> = back.iter().map(|m| &m.payload[..]).collect();
+        assert_eq!(payloads, [&b"small"[..], &big[..]]);
+        assert_eq!(
+            FrameMeta {
+                start: 3,
+                end: 3,
+                ..b.frames[0]
+            }
+            .len(),
+            0
+        );
+        assert!(
+            FrameMeta {
+                start: 3,
+                end: 3,
+                ..b.frames[0]
+            }
+            .is_empty()
+        );
+    }
+
     #[test]
     fn the_seed_example_groups_runs_into_message_lists() {
         // JGRP-1540: destinations A, null, null, B, B, null, A, null, null, null.

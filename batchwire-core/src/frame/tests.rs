@@ -624,6 +624,11 @@ fn a_fragment_head_and_its_data_are_the_whole_frame() {
     encode_fragment_head(&mut split, 9, 7, 1000, 700, &to, &from, data.len());
     split.extend_from_slice(&data);
     assert_eq!(split, whole);
+    assert_eq!(
+        whole.len(),
+        FRAGMENT_OVERHEAD + to.len() + from.len() + data.len(),
+        "what a piece costs on the wire"
+    );
     let middle = Fragment {
         seq: 8,
         id: 7,
