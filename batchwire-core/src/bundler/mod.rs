@@ -242,6 +242,34 @@ pub(crate) mod tests {
         }
     }
 
+    /// Only a bundler with a timer (`linger`) needs to know when its oldest message was
+    /// queued, or a byte count at which to be woken early; the others take neither (a clock
+    /// read per message, a wake-up, for nothing).
+    #[test]
+    fn only_the_timed_bundler_asks_for_times_and_early_wake_ups() {
+        for kind in [
+            BundlerKind::None,
+            BundlerKind::Natural,
+            BundlerKind::PerDestination,
+            BundlerKind::TransferQueue,
+        ] {
+            let b = BundlerConfig {
+                kind,
+                ..BundlerConfig::default()
+            }
+            .build();
+            assert!(!b.needs_enqueue_time(), "{kind}");
+            assert_eq!(b.wake_bytes(), usize::MAX, "{kind}");
+        }
+        let l = BundlerConfig {
+            kind: BundlerKind::Linger,
+            ..BundlerConfig::default()
+        }
+        .build();
+        assert!(l.needs_enqueue_time());
+        assert!(l.wake_bytes() < usize::MAX);
+    }
+
     #[test]
     fn a_lone_message_may_be_written_by_its_sender_exactly_with_the_bundlers_that_write_it_at_once()
     {
