@@ -922,6 +922,19 @@ mod tests {
             r.add(&longer, true),
             Err(ReassemblyError::Duplicate { id: 0 })
         );
+        // ...or another destination, or another sender.
+        let mut elsewhere = ps[0].clone();
+        elsewhere.to = n("elsewhere");
+        assert_eq!(
+            r.add(&elsewhere, true),
+            Err(ReassemblyError::Duplicate { id: 0 })
+        );
+        let mut other = ps[0].clone();
+        other.from = n("other");
+        assert_eq!(
+            r.add(&other, true),
+            Err(ReassemblyError::Duplicate { id: 0 })
+        );
         // One piece, not kept.
         let one = &pieces(7, 10, 10)[0];
         let Added::Complete { payload, kept, .. } = r.add(one, false).unwrap() else {
