@@ -59,16 +59,12 @@ struct Send {
 struct Out {
     sends: VecDeque<Send>,
     timers: Vec<(Timer<MemberId>, Duration)>,
-    renamed: bool,
 }
 
 impl Runtime<MemberId> for Out {
-    fn notify(&mut self, n: Notification<'_, MemberId>) {
-        // Ups and downs are read off the member list after each input (suspicion has no
-        // notification); a rename there too. Nothing else matters to the view.
-        if let Notification::Rename(..) = n {
-            self.renamed = true;
-        }
+    fn notify(&mut self, _: Notification<'_, MemberId>) {
+        // Ups, downs and renames are read off the member list after each input (suspicion
+        // has no notification): nothing here.
     }
     fn send_to(&mut self, to: MemberId, data: &[u8]) {
         let down_notice = PostcardCodec
@@ -534,7 +530,6 @@ impl Membership {
             .sends
             .retain(|s| !s.down_notice || !foca.iter_members().any(|m| *m.id() == s.to));
         self.counters.stale_down_notices += (before - self.out.sends.len()) as u64;
-        self.out.renamed = false;
         let mut seen: HashSet<Name, NameHash> = HashSet::default();
         let mut announce = Vec::new();
         let me = self.foca.identity().name.clone();

@@ -1210,3 +1210,39 @@ fn refused_names_are_forgotten_with_their_members() {
     })
     .expect("forgotten once SWIM forgets it");
 }
+
+/// The table of rate buckets is bounded (twice `max_members`): past it, a new sender
+/// starts it over, and every sender has its full rate again.
+#[test]
+fn the_rate_table_is_bounded_and_starts_over() {
+    let c = MembershipConfig {
+        frames_per_second: 2,
+        max_members: 1,
+        ..cfg()
+    };
+    let now = Instant::now();
+    let mut m = Membership::new(id(0, 1), c, 1, now).unwrap();
+    let p = Name::new("p").unwrap();
+    let leave = [1u8]; // a leave notice from a stranger: read, and ignored
+    for _ in 0..3 {
+        m.handle_frame(now, &p, &leave).unwrap();
+    }
+    assert_eq!(m.counters().rate_limited, 1, "p used its two");
+    for q in ["q", "r"] {
+        m.handle_frame(now, &Name::new(q).unwrap(), &leave).unwrap();
+    }
+    m.handle_frame(now, &p, &leave).unwrap();
+    assert_eq!(
+        m.counters().rate_limited,
+        2,
+        "p, q, r: within the bound, p still spent"
+    );
+    m.handle_frame(now, &Name::new("s").unwrap(), &leave)
+        .unwrap();
+    m.handle_frame(now, &p, &leave).unwrap();
+    assert_eq!(
+        m.counters().rate_limited,
+        2,
+        "s started the table over: p has its rate"
+    );
+}
