@@ -112,6 +112,9 @@ pub struct Resumed {
     pub replaced: Option<ConnId>,
     /// Messages that will be written again.
     pub resent: u64,
+    /// Messages the RESUME acknowledged (the peer had them; they are released now, as an
+    /// ACK would have released them).
+    pub acked: u64,
     /// The peer goes on with no message in pieces whose id is below this: drop what was
     /// reassembled of those.
     pub keep: u64,
@@ -342,6 +345,7 @@ impl Session {
         theirs: Resume,
     ) -> Result<Resumed, SeqError> {
         let before = self.send.messages();
+        let base = self.send.base();
         if let Err(e) = self.send.rewind(theirs.next) {
             self.unresumable += 1;
             return Err(e);
@@ -363,6 +367,7 @@ impl Session {
         Ok(Resumed {
             replaced: replaced.map(|c| c.id),
             resent: if before > 0 { self.send.messages() } else { 0 },
+            acked: self.send.base() - base,
             keep: theirs.keep,
         })
     }

@@ -961,7 +961,9 @@ fn a_resume_counts_the_messages_written_again() {
     let (ib, rb) = peer.handle_connect(t0, 1);
     assert_eq!(s.handle_resume(t0, ia, rb).unwrap().resent, 0);
     peer.handle_resume(t0, ib, ra).unwrap();
-    hold(&mut s, 0..3);
+    // Two batches (messages are released a batch at a time).
+    hold(&mut s, 0..2);
+    hold(&mut s, 2..3);
     let u = s.unwritten(ia);
     s.mark_written(t0, ia, u.generation, *u.ends.last().unwrap());
     s.handle_disconnect(t0, ia);
@@ -970,6 +972,25 @@ fn a_resume_counts_the_messages_written_again() {
     let (_, rb) = peer.handle_connect(t0, 1);
     let r = s.handle_resume(t0, ia, rb).unwrap();
     assert_eq!(r.resent, 3, "the peer had none of them");
+    assert_eq!(r.acked, 0);
+    // Written again; the peer took the first batch, and its next RESUME (before any ACK)
+    // acknowledges it: two counted as acknowledged, one written again.
+    let u = s.unwritten(ia);
+    s.mark_written(t0, ia, u.generation, *u.ends.last().unwrap());
+    s.handle_disconnect(t0, ia);
+    let (ia, _) = s.handle_connect(t0, 2);
+    let r = s
+        .handle_resume(
+            t0,
+            ia,
+            Resume {
+                next: 2,
+                ..Resume::FRESH
+            },
+        )
+        .unwrap();
+    assert_eq!((r.acked, r.resent), (2, 1));
+    assert_eq!(s.send.base(), 2);
 }
 
 /// Pieces have their own budget: bulk bytes never make the ordinary window full, and the

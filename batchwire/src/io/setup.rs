@@ -629,6 +629,7 @@ impl Setup {
                 return Ok(None);
             }
             let r = s.handle_resume(now, id, theirs)?;
+            peer.stats.acked.fetch_add(r.acked, Relaxed);
             Ok::<_, LinkError>(Some((r.resent, r.keep, peer.install(conn.clone()))))
         });
         let replaced = match replaced {
