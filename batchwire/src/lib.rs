@@ -41,6 +41,8 @@ pub use crate::event::{
 };
 pub use crate::io::mailbox::Envelope;
 pub use crate::mailbox::{Mailbox, RecvBatchFuture, RecvFuture};
+#[cfg(feature = "metrics")]
+pub use crate::metrics::MESSAGES_PER_WRITE_BUCKETS;
 pub use crate::node::Node;
 pub use crate::request::RequestFuture;
 pub use crate::send::SendFuture;

@@ -31,15 +31,207 @@
 //! | `batchwire_handshakes_failed_total` | counter | node, reason |
 //! | `batchwire_handshakes_busy_total`, `batchwire_accept_errors_total` | counter | node |
 //! | `batchwire_undeliverable_total`, `batchwire_events_dropped_total` | counter | node |
+//! | `batchwire_requests_pending` | gauge | node |
+//! | `batchwire_requests_total` | counter | node, outcome (answered, timed_out, cancelled, failed, refused) |
+//! | `batchwire_late_replies_total`, `batchwire_stray_replies_total` | counter | node |
+//! | `batchwire_members` | gauge (members in this node's view) | node, state (alive, suspect, down, left) |
+//! | `batchwire_membership_packets_total`, `batchwire_membership_bytes_total` | counter | node, direction (in, out) |
+//! | `batchwire_membership_dropped_total` | counter | node, reason (rate_limited, violation, behind, view_full) |
+//! | `batchwire_build_info` | gauge, always 1 | node, version |
+//!
+//! Every name is described (`# HELP` in Prometheus). The exporter decides how a histogram
+//! is exposed: `batchwire node` gives `batchwire_messages_per_write` the power-of-two
+//! buckets above (a Prometheus histogram, which aggregates across nodes); an exporter left
+//! to its defaults may expose it as a summary.
 //!
 //! [`Node::publish_metrics`]: crate::Node::publish_metrics
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use metrics::{counter, gauge, histogram};
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
 
+use crate::event::{Member, MemberState};
 use crate::stats::NodeStats;
+
+/// The upper bounds of `batchwire_messages_per_write`'s buckets (powers of two, as the
+/// node counts them): for an exporter that takes buckets, such as Prometheus's.
+pub const MESSAGES_PER_WRITE_BUCKETS: [f64; 17] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+    16384.0, 32768.0, 65536.0,
+];
+
+/// Describe every metric once per recorder (the `# HELP` lines).
+fn describe() {
+    let c = |name: &'static str, help: &'static str| describe_counter!(name, help);
+    let g = |name: &'static str, help: &'static str| describe_gauge!(name, help);
+    c(
+        "batchwire_messages_sent_total",
+        "Messages sent to the peer (accepted by send).",
+    );
+    c(
+        "batchwire_messages_received_total",
+        "Messages received from the peer.",
+    );
+    describe_counter!(
+        "batchwire_bytes_sent_total",
+        Unit::Bytes,
+        "Payload bytes sent to the peer."
+    );
+    describe_counter!(
+        "batchwire_bytes_received_total",
+        Unit::Bytes,
+        "Payload bytes received from the peer."
+    );
+    c("batchwire_frames_sent_total", "Frames written to the peer.");
+    c(
+        "batchwire_frames_received_total",
+        "Frames read from the peer.",
+    );
+    c("batchwire_writes_total", "Socket writes toward the peer.");
+    c(
+        "batchwire_writes_through_total",
+        "Of the writes, those a sending thread made itself (write-through).",
+    );
+    c(
+        "batchwire_reads_led_total",
+        "Reads of the peer's connection made by an application thread waiting for a reply or a message.",
+    );
+    describe_counter!(
+        "batchwire_piece_bytes_in_place_total",
+        Unit::Bytes,
+        "Bytes of large messages' pieces read straight into their message's buffer."
+    );
+    c("batchwire_flushes_total", "Bundler flushes, by reason.");
+    c(
+        "batchwire_resent_total",
+        "Messages written again on a new connection after a break.",
+    );
+    c("batchwire_acked_total", "Messages the peer acknowledged.");
+    c(
+        "batchwire_connects_total",
+        "Connections to the peer established.",
+    );
+    c(
+        "batchwire_disconnects_total",
+        "Connections to the peer that ended.",
+    );
+    c(
+        "batchwire_send_failed_total",
+        "Messages to the peer reported failed (SendFailed).",
+    );
+    c(
+        "batchwire_protocol_violations_total",
+        "Connections closed because the peer broke the protocol.",
+    );
+    c(
+        "batchwire_undeliverable_reported_total",
+        "Messages the peer reported undeliverable (no such mailbox).",
+    );
+    c(
+        "batchwire_fragments_sent_total",
+        "Pieces of large messages sent.",
+    );
+    c(
+        "batchwire_fragments_received_total",
+        "Pieces of large messages received.",
+    );
+    c(
+        "batchwire_credit_stalls_total",
+        "Sends that found their mailbox's credit at the peer used up.",
+    );
+    describe_counter!(
+        "batchwire_sender_blocked_microseconds_total",
+        Unit::Microseconds,
+        "Time senders spent blocked on a full queue or used-up credit."
+    );
+    g(
+        "batchwire_peer_connected",
+        "1 while a connection to the peer is up.",
+    );
+    describe_gauge!(
+        "batchwire_unacked_bytes",
+        Unit::Bytes,
+        "Bytes held for the peer until it acknowledges them."
+    );
+    g(
+        "batchwire_queued_messages",
+        "Messages waiting in the outbound queue.",
+    );
+    describe_gauge!(
+        "batchwire_queue_high_water_bytes",
+        Unit::Bytes,
+        "Most bytes ever waiting in the outbound queue."
+    );
+    describe_histogram!(
+        "batchwire_messages_per_write",
+        "Messages carried by one socket write."
+    );
+    g(
+        "batchwire_mailbox_depth",
+        "Messages waiting in the mailbox.",
+    );
+    c(
+        "batchwire_handshakes_failed_total",
+        "Connections that failed their handshake, by reason.",
+    );
+    c(
+        "batchwire_handshakes_busy_total",
+        "Inbound connections closed because too many handshakes were in progress.",
+    );
+    c(
+        "batchwire_accept_errors_total",
+        "Failed accept calls (out of file descriptors, say).",
+    );
+    c(
+        "batchwire_undeliverable_total",
+        "Messages that arrived for a mailbox that does not exist here.",
+    );
+    c(
+        "batchwire_events_dropped_total",
+        "Events dropped because a subscriber did not keep up.",
+    );
+    g(
+        "batchwire_requests_pending",
+        "Requests waiting for their reply.",
+    );
+    c(
+        "batchwire_requests_total",
+        "Requests made from this node, by outcome.",
+    );
+    c(
+        "batchwire_late_replies_total",
+        "Replies that came after their request timed out or was cancelled.",
+    );
+    c(
+        "batchwire_stray_replies_total",
+        "Replies to requests this node never made.",
+    );
+    g(
+        "batchwire_members",
+        "Members in this node's view, by state.",
+    );
+    c(
+        "batchwire_membership_packets_total",
+        "Membership packets, by direction.",
+    );
+    describe_counter!(
+        "batchwire_membership_bytes_total",
+        Unit::Bytes,
+        "Membership bytes, by direction."
+    );
+    c(
+        "batchwire_membership_dropped_total",
+        "Membership packets (or members) not taken, by reason.",
+    );
+    g("batchwire_build_info", "Always 1; the version in a label.");
+}
+
+/// Whether this process described the metrics (once: a recorder installed later by the
+/// application misses the descriptions, not the values).
+static DESCRIBED: OnceLock<()> = OnceLock::new();
 
 /// Per (node, peer): the messages-per-write buckets already published (the facade takes
 /// histogram samples, the node keeps counts: what is new since is recorded).
@@ -53,11 +245,12 @@ fn published() -> &'static Published {
 impl NodeStats {
     /// Copy these figures into the `metrics` facade (see the module documentation).
     pub fn publish_metrics(&self) {
-        self.publish_with_mailboxes(&[]);
+        self.publish_with(&[], &[]);
     }
 
-    /// [`NodeStats::publish_metrics`], and the depth of each mailbox.
-    pub(crate) fn publish_with_mailboxes(&self, depths: &[(String, usize)]) {
+    /// [`NodeStats::publish_metrics`], the depth of each mailbox and the members by state.
+    pub(crate) fn publish_with(&self, depths: &[(String, usize)], members: &[Member]) {
+        DESCRIBED.get_or_init(describe);
         for (mailbox, n) in depths {
             let l = [("node", self.node.clone()), ("mailbox", mailbox.clone())];
             gauge!("batchwire_mailbox_depth", &l).set(*n as f64);
@@ -148,5 +341,38 @@ impl NodeStats {
         }
         counter!("batchwire_late_replies_total", &l).absolute(r.late_replies);
         counter!("batchwire_stray_replies_total", &l).absolute(r.stray_replies);
+        let m = &self.membership;
+        for (dir, packets, bytes) in [
+            ("in", m.packets_in, m.bytes_in),
+            ("out", m.packets_out, m.bytes_out),
+        ] {
+            let l = [("node", node.clone()), ("direction", dir.to_string())];
+            counter!("batchwire_membership_packets_total", &l).absolute(packets);
+            counter!("batchwire_membership_bytes_total", &l).absolute(bytes);
+        }
+        for (reason, v) in [
+            ("rate_limited", m.rate_limited),
+            ("violation", m.violations),
+            ("behind", m.inputs_dropped),
+            ("view_full", m.members_refused),
+        ] {
+            let l = [("node", node.clone()), ("reason", reason.to_string())];
+            counter!("batchwire_membership_dropped_total", &l).absolute(v);
+        }
+        for (state, name) in [
+            (MemberState::Alive, "alive"),
+            (MemberState::Suspect, "suspect"),
+            (MemberState::Down, "down"),
+            (MemberState::Left, "left"),
+        ] {
+            let n = members.iter().filter(|x| x.state == state).count();
+            let l = [("node", node.clone()), ("state", name.to_string())];
+            gauge!("batchwire_members", &l).set(n as f64);
+        }
+        let l = [
+            ("node", node.clone()),
+            ("version", env!("CARGO_PKG_VERSION").to_string()),
+        ];
+        gauge!("batchwire_build_info", &l).set(1.0);
     }
 }

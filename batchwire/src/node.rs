@@ -269,7 +269,7 @@ impl Node {
     #[cfg(feature = "metrics")]
     pub fn publish_metrics(&self) {
         self.stats()
-            .publish_with_mailboxes(&self.rt.mailboxes.depths());
+            .publish_with(&self.rt.mailboxes.depths(), &self.members());
     }
 
     /// A snapshot of the counters.
