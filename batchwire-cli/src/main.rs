@@ -13,6 +13,7 @@ macro_rules! out {
 
 mod bench;
 mod certs;
+mod client;
 mod echo;
 mod link;
 mod metrics_http;
@@ -108,6 +109,88 @@ enum Cmd {
         /// The address other members dial to reach this node [default: --listen].
         #[arg(long, value_parser = resolve_addr)]
         advertise: Option<SocketAddr>,
+    },
+    /// Send messages to a mailbox of a running cluster: each MESSAGE argument is one
+    /// message (none: each line of standard input is one). Waits until the receiving node
+    /// acknowledged them all; exits 1 if any failed or found no such mailbox.
+    #[command(
+        after_help = "Example: batchwire send inbox@b hello --join 127.0.0.1:7001 --secret-file secret"
+    )]
+    Send {
+        /// Where: MAILBOX@NODE, e.g. inbox@b.
+        to: String,
+        /// The messages (text).
+        messages: Vec<String>,
+        #[command(flatten)]
+        connect: client::Connect,
+    },
+    /// Make a request to a mailbox of a running cluster and print the reply.
+    #[command(
+        after_help = "Example: batchwire request echo@b ping --join 127.0.0.1:7001 --secret-file secret"
+    )]
+    Request {
+        /// Where: MAILBOX@NODE, e.g. echo@b (every `batchwire node` serves echo).
+        to: String,
+        /// The request (text).
+        message: String,
+        /// How long to wait for the reply, e.g. 5s, 500ms.
+        #[arg(long, default_value = "5s", value_parser = bench::soak::parse_duration)]
+        timeout: Duration,
+        #[command(flatten)]
+        connect: client::Connect,
+    },
+    /// Open a mailbox on a client node and print every message that arrives in it, one a
+    /// line: "FROM<TAB>TEXT" (or JSON). Others send to MAILBOX@NAME (the name is printed
+    /// on stderr at start; choose it with --name).
+    #[command(
+        after_help = "Example: batchwire listen inbox --name '!me' --join 127.0.0.1:7001 --secret-file secret"
+    )]
+    Listen {
+        /// The mailbox's name.
+        mailbox: String,
+        /// Stop after this many messages.
+        #[arg(long)]
+        count: Option<u64>,
+        /// Stop after this long, e.g. 30s.
+        #[arg(long = "for", value_parser = bench::soak::parse_duration)]
+        duration: Option<Duration>,
+        /// Answer each request that arrives with this text.
+        #[arg(long)]
+        reply: Option<String>,
+        #[command(flatten)]
+        connect: client::Connect,
+    },
+    /// List the members of a running cluster: the client's own view once it has joined
+    /// (--join), or the view of --node (or the first --peer), asked over its "status"
+    /// mailbox.
+    #[command(
+        after_help = "Example: batchwire members --join 127.0.0.1:7001 --secret-file secret --json"
+    )]
+    Members {
+        /// Show this node's view instead.
+        #[arg(long)]
+        node: Option<String>,
+        /// Also members that are down or left.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        connect: client::Connect,
+    },
+    /// Print the status of the nodes of a running cluster (each `batchwire node` answers on
+    /// its "status" mailbox): version, addresses, members, and per peer its connection and
+    /// counters. Every live member with --join, the --peer nodes, or just --node.
+    #[command(
+        after_help = "Example: batchwire status --join 127.0.0.1:7001 --secret-file secret --json"
+    )]
+    Status {
+        /// Only this node.
+        #[arg(long)]
+        node: Option<String>,
+        /// Also members that are down or left, and peers no longer connected.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        connect: client::Connect,
     },
     /// Generate a test CA and a certificate per node, to try mutual TLS in a minute.
     Certs {
@@ -430,6 +513,46 @@ fn main() -> ExitCode {
             bench::remove_tls_certs();
             result
         }
+        Cmd::Send {
+            to,
+            messages,
+            connect,
+        } => {
+            // The command reports what went wrong itself; BATCHWIRE_LOG=warn shows more.
+            init_logs(LevelFilter::ERROR);
+            client::send(&connect, &to, messages)
+        }
+        Cmd::Request {
+            to,
+            message,
+            timeout,
+            connect,
+        } => {
+            // The command reports what went wrong itself; BATCHWIRE_LOG=warn shows more.
+            init_logs(LevelFilter::ERROR);
+            client::request(&connect, &to, &message, timeout)
+        }
+        Cmd::Listen {
+            mailbox,
+            count,
+            duration,
+            reply,
+            connect,
+        } => {
+            // The command reports what went wrong itself; BATCHWIRE_LOG=warn shows more.
+            init_logs(LevelFilter::ERROR);
+            client::listen(&connect, &mailbox, count, duration, reply.as_deref())
+        }
+        Cmd::Members { node, all, connect } => {
+            // The command reports what went wrong itself; BATCHWIRE_LOG=warn shows more.
+            init_logs(LevelFilter::ERROR);
+            client::members(&connect, node.as_deref(), all)
+        }
+        Cmd::Status { node, all, connect } => {
+            // The command reports what went wrong itself; BATCHWIRE_LOG=warn shows more.
+            init_logs(LevelFilter::ERROR);
+            client::status(&connect, node.as_deref(), all)
+        }
         Cmd::Certs { out, nodes } => {
             let names: Vec<&str> = nodes.iter().map(|s| s.as_str()).collect();
             certs::generate_certs(&out, &names)
@@ -501,9 +624,71 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
         Some(addr) => Some(metrics_http::serve(addr)?),
         None => None,
     };
-    let node = Node::start(cfg).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let node = Node::start(cfg.mailbox(client::STATUS_MAILBOX)).map_err(|e| e.to_string())?;
     let mut last_published: Option<Instant> = None;
     let echo = node.mailbox("echo").map_err(|e| e.to_string())?;
+    let status = node
+        .mailbox(client::STATUS_MAILBOX)
+        .map_err(|e| e.to_string())?;
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        // Status requests are answered by a thread of their own, so they never wait behind
+        // echo traffic. It ends when the mailbox closes (at shutdown) or `stop` is set.
+        let (node, stop, done) = (&node, &stop, &done);
+        let answering = scope.spawn(move || serve_status(node, &status, [stop, done], started));
+        let r = echo_loop(
+            node,
+            echo,
+            stop,
+            &metrics,
+            stats_every,
+            run_for,
+            started,
+            &mut last_published,
+        );
+        done.store(true, Ordering::Release);
+        let _ = answering.join();
+        r
+    })?;
+    out!("{}", node.stats());
+    node.shutdown();
+    Ok(())
+}
+
+/// Answer status requests (see `client::status_json`) until either flag is set.
+fn serve_status(
+    node: &Node,
+    status: &batchwire::Mailbox,
+    until: [&AtomicBool; 2],
+    started: Instant,
+) {
+    while !until.iter().any(|f| f.load(Ordering::Acquire)) {
+        match status.recv_timeout(Duration::from_millis(200)) {
+            Ok(e) if e.is_request() => {
+                let body = client::status_json(node, started).to_string();
+                if let Err(err) = e.try_reply(body) {
+                    tracing::debug!(from = %e.from, error = %err, "status: reply not sent");
+                }
+            }
+            Ok(_) | Err(RecvError::Timeout | RecvError::Empty) => {}
+            Err(_) => break,
+        }
+    }
+}
+
+/// The node's main loop: answer echo, publish metrics and status, print counters.
+#[allow(clippy::too_many_arguments)]
+fn echo_loop(
+    node: &Node,
+    echo: batchwire::Mailbox,
+    stop: &AtomicBool,
+    metrics: &Option<metrics_http::Served>,
+    stats_every: u64,
+    run_for: u64,
+    started: Instant,
+    last_published: &mut Option<Instant>,
+) -> Result<(), String> {
     // Subscribe first, then print the view as it stands: members that joined before the
     // subscription are printed from the view (one may be printed twice), none is missed.
     let events = node.events();
@@ -570,12 +755,14 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
         }
         // Metrics are copied from the node's counters once a second (a scrape sees values
         // at most that old).
-        if let Some(m) = &metrics
+        if let Some(m) = metrics
             && last_published.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
         {
             node.publish_metrics();
-            m.run_upkeep();
-            last_published = Some(Instant::now());
+            m.metrics.run_upkeep();
+            *m.status.lock().unwrap_or_else(|p| p.into_inner()) =
+                client::status_json(node, started).to_string();
+            *last_published = Some(Instant::now());
         }
         if stats_every > 0 && last_stats.elapsed() >= Duration::from_secs(stats_every) {
             out!("{}", node.stats());
@@ -585,9 +772,6 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
             break;
         }
     }
-    out!("{}", node.stats());
-    drop(echo);
-    node.shutdown();
     Ok(())
 }
 

@@ -1,5 +1,6 @@
 //! `batchwire node --metrics-listen`: the node's counters for Prometheus at
-//! `http://ADDR/metrics`, served by one small, bounded HTTP/1.0 responder.
+//! `http://ADDR/metrics`, and its status as JSON at `http://ADDR/status` (what
+//! `batchwire status --json` prints), served by one small, bounded HTTP/1.0 responder.
 //!
 //! Anyone who can reach the port can talk to it, so it is bounded like the node's own
 //! listener: at most [`MAX_CONNECTIONS`] requests are served at once (more are closed at
@@ -11,8 +12,8 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -34,24 +35,45 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     })
 }
 
+/// The node's status as JSON, as the node last published it (`/status`).
+pub type StatusCell = Arc<Mutex<String>>;
+
+/// What is served: the metrics, and the status.
+#[derive(Clone)]
+pub struct Served {
+    pub metrics: PrometheusHandle,
+    pub status: StatusCell,
+}
+
 /// Install the Prometheus recorder and serve it on `addr` from a thread of its own.
-/// Returns the handle (the caller runs its upkeep now and then).
-pub fn serve(addr: SocketAddr) -> Result<PrometheusHandle, String> {
+/// Returns the handle (the caller runs its upkeep now and then) and the status cell (the
+/// caller fills it).
+pub fn serve(addr: SocketAddr) -> Result<Served, String> {
     let listener =
         TcpListener::bind(addr).map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        // A real histogram (buckets sum across nodes), not a summary.
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full("batchwire_messages_per_write".into()),
+            &batchwire::MESSAGES_PER_WRITE_BUCKETS,
+        )
+        .map_err(|e| format!("cannot set the histogram's buckets: {e}"))?
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
-    let h = handle.clone();
+    let served = Served {
+        metrics: handle,
+        status: Arc::new(Mutex::new("{}".into())),
+    };
+    let h = served.clone();
     std::thread::Builder::new()
         .name("bw-metrics".into())
         .spawn(move || accept_loop(listener, h))
         .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
-    tracing::info!(%addr, "serving metrics at http://{addr}/metrics");
-    Ok(handle)
+    tracing::info!(%addr, "serving metrics at http://{addr}/metrics and the status at /status");
+    Ok(served)
 }
 
-fn accept_loop(listener: TcpListener, handle: PrometheusHandle) {
+fn accept_loop(listener: TcpListener, handle: Served) {
     let busy = Arc::new(AtomicUsize::new(0));
     let mut pause = Duration::from_millis(10);
     let mut errors = 0u64;
@@ -94,7 +116,7 @@ fn accept_loop(listener: TcpListener, handle: PrometheusHandle) {
 }
 
 /// Read one request head (within the deadline and the size bound) and answer it.
-fn respond(mut s: TcpStream, handle: &PrometheusHandle) -> std::io::Result<()> {
+fn respond(mut s: TcpStream, served: &Served) -> std::io::Result<()> {
     let deadline = Instant::now() + HEAD_DEADLINE;
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
@@ -114,14 +136,32 @@ fn respond(mut s: TcpStream, handle: &PrometheusHandle) -> std::io::Result<()> {
     let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();
-    let (status, body) = match (parts.next(), parts.next()) {
-        (Some("GET"), Some("/metrics")) => ("200 OK", handle.render()),
-        (Some("GET"), Some(_)) => ("404 Not Found", "only /metrics is served\n".into()),
-        _ => ("405 Method Not Allowed", "only GET /metrics\n".into()),
+    const TEXT: &str = "text/plain; version=0.0.4";
+    let (status, kind, body) = match (parts.next(), parts.next()) {
+        (Some("GET"), Some("/metrics")) => ("200 OK", TEXT, served.metrics.render()),
+        (Some("GET"), Some("/status")) => (
+            "200 OK",
+            "application/json",
+            served
+                .status
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        ),
+        (Some("GET"), Some(_)) => (
+            "404 Not Found",
+            TEXT,
+            "only /metrics and /status are served\n".into(),
+        ),
+        _ => (
+            "405 Method Not Allowed",
+            TEXT,
+            "only GET /metrics and GET /status\n".into(),
+        ),
     };
     write!(
         s,
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     )?;
     s.write_all(body.as_bytes())

@@ -1272,9 +1272,55 @@ fn metrics_are_served_for_prometheus_and_counters_move() {
                     .any(|s| s.metric.starts_with(name) && s.labels.get(label.0) == Some(label.1))
             };
             assert!(has("batchwire_mailbox_depth", ("mailbox", "echo")));
+            // A real histogram (buckets), described, beside build and membership gauges.
+            let hist = sc
+                .samples
+                .iter()
+                .find(|s| {
+                    s.metric == "batchwire_messages_per_write" && s.labels.get("peer") == Some("a")
+                })
+                .expect("no per-write histogram");
+            match &hist.value {
+                prometheus_parse::Value::Histogram(buckets) => {
+                    assert!(buckets.len() >= 17, "{buckets:?}")
+                }
+                v => panic!("batchwire_messages_per_write is not a histogram: {v:?}"),
+            }
+            for name in [
+                "batchwire_messages_per_write",
+                "batchwire_messages_sent_total",
+                "batchwire_disconnects_total",
+                "batchwire_members",
+                "batchwire_build_info",
+            ] {
+                assert!(sc.docs.contains_key(name), "no # HELP for {name}");
+            }
+            assert!(has(
+                "batchwire_build_info",
+                ("version", env!("CARGO_PKG_VERSION"))
+            ));
+            let alive = sc.samples.iter().find(|s| {
+                s.metric == "batchwire_members" && s.labels.get("state") == Some("alive")
+            });
             assert!(
-                has("batchwire_messages_per_write", ("peer", "a")),
-                "no per-write histogram"
+                alive.is_some_and(
+                    |s| matches!(s.value, prometheus_parse::Value::Gauge(v) if v >= 1.0)
+                ),
+                "{alive:?}"
+            );
+            // The status beside the metrics.
+            let mut s = std::net::TcpStream::connect_timeout(&m, Duration::from_secs(2)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            write!(s, "GET /status HTTP/1.1\r\nHost: {m}\r\n\r\n").unwrap();
+            let mut text = String::new();
+            s.read_to_string(&mut text).unwrap();
+            assert!(text.contains("application/json"), "{text}");
+            let body = text.split_once("\r\n\r\n").unwrap().1;
+            let v: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert_eq!(v["node"], "b");
+            assert!(
+                v["stats"]["peer"].is_null() && v["stats"]["peers"].is_array(),
+                "{v}"
             );
             break;
         }
