@@ -202,6 +202,7 @@ enum Cmd {
         nodes: Vec<String>,
     },
     /// Benchmark: start node processes on loopback, verify delivery, print medians.
+    #[command(after_help = "Each scenario's own text and flags: batchwire bench SCENARIO --help")]
     Bench(BenchArgs),
     /// Internal: a process started by `bench`.
     #[command(hide = true)]
@@ -440,8 +441,154 @@ fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{s:?} resolves to no address"))
 }
 
+/// Every scenario: what it measures, and the flags that apply to it (`bench SCENARIO
+/// --help` shows only those).
+const SCENARIO_HELP: &[(&str, &str, &[&str])] = &[
+    (
+        "throughput",
+        "One sender thread streams to one mailbox on another node process, one way (or both \
+         ways with --duplex); every message is verified. Reports messages/s and bytes/s by \
+         bundler and size, beside `raw` (plain TCP) if asked.",
+        &[
+            "size",
+            "messages",
+            "verify",
+            "break_every",
+            "duplex",
+            "unacked_bytes",
+            "tls",
+            "hosts",
+            "link",
+        ],
+    ),
+    (
+        "fan-in",
+        "Many sender threads (1000 by default) on one node send to one mailbox on another: \
+         what bundling does when many small sends meet one connection.",
+        &["size", "threads", "messages", "pin", "tls", "hosts", "link"],
+    ),
+    (
+        "mperf",
+        "JGroups' MPerf: every node sends to every other at once (4 nodes by default); the \
+         cluster's total rate.",
+        &["size", "nodes", "messages", "tls", "hosts", "link"],
+    ),
+    (
+        "rpc",
+        "Request/reply (JGroups' UnicastTestRpc): calling threads on every node call random \
+         others; calls/s and latency percentiles, beside a TCP ping-pong floor. With --peers, \
+         against running `batchwire node` processes.",
+        &[
+            "size",
+            "nodes",
+            "threads",
+            "messages",
+            "peers",
+            "secret_file",
+            "tls",
+            "hosts",
+            "link",
+        ],
+    ),
+    (
+        "roundtrip",
+        "The Erlang post's test: batches of messages sent and echoed back; ms per batch by \
+         size. With --peers, against running `batchwire node` processes.",
+        &[
+            "size",
+            "batches",
+            "warmup_batches",
+            "peers",
+            "secret_file",
+            "tls",
+            "hosts",
+            "link",
+        ],
+    ),
+    (
+        "scale",
+        "What a node costs per peer: threads, memory and idle CPU of one node with 1, 16 and \
+         128 peers (not in the quick default).",
+        &["peer_counts", "idle_secs"],
+    ),
+    (
+        "hol",
+        "No head-of-line blocking: small-message latency beside a 64 MiB stream, and the \
+         rate to one mailbox while another is never read.",
+        &["phase_ms", "bulk_inflight_bytes", "tls"],
+    ),
+    (
+        "membership",
+        "Cluster membership: N node processes join through one seed; time to converge, to \
+         see a SIGKILLed node down, to rejoin, and bytes/s at rest (8, 16 and 32 nodes by \
+         default; not in the quick default).",
+        &["nodes", "phase_ms"],
+    ),
+    (
+        "soak",
+        "Reliability over time: N nodes stream to each other while connections are killed \
+         from outside and one node is SIGKILLed and restarted; every message is counted \
+         (not in the quick default).",
+        &[
+            "duration",
+            "nodes",
+            "size",
+            "rate",
+            "kill_every",
+            "restart_every",
+            "report_every",
+            "hosts",
+            "link",
+        ],
+    ),
+];
+
+/// Flags every scenario takes.
+const BENCH_COMMON: &[&str] = &[
+    "bundler",
+    "idle_cpu_level",
+    "runs",
+    "base_port",
+    "json",
+    "plot",
+    "quiet",
+];
+
+/// `batchwire bench SCENARIO --help`: that scenario's text and flags only (clap would show
+/// every flag of every scenario).
+fn scenario_help(args: &[String]) -> Option<String> {
+    use clap::Args;
+    if args.get(1).map(String::as_str) != Some("bench")
+        || !args.iter().any(|a| a == "--help" || a == "-h")
+    {
+        return None;
+    }
+    let name = args[2..].iter().find(|a| !a.starts_with('-'))?;
+    let (name, about, flags) = SCENARIO_HELP.iter().find(|(n, _, _)| n == name)?;
+    let mut cmd = BenchArgs::augment_args(clap::Command::new("bench"))
+        .bin_name(format!("batchwire bench {name}"))
+        .about(*about)
+        .mut_arg("scenario", |a| a.hide(true));
+    let ids: Vec<String> = cmd
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .collect();
+    for id in ids {
+        if id != "scenario" && !flags.contains(&id.as_str()) && !BENCH_COMMON.contains(&id.as_str())
+        {
+            cmd = cmd.mut_arg(id, |a| a.hide(true));
+        }
+    }
+    Some(cmd.render_help().to_string())
+}
+
 fn main() -> ExitCode {
     sys::limit_malloc_arenas();
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(help) = scenario_help(&args) {
+        out!("{help}");
+        return ExitCode::SUCCESS;
+    }
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Node {

@@ -1332,6 +1332,38 @@ fn metrics_are_served_for_prometheus_and_counters_move() {
     }
 }
 
+/// `bench SCENARIO --help` shows that scenario's text and its flags, not every flag.
+#[test]
+fn each_bench_scenario_has_its_own_help() {
+    let help = |scenario: &str| {
+        let o = Command::new(EXE)
+            .args(["bench", scenario, "--help"])
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let hol = help("hol");
+    assert!(
+        hol.contains("head-of-line") && hol.contains("--phase-ms"),
+        "{hol}"
+    );
+    assert!(
+        !hol.contains("--duplex") && !hol.contains("--peer-counts"),
+        "{hol}"
+    );
+    let tp = help("throughput");
+    assert!(
+        tp.contains("--duplex") && tp.contains("--break-every"),
+        "{tp}"
+    );
+    assert!(
+        !tp.contains("--phase-ms") && !tp.contains("--restart-every"),
+        "{tp}"
+    );
+    assert_ne!(help("soak"), help("mperf"));
+}
+
 #[test]
 fn bench_membership_runs_a_small_cluster_of_processes() {
     let (v, stdout) = bench(
