@@ -5,7 +5,21 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 
-/// What `send`, `mailbox` and `Node::start` can fail with.
+/// What `send`, `mailbox` and `Node::start` can fail with. Every variant's message names
+/// what failed (the node, mailbox, setting, file or address); variants that refuse a
+/// payload hand it back. The enum is `#[non_exhaustive]`: match the cases you act on.
+///
+/// ```
+/// # use batchwire::{Address, Error, Node, NodeConfig};
+/// let node = Node::start(NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "s")).unwrap();
+/// match node.send(&Address::new("nobody", "inbox").unwrap(), "hi") {
+///     Err(Error::UnknownNode(name)) => assert_eq!(name, "nobody"),
+///     Err(Error::Full { payload, .. }) => drop(payload), // try again later, say
+///     other => panic!("{other:?}"),
+/// }
+/// let e = Address::new("", "inbox").unwrap_err();
+/// assert!(e.to_string().starts_with("invalid name"), "{e}");
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -9,7 +9,24 @@ use crate::address::Address;
 pub use batchwire_core::membership::MemberState;
 pub use batchwire_core::session::{DownReason, FailReason};
 
-/// Something that happened on a node; subscribe with `Node::events`.
+/// Something that happened on a node; subscribe with `Node::events` (a channel) or
+/// `Node::event_stream` (async). Each subscriber has a bounded queue: one that falls behind
+/// gets [`Event::EventsDropped`], the node never waits for it.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use batchwire::{Event, Node, NodeConfig};
+/// let a = Node::start(NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "s")).unwrap();
+/// let events = a.events();
+/// let b = Node::start(NodeConfig::new("b", "127.0.0.1:0".parse().unwrap(), "s").join(a.local_addr())).unwrap();
+/// // Wait (bounded) for b to appear; match the events that matter, ignore the rest.
+/// let joined = events.iter().take(50).find_map(|e| match e {
+///     Event::MemberJoined { member } => Some(member.name),
+///     Event::SendFailed { peer, messages, .. } => panic!("{} to {peer} failed", messages.len()),
+///     _ => None,
+/// });
+/// assert_eq!(joined.as_deref(), Some("b"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Event {

@@ -22,6 +22,26 @@ use crate::send::SendFuture;
 /// receiver sees this mailbox as the sender). Requests among the envelopes are answered
 /// with [`Envelope::reply`]. Dropping it unregisters the name; later messages to it are
 /// reported to their senders as undeliverable.
+///
+/// Receiving fails only with [`RecvError`]: `Empty` (`try_recv`), `Timeout`
+/// (`recv_timeout`) or `Closed` (the node shut down and everything queued was taken).
+/// Sending fails as [`crate::Node::send`] does.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use batchwire::{Node, NodeConfig, RecvError};
+/// let node = Node::start(NodeConfig::new("solo", "127.0.0.1:0".parse().unwrap(), "s")).unwrap();
+/// let inbox = node.mailbox("inbox").unwrap();
+/// let me = node.mailbox("me").unwrap();
+/// me.send(&inbox.address(), "one").unwrap(); // to a mailbox of the same node
+/// let first = inbox.recv_timeout(Duration::from_secs(5)).unwrap();
+/// assert_eq!(first.from, me.address());
+/// assert!(matches!(inbox.try_recv(), Err(RecvError::Empty)));
+/// assert!(matches!(
+///     inbox.recv_timeout(Duration::from_millis(10)),
+///     Err(RecvError::Timeout)
+/// ));
+/// ```
 pub struct Mailbox {
     queue: Arc<MailboxQueue>,
     rt: Arc<Runtime>,

@@ -28,6 +28,23 @@ pub struct Node {
 
 impl Node {
     /// Start a node: bind the listen address, start connecting to peers, return at once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a setting out of range or a secret that is empty (the
+    /// message names the setting), [`Error::InvalidName`] for a bad node or mailbox name,
+    /// [`Error::Listen`] when the address cannot be bound (in use, not local), and
+    /// [`Error::Tls`] when a certificate, key or CA cannot be read or does not name this
+    /// node. Nothing is started when it fails. Peers that cannot be reached are not an
+    /// error: the node keeps dialling them and reports what happens as [`Event`]s.
+    ///
+    /// ```
+    /// # use batchwire::{Error, Node, NodeConfig};
+    /// let a = Node::start(NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "s")).unwrap();
+    /// // The same address again: refused, naming it.
+    /// let again = Node::start(NodeConfig::new("b", a.local_addr(), "s"));
+    /// assert!(matches!(again, Err(Error::Listen { addr, .. }) if addr == a.local_addr()));
+    /// ```
     pub fn start(config: NodeConfig) -> Result<Node, Error> {
         Ok(Node {
             rt: Runtime::start(config)?,
@@ -47,6 +64,11 @@ impl Node {
 
     /// Register a mailbox named `name` on this node, or take the handle of one declared in
     /// the config ([`NodeConfig::mailbox`]), with whatever arrived in it meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MailboxExists`] if a handle to it is already held, [`Error::InvalidName`]
+    /// for an empty or over-long name (or one beginning with NUL).
     pub fn mailbox(&self, name: &str) -> Result<Mailbox, Error> {
         Ok(Mailbox::new(self.rt.claim_mailbox(name)?, self.rt.clone()))
     }
@@ -62,6 +84,15 @@ impl Node {
     /// acknowledges it, so a slice keeps its whole buffer alive until then. Smaller
     /// payloads are copied into the queue at once (so is every payload with the
     /// transfer-queue bundler; over TLS, encrypting copies it once more).
+    ///
+    /// # Errors
+    ///
+    /// Returned at once, the message not accepted: [`Error::UnknownNode`] (no such peer or
+    /// member), [`Error::PeerDown`] (declared down; sends fail fast until it is back),
+    /// [`Error::PayloadTooLarge`] (above `max_payload`), [`Error::ShutDown`] (the payload
+    /// handed back). Once accepted, a message that cannot be delivered is reported later,
+    /// as [`Event::SendFailed`] (with its payload) or [`Event::Undeliverable`] (no such
+    /// mailbox there), never silently dropped.
     pub fn send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
         self.rt
             .send(&self.anonymous, to, payload.into(), Class::Ordinary, true)
@@ -101,6 +132,28 @@ impl Node {
     /// declared down, [`Error::Undeliverable`] if it has no such mailbox, or
     /// [`Error::TooManyRequests`] past `max_pending_requests`. Like `send`, it waits for
     /// room to queue the request first (that wait is not bounded by `timeout`).
+    ///
+    /// # Errors
+    ///
+    /// Those above, and those of [`Node::send`].
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use batchwire::{Address, Error, Node, NodeConfig};
+    /// # let a = Node::start(NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "s")).unwrap();
+    /// # let b = Node::start(NodeConfig::new("b", "127.0.0.1:0".parse().unwrap(), "s").join(a.local_addr())).unwrap();
+    /// # assert!(a.wait_for_members(Duration::from_secs(10), |m| m.iter().any(|m| m.name == "b")));
+    /// let service = b.mailbox("upper").unwrap();
+    /// std::thread::spawn(move || {
+    ///     let req = service.recv_timeout(Duration::from_secs(10)).unwrap();
+    ///     req.reply(req.payload.to_ascii_uppercase()).unwrap();
+    /// });
+    /// let answer = a.request(&Address::new("b", "upper").unwrap(), "hi", Duration::from_secs(5));
+    /// assert_eq!(&answer.unwrap().payload[..], b"HI");
+    /// // A mailbox that does not exist there: said, not waited for.
+    /// let none = a.request(&Address::new("b", "nobody").unwrap(), "hi", Duration::from_secs(5));
+    /// assert!(matches!(none, Err(Error::Undeliverable { .. })));
+    /// ```
     pub fn request(
         &self,
         to: &Address,
