@@ -237,6 +237,16 @@ pub fn build(flags: Flags, file: CliFile) -> Result<(NodeConfig, Extras), String
     }
     f.join = join;
     f.advertise = flags.advertise.or(f.advertise);
+    // The node's own certificate must name it, or every peer refuses it: said at start.
+    let name = f.name.clone().unwrap_or_default();
+    let file_tls = f.tls.as_ref().map(|t| TlsFiles {
+        cert: t.cert.clone(),
+        key: t.key.clone(),
+        ca: t.ca.clone(),
+    });
+    if let Some(t) = flags.tls.as_ref().or(file_tls.as_ref()) {
+        t.check_names(&name).map_err(|e| e.to_string())?;
+    }
     let mut cfg = f.into_config().map_err(|e| e.to_string())?;
     if let Some(t) = flags.tls {
         cfg = cfg.tls(t);

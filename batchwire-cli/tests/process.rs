@@ -141,6 +141,58 @@ fn node_processes_echo_messages_back_in_order() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A node given another node's certificate does not start (every peer would refuse it):
+/// the error names the file, the node and the names the certificate has.
+#[test]
+fn a_node_refuses_to_start_with_a_certificate_for_another_node() {
+    let dir = temp_dir("wrongcert");
+    std::fs::write(dir.join("secret"), SECRET).unwrap();
+    // The library's committed test certificates.
+    let certs =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../batchwire/tests/certs/main");
+    let addr = free_addrs(1)[0];
+    let out = Command::new(EXE)
+        .args(["node", "--name", "c", "--listen", &addr.to_string()])
+        .args(["--secret-file", dir.join("secret").to_str().unwrap()])
+        .args(["--tls-cert", certs.join("a.pem").to_str().unwrap()])
+        .args(["--tls-key", certs.join("a-key.pem").to_str().unwrap()])
+        .args([
+            "--tls-ca",
+            certs.join("ca.pem").to_str().unwrap(),
+            "--run-for",
+            "3",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a.pem: not the certificate of node \"c\"") && err.contains(r#"["a"]"#),
+        "{err}"
+    );
+    // Its own certificate: starts (and stops after --run-for).
+    let out = Command::new(EXE)
+        .args(["node", "--name", "c", "--listen", &addr.to_string()])
+        .args(["--secret-file", dir.join("secret").to_str().unwrap()])
+        .args(["--tls-cert", certs.join("c.pem").to_str().unwrap()])
+        .args(["--tls-key", certs.join("c-key.pem").to_str().unwrap()])
+        .args([
+            "--tls-ca",
+            certs.join("ca.pem").to_str().unwrap(),
+            "--run-for",
+            "1",
+        ])
+        .args(["--stats-every", "0"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn node_process_refuses_a_wrong_secret_file() {
     let dir = temp_dir("badsecret");

@@ -464,7 +464,7 @@ impl SendWindow {
     /// a scratch build, a 100 B stream of 4,000,000 messages: 91% of small batches took a
     /// free buffer, of 1.3 MB on average for 4.6 KB, and 58% of the large batches then
     /// found none; with this rule (its first form) 35%. Neither the rate nor the page
-    /// faults moved measurably on the 2-vCPU VM (`docs/compare-v12-session10.txt`).
+    /// faults moved measurably on the 2-vCPU VM (`git show faa9997:docs/compare-v12-session10.txt`).
     fn take_fitting(&mut self, need: usize) -> Vec<u8> {
         match self.best_fit(need) {
             Some(i)

@@ -63,6 +63,19 @@ impl TlsFiles {
             ca: dir.join("ca.pem"),
         }
     }
+
+    /// Check that the certificate in `cert` names node `name` exactly, as every peer will
+    /// check it (no case folding, no wildcard, no IP address). `Node::start` only logs a
+    /// mismatch (a node presenting the wrong certificate is how peers' refusals are
+    /// tested); `batchwire node` refuses to start with one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Tls`] naming the file and the names the certificate has, or why the file
+    /// could not be read.
+    pub fn check_names(&self, name: &str) -> Result<(), Error> {
+        crate::io::link::check_own_certificate(&self.cert, name)
+    }
 }
 
 /// Everything a node needs. Start from [`NodeConfig::new`] (name, listen address, cluster
@@ -341,7 +354,7 @@ impl NodeConfig {
     /// the peer's queue: from 512 B, taking a reference instead measured 1.1x the rate of
     /// one sender at 1 KB and 2.5 KB (about even at 600 B), 1.2-1.4x for 1000 threads
     /// sending 1 KB, and 1.2-1.4x mperf at 1 KB (alternating rounds in both orders,
-    /// `docs/compare-v10-byref.txt`).
+    /// `git show faa9997:docs/compare-v10-byref.txt`).
     pub fn by_reference_bytes(mut self, bytes: usize) -> Self {
         self.by_reference_bytes = bytes;
         self

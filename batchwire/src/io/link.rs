@@ -105,6 +105,18 @@ impl TlsConfigs {
         if certs.is_empty() {
             return Err(tls_err("no certificate in", &files.cert, "empty"));
         }
+        // Our own certificate should name us, or every peer will refuse every connection:
+        // say so now, not only at the first connection. (Not refused here: a node that
+        // presents the wrong certificate is how the peers' refusal is tested; `batchwire
+        // node` refuses to start with one, through `TlsFiles::check_names`.)
+        if let Err(why) = cert_names(&certs[0], node_name) {
+            tracing::error!(
+                node = node_name,
+                cert = %files.cert.display(),
+                "not this node's certificate: {}; every peer will refuse this node",
+                why.replacen("the peer's certificate", "it", 1)
+            );
+        }
         let key = PrivateKeyDer::from_pem_file(&files.key)
             .map_err(|e| tls_err("cannot read private key", &files.key, e))?;
         let mut roots = RootCertStore::empty();
@@ -708,6 +720,23 @@ fn write_slices(
         }
     }
     Ok(())
+}
+
+/// [`crate::TlsFiles::check_names`]: the first certificate in the PEM file `path` names
+/// `node`.
+pub(crate) fn check_own_certificate(path: &std::path::Path, node: &str) -> Result<(), Error> {
+    let cert = CertificateDer::pem_file_iter(path)
+        .map_err(|e| tls_err("cannot read certificate", path, e))?
+        .next()
+        .ok_or_else(|| tls_err("no certificate in", path, "empty"))?
+        .map_err(|e| tls_err("bad certificate", path, e))?;
+    cert_names(&cert, node).map_err(|why| {
+        Error::Tls(format!(
+            "{}: not the certificate of node {node:?}: {}",
+            path.display(),
+            why.replacen("the peer's certificate", "it", 1)
+        ))
+    })
 }
 
 /// Check that `cert` names `node`: one of its DNS subject alternative names is the node's

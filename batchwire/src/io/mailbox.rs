@@ -77,6 +77,24 @@ impl std::fmt::Debug for CallRef {
 }
 
 /// A received message, or a request (answer it with [`Envelope::reply`]).
+///
+/// `reply` fails with [`Error::NotARequest`] on a plain message, and otherwise as
+/// `Node::send` does; a reply to a caller that stopped waiting is counted as late by the
+/// caller's node and dropped there (not an error here). [`Envelope::value`] fails with
+/// [`Error::Decode`] when the payload is not the type asked for.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use batchwire::{Error, Node, NodeConfig};
+/// let node = Node::start(NodeConfig::new("solo", "127.0.0.1:0".parse().unwrap(), "s")).unwrap();
+/// let inbox = node.mailbox("inbox").unwrap();
+/// node.send_value(&inbox.address(), &(7u8, "seven".to_string())).unwrap();
+/// let e = inbox.recv_timeout(Duration::from_secs(5)).unwrap();
+/// let (n, word): (u8, String) = e.value().unwrap();
+/// assert_eq!((n, word.as_str()), (7, "seven"));
+/// assert!(!e.is_request());
+/// assert!(matches!(e.reply("no one asked"), Err(Error::NotARequest)));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {
     /// The sending node and mailbox (the mailbox is "" for sends made through `Node`).

@@ -401,7 +401,7 @@ impl Reader<'_> {
     /// message in its mailbox (`MailboxQueue::lead`; `wake`, a file descriptor that a push
     /// to the mailbox makes readable, wakes it for messages that come another way). On a
     /// machine with idle CPUs each hand-off costs a wake-up of a sleeping CPU, about half
-    /// a loopback round trip; an rpc call had two (`docs/compare-v7-rpc.txt`).
+    /// a loopback round trip; an rpc call had two (`git show faa9997:docs/compare-v7-rpc.txt`).
     ///
     /// The thread acts on everything it reads exactly as the reader thread would (every
     /// frame, for every mailbox and every waiting caller), never waits for a consumer
