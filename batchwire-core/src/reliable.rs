@@ -460,11 +460,8 @@ impl SendWindow {
     /// could move into (at least [`MOVE_BYTES`]) and more than twice what is needed; else
     /// a new one of exactly that size. A small batch that took a large free buffer held
     /// it in the window for a round trip with a few KiB in it (memory the window's byte
-    /// count does not see), and the next large batch found none to move into. Counted in
-    /// a scratch build, a 100 B stream of 4,000,000 messages: 91% of small batches took a
-    /// free buffer, of 1.3 MB on average for 4.6 KB, and 58% of the large batches then
-    /// found none; with this rule (its first form) 35%. Neither the rate nor the page
-    /// faults moved measurably on the 2-vCPU VM (`git show faa9997:docs/compare-v12-session10.txt`).
+    /// count does not see), and the next large batch found none to move into, so it was
+    /// copied into freshly allocated pages.
     fn take_fitting(&mut self, need: usize) -> Vec<u8> {
         match self.best_fit(need) {
             Some(i)

@@ -1,5 +1,5 @@
 //! Node configuration: [`NodeConfig`], built with [`NodeConfig::new`] and builder methods,
-//! with the defaults that measured well on a 2-vCPU machine.
+//! and its defaults (each builder method says its own, and why).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -350,11 +350,10 @@ impl NodeConfig {
     /// bundler every payload is copied (its shared queue's batches are split among the
     /// peers); over TLS the payload is copied once more, to be encrypted. A payload that
     /// is itself a slice of a received message keeps that message's receive buffer (up to
-    /// 256 KiB) alive too, while it is held. The copy is made under the lock of
-    /// the peer's queue: from 512 B, taking a reference instead measured 1.1x the rate of
-    /// one sender at 1 KB and 2.5 KB (about even at 600 B), 1.2-1.4x for 1000 threads
-    /// sending 1 KB, and 1.2-1.4x mperf at 1 KB (alternating rounds in both orders,
-    /// `git show faa9997:docs/compare-v10-byref.txt`).
+    /// 256 KiB) alive too, while it is held. The copy is made under the lock of the
+    /// peer's queue, so a large copy holds up every other sender to that peer; taking a
+    /// reference costs a reference count and a slot instead, which is cheaper from about
+    /// this size on (the commit that chose it has the measurements).
     pub fn by_reference_bytes(mut self, bytes: usize) -> Self {
         self.by_reference_bytes = bytes;
         self
@@ -368,10 +367,10 @@ impl NodeConfig {
     ///
     /// A trade-off: an ordinary message sent while a bulk stream runs waits behind up to
     /// this many bytes in the socket, and one peer's bulk stream moves at most this much
-    /// per round trip. On loopback (`batchwire bench hol`, 3 runs per bundler) 128 KiB
-    /// kept small-message p99 at 2.6-3.3x of its idle value with about 600 MiB/s of bulk;
-    /// 512 KiB gave about 1.2 GiB/s but p99 25x (one run). On a link with a long round
-    /// trip, raise it toward bandwidth x round trip (1 Gbit/s x 10 ms is about 1.2 MiB).
+    /// per round trip. Raising it moves bulk faster and makes small messages wait longer
+    /// behind it (`batchwire bench hol` shows both, with `--bulk-inflight-bytes`). On a
+    /// link with a long round trip, raise it toward bandwidth x round trip (1 Gbit/s x
+    /// 10 ms is about 1.2 MiB).
     pub fn bulk_inflight_bytes(mut self, bytes: usize) -> Self {
         self.session.bulk_inflight = bytes;
         self

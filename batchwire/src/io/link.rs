@@ -634,8 +634,8 @@ const PIECE: usize = 16 * RECORD;
 /// record's start go as they are. (Handing rustls all the slices at once with
 /// `write_vectored` made no progress when connections broke every 60 ms, most likely for
 /// the reason pieces are needed: a record per slice made encrypting the whole window
-/// slower than a connection lived. One buffer for the whole write cost 10 KB messages
-/// 0.81x: an allocation of megabytes per write.)
+/// slower than a connection lived. One buffer for the whole write was slower too: an
+/// allocation of megabytes per write.)
 struct TlsWrite<'a> {
     bufs: std::slice::Iter<'a, &'a [u8]>,
     rest: &'a [u8],

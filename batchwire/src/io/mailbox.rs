@@ -272,8 +272,7 @@ enum Item {
 
 // An item is moved three times per local message (into the queue, out of it, into the
 // receiver's batch). Up to 128 bytes a move is inlined; at 160 (with the credit inline in
-// `One`) each was a `memcpy` call: mperf, 2 nodes, 100 B, about 90 instructions more per
-// `send_all` (callgrind).
+// `One`) each was a `memcpy` call, on the path of every local message.
 const _: () = assert!(std::mem::size_of::<Item>() <= 128);
 
 struct Inner {
@@ -295,13 +294,12 @@ struct Inner {
     last_from: Option<Name>,
     /// ...if the last [`ONE_SOURCE`] did (pushes from it in a row). Messages from several
     /// nodes at once are better left to their readers: a receiver reading one connection
-    /// would be woken through its eventfd for the others' (mperf, 4 nodes, 100 B: 0.70x).
+    /// would be woken through its eventfd for the others' (a wake-up per message).
     same_from: u32,
     /// The last take was one message of at most [`LONE_BYTES`] and left none: a receiver
     /// answering one message at a time (a server), not one working through a stream. Only
-    /// such a receiver leads: reading a stream itself, a receiver serialised reading with
-    /// its own work (fan-in at 1 KB 0.81x, the hol streams 0.91-0.93x, its 64 MiB stream
-    /// 0.86x).
+    /// such a receiver leads: reading a stream itself, a receiver would serialise reading
+    /// with its own work, where the reader thread overlaps them.
     lone: bool,
     /// Local pushers waiting for room, woken one at a time (they all wait for the same).
     pushers: Relay<()>,
@@ -879,8 +877,8 @@ thread_local! {
 impl Mailboxes {
     /// The queue called `name` for a local send: one this thread delivered to lately, if it
     /// has that name, is this node's and is still alive, without the table's lock and hash
-    /// (about 160 instructions a message in mperf, where every `send_all` delivers one
-    /// message here). It may have been dropped (closed) since: a push it refuses as closed
+    /// (which every `send_all` would otherwise pay once per message for its local copy).
+    /// It may have been dropped (closed) since: a push it refuses as closed
     /// asks again with [`Mailboxes::get_again`]. (A queue leaves the table closed, under
     /// the table's lock, so one that is open is still the table's.)
     pub fn get_local(&self, name: &[u8]) -> Option<Arc<MailboxQueue>> {

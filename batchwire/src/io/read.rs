@@ -342,7 +342,7 @@ impl Reader<'_> {
         };
         // A read cut short to a frame's end that got all it asked for cannot tell whether
         // more is waiting. Counted as drained, it made an idle acknowledgement at every
-        // buffer's end of a stream (1 KB 0.87x / 0.91x in both orders); counted as not, a
+        // buffer's end of a stream, which slowed streams; counted as not, a
         // stream that stopped exactly there would hold its acknowledgement back behind a
         // blocking read. So the next read looks first, without waiting.
         // Over TLS too: a read that filled all it asked for cannot tell either.
@@ -401,7 +401,7 @@ impl Reader<'_> {
     /// message in its mailbox (`MailboxQueue::lead`; `wake`, a file descriptor that a push
     /// to the mailbox makes readable, wakes it for messages that come another way). On a
     /// machine with idle CPUs each hand-off costs a wake-up of a sleeping CPU, about half
-    /// a loopback round trip; an rpc call had two (`git show faa9997:docs/compare-v7-rpc.txt`).
+    /// a loopback round trip, and an rpc call had two of them.
     ///
     /// The thread acts on everything it reads exactly as the reader thread would (every
     /// frame, for every mailbox and every waiting caller), never waits for a consumer

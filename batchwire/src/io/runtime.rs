@@ -990,8 +990,8 @@ thread_local! {
 
 /// `Name::new(mailbox)`, made once per thread and name rather than once per `send_all`: a
 /// name made anew is read back in words while its bytes are still being stored, and each
-/// such read waits for them (mperf, 2 nodes, 100 B: `Name::new` was 2.24% of all samples,
-/// its work a 5-byte copy). Compared with the last one, then a 32-byte copy. A thread whose
+/// such read waits for them (a failed store-to-load forward). Compared with the last one,
+/// then a 32-byte copy. A thread whose
 /// thread-locals are being destroyed (a `send_all` from some `Drop`) makes it anew and keeps
 /// nothing.
 fn all_to(mailbox: &str) -> Option<Name> {
