@@ -765,6 +765,9 @@ fn stop_signals() -> Result<Arc<AtomicBool>, String> {
 }
 
 fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<(), String> {
+    if let Some(t) = &extras.tls {
+        t.check_names(cfg.name()).map_err(|e| e.to_string())?;
+    }
     let stop = stop_signals()?;
     let stats_every = extras.stats_every;
     let metrics = match extras.metrics_listen {

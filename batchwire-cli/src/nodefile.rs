@@ -186,6 +186,9 @@ pub struct Extras {
     pub stats_every: u64,
     /// Serve metrics for Prometheus here.
     pub metrics_listen: Option<SocketAddr>,
+    /// The TLS files, to check at start that the certificate names the node (every peer
+    /// would refuse it otherwise).
+    pub tls: Option<TlsFiles>,
 }
 
 /// The node's configuration from the flags over the file, and the command's own settings.
@@ -237,16 +240,13 @@ pub fn build(flags: Flags, file: CliFile) -> Result<(NodeConfig, Extras), String
     }
     f.join = join;
     f.advertise = flags.advertise.or(f.advertise);
-    // The node's own certificate must name it, or every peer refuses it: said at start.
-    let name = f.name.clone().unwrap_or_default();
+    // Kept to check at start that the node's own certificate names it.
     let file_tls = f.tls.as_ref().map(|t| TlsFiles {
         cert: t.cert.clone(),
         key: t.key.clone(),
         ca: t.ca.clone(),
     });
-    if let Some(t) = flags.tls.as_ref().or(file_tls.as_ref()) {
-        t.check_names(&name).map_err(|e| e.to_string())?;
-    }
+    let tls = flags.tls.clone().or(file_tls);
     let mut cfg = f.into_config().map_err(|e| e.to_string())?;
     if let Some(t) = flags.tls {
         cfg = cfg.tls(t);
@@ -255,6 +255,7 @@ pub fn build(flags: Flags, file: CliFile) -> Result<(NodeConfig, Extras), String
     let extras = Extras {
         stats_every: flags.stats_every.or(file.stats_every_secs).unwrap_or(10),
         metrics_listen: flags.metrics_listen.or(file.metrics_listen),
+        tls,
     };
     Ok((cfg, extras))
 }
