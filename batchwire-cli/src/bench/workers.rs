@@ -94,10 +94,30 @@ impl<T, E: std::fmt::Display> Context<T> for Result<T, E> {
 // ---------------------------------------------------------------------------------------
 // Worker processes.
 
+/// Run workers under this command (a profiler: `heaptrack`, `valgrind --tool=massif`,
+/// `perf record -g`), split on whitespace, with the worker's command line after it...
+pub const WRAP_ENV: &str = "BATCHWIRE_BENCH_WRAP";
+/// ...only the workers whose arguments contain this text (e.g. `--index 1`), if set.
+pub const WRAP_ONLY_ENV: &str = "BATCHWIRE_BENCH_WRAP_ONLY";
+
 /// Spawn this binary as a bench worker with `args`; stdout is piped for its result line.
 pub fn spawn_worker(args: &[String]) -> std::io::Result<Child> {
     let exe = std::env::current_exe()?;
-    let mut cmd = Command::new(exe);
+    let wrap = std::env::var(WRAP_ENV).ok().filter(|w| {
+        !w.trim().is_empty()
+            && std::env::var(WRAP_ONLY_ENV)
+                .ok()
+                .is_none_or(|only| args.join(" ").contains(&only))
+    });
+    let mut cmd = match &wrap {
+        Some(w) => {
+            let mut words = w.split_whitespace();
+            let mut c = Command::new(words.next().unwrap_or_default());
+            c.args(words).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
     // Only `bench --tls` puts every worker on TLS. A `NAME/tls` entry passes its folder
     // to its own workers (`--tls-dir`): plaintext entries run after it stay plaintext.
     match tls_for_all() {
