@@ -85,6 +85,9 @@ enum Cmd {
         /// Print counters every this many seconds (0: never) [default: 10].
         #[arg(long)]
         stats_every: Option<u64>,
+        /// Print the counters as one JSON object a line (`NodeStats`), not as text.
+        #[arg(long)]
+        stats_json: bool,
         /// Serve the node's counters for Prometheus at http://ADDR/metrics: a port (on
         /// 127.0.0.1) or an address (0.0.0.0:9100 to serve other hosts too)
         #[arg(long, value_parser = metrics_http::parse_addr)]
@@ -604,6 +607,7 @@ fn main() -> ExitCode {
             tls_key,
             tls_ca,
             stats_every,
+            stats_json,
             metrics_listen,
             run_for,
             handshake_timeout_ms,
@@ -651,7 +655,10 @@ fn main() -> ExitCode {
                     }
                     _ => e,
                 });
-            built.and_then(|(cfg, extras)| run_node(cfg, &extras, run_for))
+            built.and_then(|(cfg, mut extras)| {
+                extras.stats_json = stats_json;
+                run_node(cfg, &extras, run_for)
+            })
         }
         Cmd::Bench(a) => {
             init_logs(LevelFilter::WARN);
@@ -792,7 +799,7 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
             echo,
             stop,
             &metrics,
-            stats_every,
+            (stats_every, extras.stats_json),
             run_for,
             started,
             &mut last_published,
@@ -801,9 +808,21 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
         let _ = answering.join();
         r
     })?;
-    out!("{}", node.stats());
+    print_stats(&node, extras.stats_json);
     node.shutdown();
     Ok(())
+}
+
+/// The node's counters on stdout: text, or one JSON object on one line.
+fn print_stats(node: &Node, json: bool) {
+    if json {
+        match serde_json::to_string(&node.stats()) {
+            Ok(j) => outln!("{j}"),
+            Err(e) => tracing::warn!(error = %e, "cannot print the counters as JSON"),
+        }
+    } else {
+        out!("{}", node.stats());
+    }
 }
 
 /// Answer status requests (see `client::status_json`) until either flag is set.
@@ -834,7 +853,7 @@ fn echo_loop(
     echo: batchwire::Mailbox,
     stop: &AtomicBool,
     metrics: &Option<metrics_http::Served>,
-    stats_every: u64,
+    (stats_every, stats_json): (u64, bool),
     run_for: u64,
     started: Instant,
     last_published: &mut Option<Instant>,
@@ -915,7 +934,7 @@ fn echo_loop(
             *last_published = Some(Instant::now());
         }
         if stats_every > 0 && last_stats.elapsed() >= Duration::from_secs(stats_every) {
-            out!("{}", node.stats());
+            print_stats(node, stats_json);
             last_stats = Instant::now();
         }
         if run_for > 0 && start.elapsed() >= Duration::from_secs(run_for) {

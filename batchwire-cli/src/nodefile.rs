@@ -184,6 +184,8 @@ pub struct Flags {
 pub struct Extras {
     /// Print counters every this many seconds (0: never).
     pub stats_every: u64,
+    /// ...as JSON.
+    pub stats_json: bool,
     /// Serve metrics for Prometheus here.
     pub metrics_listen: Option<SocketAddr>,
     /// The TLS files, to check at start that the certificate names the node (every peer
@@ -255,6 +257,7 @@ pub fn build(flags: Flags, file: CliFile) -> Result<(NodeConfig, Extras), String
     let extras = Extras {
         stats_every: flags.stats_every.or(file.stats_every_secs).unwrap_or(10),
         metrics_listen: flags.metrics_listen.or(file.metrics_listen),
+        stats_json: false,
         tls,
     };
     Ok((cfg, extras))

@@ -1180,6 +1180,57 @@ fn log_lines_name_their_connection_and_a_healthy_node_is_quiet_at_info() {
     );
 }
 
+/// `--stats-json`: the counters a line at a time as JSON, with what went through.
+#[test]
+fn stats_can_be_printed_as_json_lines() {
+    let addrs = free_addrs(2);
+    let (a, b) = (addrs[0], addrs[1]);
+    let dir = temp_dir("stats-json");
+    let out_path = dir.join("stdout");
+    let mut cmd = Command::new(EXE);
+    cmd.args(["node", "--name", "b", "--listen", &b.to_string()])
+        .args(["--peer", &format!("a={a}")])
+        .args(["--secret-file", dir.join("secret").to_str().unwrap()])
+        .args(["--stats-every", "1", "--stats-json"])
+        .stdout(Stdio::from(std::fs::File::create(&out_path).unwrap()))
+        .stderr(Stdio::null());
+    std::fs::write(dir.join("secret"), SECRET).unwrap();
+    let mut child = Proc(cmd.spawn().unwrap());
+    let node = Node::start(NodeConfig::new("a", a, SECRET).peer("b", b)).unwrap();
+    assert!(node.wait_for_peers(&["b"], Duration::from_secs(20)));
+    let me = node.mailbox("me").unwrap();
+    for k in 0..100u64 {
+        me.send(
+            &Address::new("b", "echo").unwrap(),
+            k.to_le_bytes().to_vec(),
+        )
+        .unwrap();
+    }
+    for _ in 0..100 {
+        me.recv_timeout(Duration::from_secs(20)).expect("echo lost");
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    sigterm_and_wait(&mut child, Duration::from_secs(15));
+    let text = std::fs::read_to_string(&out_path).unwrap();
+    let stats: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(stats.len() >= 2, "{text}");
+    let last = stats.last().unwrap();
+    assert_eq!(last["node"], "b");
+    let peer_a = last["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["peer"] == "a")
+        .unwrap_or_else(|| panic!("{last}"));
+    assert_eq!(peer_a["messages_received"], 100, "{last}");
+    assert_eq!(peer_a["messages_sent"], 100, "{last}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `--print-config` prints every setting; a node runs from a config file (flags still
 /// win); a config file with an unknown key or a bad value is refused, naming it.
 #[test]
