@@ -3,24 +3,18 @@
 
 #[path = "../../batchwire/tests/common/mod.rs"]
 mod common;
+#[path = "shared/proc.rs"]
+mod proc;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{SECRET, free_addrs};
+use proc::Proc;
 
 const EXE: &str = env!("CARGO_BIN_EXE_batchwire");
-
-/// Kills the child process when dropped, so a failing test leaves nothing running.
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A folder with the cluster's secret, and a wrong one.
 struct Dir(std::path::PathBuf);

@@ -5,23 +5,17 @@
 mod can_run;
 #[path = "../../batchwire/tests/common/mod.rs"]
 mod common;
+#[path = "shared/proc.rs"]
+mod proc;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use batchwire::{Address, Node, NodeConfig};
 use common::*;
+use proc::Proc;
 
 const EXE: &str = env!("CARGO_BIN_EXE_batchwire");
-
-/// Kills the child process when dropped, so a failing test leaves nothing running.
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn temp_dir(tag: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("batchwire-{tag}-{}", std::process::id()));
@@ -56,6 +50,22 @@ fn node_b(
         .stdout(Stdio::null())
         .stderr(stderr);
     Proc(cmd.spawn().unwrap())
+}
+
+/// Send `n` numbered messages from a mailbox of `node` to b's echo and take every echo
+/// back (each within 20 s).
+fn echo_through_b(node: &Node, n: u64) {
+    let me = node.mailbox("me").unwrap();
+    for k in 0..n {
+        me.send(
+            &Address::new("b", "echo").unwrap(),
+            k.to_le_bytes().to_vec(),
+        )
+        .unwrap();
+    }
+    for _ in 0..n {
+        me.recv_timeout(Duration::from_secs(20)).expect("echo lost");
+    }
 }
 
 /// Send SIGTERM to `p` and wait (bounded) for it to exit.
@@ -1150,17 +1160,7 @@ fn log_lines_name_their_connection_and_a_healthy_node_is_quiet_at_info() {
     let mut child = node_b("spans", a, b, &[], &[("BATCHWIRE_LOG", "info")], stderr);
     let node = Node::start(NodeConfig::new("a", a, SECRET).peer("b", b)).unwrap();
     assert!(node.wait_for_peers(&["b"], Duration::from_secs(20)));
-    let me = node.mailbox("me").unwrap();
-    for k in 0..20_000u64 {
-        me.send(
-            &Address::new("b", "echo").unwrap(),
-            k.to_le_bytes().to_vec(),
-        )
-        .unwrap();
-    }
-    for _ in 0..20_000 {
-        me.recv_timeout(Duration::from_secs(20)).expect("echo lost");
-    }
+    echo_through_b(&node, 20_000);
     sigterm_and_wait(&mut child, Duration::from_secs(15));
     let text = std::fs::read_to_string(&log).unwrap();
     let connected = text
@@ -1198,17 +1198,7 @@ fn stats_can_be_printed_as_json_lines() {
     let mut child = Proc(cmd.spawn().unwrap());
     let node = Node::start(NodeConfig::new("a", a, SECRET).peer("b", b)).unwrap();
     assert!(node.wait_for_peers(&["b"], Duration::from_secs(20)));
-    let me = node.mailbox("me").unwrap();
-    for k in 0..100u64 {
-        me.send(
-            &Address::new("b", "echo").unwrap(),
-            k.to_le_bytes().to_vec(),
-        )
-        .unwrap();
-    }
-    for _ in 0..100 {
-        me.recv_timeout(Duration::from_secs(20)).expect("echo lost");
-    }
+    echo_through_b(&node, 100);
     std::thread::sleep(Duration::from_millis(1500));
     sigterm_and_wait(&mut child, Duration::from_secs(15));
     let text = std::fs::read_to_string(&out_path).unwrap();
