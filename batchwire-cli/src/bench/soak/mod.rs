@@ -76,6 +76,11 @@ pub struct NodeUsage {
     pub rss_mib_end: f64,
     pub rss_mib_max: f64,
     pub rss_slope_mib_per_h: Option<f64>,
+    /// The same over the second half of the run only: memory that grows while the run
+    /// warms up (allocator and stack high-water marks) and then stays shows here as about
+    /// 0; a leak shows in both.
+    #[serde(default)]
+    pub rss_slope_second_half_mib_per_h: Option<f64>,
 }
 
 /// One node process (one incarnation).
@@ -307,6 +312,7 @@ impl Soak<'_> {
 
     fn usage(&self) -> Vec<NodeUsage> {
         let from = self.o.duration.as_secs_f64() / 6.0;
+        let half = self.o.duration.as_secs_f64() / 2.0;
         (0..self.o.nodes)
             .map(|i| {
                 let s: Vec<_> = self.samples.iter().filter(|s| s.1 == i).collect();
@@ -324,6 +330,16 @@ impl Soak<'_> {
                     rss_mib_max: s.iter().map(|s| mib(s.3)).fold(0.0, f64::max),
                     rss_slope_mib_per_h: (i != self.restarted() || self.restarts == 0)
                         .then(|| slope(&late))
+                        .flatten(),
+                    rss_slope_second_half_mib_per_h: (i != self.restarted() || self.restarts == 0)
+                        .then(|| {
+                            let second: Vec<_> = late
+                                .iter()
+                                .copied()
+                                .filter(|p| p.0 * 3600.0 >= half)
+                                .collect();
+                            slope(&second)
+                        })
                         .flatten(),
                 }
             })
@@ -489,14 +505,16 @@ impl Soak<'_> {
         let usage = self.usage();
         for u in &usage {
             outln!(
-                "  {}: threads {} (max {}), RSS {:.1} MiB (max {:.1}), RSS slope {}",
+                "  {}: threads {} (max {}), RSS {:.1} MiB (max {:.1}), RSS slope {}{}",
                 u.name,
                 u.threads_end,
                 u.threads_max,
                 u.rss_mib_end,
                 u.rss_mib_max,
                 u.rss_slope_mib_per_h
-                    .map_or("n/a (restarted)".to_string(), |v| format!("{v:+.2} MiB/h"))
+                    .map_or("n/a (restarted)".to_string(), |v| format!("{v:+.2} MiB/h")),
+                u.rss_slope_second_half_mib_per_h
+                    .map_or(String::new(), |v| format!(", second half {v:+.2} MiB/h"))
             );
         }
         let vanished = t
