@@ -294,8 +294,8 @@ impl PartialEq for Name {
 
 /// `a == b`, without a call to `memcmp` for slices of up to 16 bytes (most names): two
 /// loads each, overlapping when shorter than the loads. The send path compares a node
-/// name and a mailbox name per message; each comparison was a `memcmp` call of about 20
-/// instructions (40 with the call into this crate's `Name::eq`).
+/// name and a mailbox name per message, and for slices this short a call to `memcmp`
+/// costs more than the comparison itself.
 #[inline]
 pub fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
     let n = a.len();
@@ -345,9 +345,10 @@ impl std::fmt::Display for Name {
     }
 }
 
-/// FNV-1a for maps keyed by names: node and mailbox names are short, and SipHash showed up
-/// in profiles of the send path. The maps keyed by names from the network are bounded by
-/// their owners (and only ever looked up with names a peer sent, or filled with a bound).
+/// FNV-1a for maps keyed by names, which the send path looks up: node and mailbox names
+/// are short, and for so few bytes SipHash's fixed cost per hash dominates. The maps keyed
+/// by names from the network are bounded by their owners (and only ever looked up with
+/// names a peer sent, or filled with a bound).
 #[derive(Default, Clone, Copy, Debug)]
 pub struct NameHash;
 

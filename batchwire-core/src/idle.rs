@@ -22,8 +22,9 @@
 //! wakes on the first message. Levels 1-9 therefore use no CPU once idle; they differ in how
 //! long a thread keeps the CPU after its queue empties, betting that more work comes soon.
 //!
-//! On a 2-core machine spinning threads steal the CPU from the application (p99 went to
-//! milliseconds in measurements here), which is why the default is 1.
+//! On a 2-core machine spinning threads steal the CPU from the application, which then
+//! waits for the scheduler to give it back (its tail latency grows to scheduler time
+//! slices); that is why the default is 1.
 
 /// `spin_loop` hints per spin check.
 pub const SPIN_HINTS: u32 = 32;
@@ -34,12 +35,13 @@ pub const DEFAULT_LEVEL: u8 = 1;
 /// A take counts as small (see [`IdleStrategy::idler_after`]) below this many bytes...
 pub const SMALL_TAKE_BYTES: usize = 16 << 10;
 /// ...and of messages of at most this many bytes on average. After larger takes, or takes
-/// of larger messages, a consumer parks at once: a yield there cost 1 KB streams 5-20%.
+/// of larger messages, a consumer parks at once: its batches are large already, and a
+/// yield there only slows a stream.
 pub const SMALL_MESSAGE: usize = 512;
 
 /// Whether a take of `messages` messages in `bytes` bytes was a trickle of small messages,
 /// after which a consumer yields once before it parks (a take of none, control frames
-/// only, is not: yields after acknowledgements cost 10 KB streams about 12%).
+/// only, is not: a yield after every acknowledgement slows a stream).
 pub fn small_take(messages: u64, bytes: usize) -> bool {
     messages > 0 && bytes < SMALL_TAKE_BYTES && bytes as u64 / messages <= SMALL_MESSAGE as u64
 }
@@ -97,10 +99,11 @@ impl IdleStrategy {
     }
 
     /// An idler for a consumer whose last take was small (`small`, see [`small_take`]):
-    /// where this strategy would park at once (level 1), it yields once first. Whoever runs meanwhile (often
-    /// the producer, on a 2-core machine) may queue more, which is then taken without a
-    /// wake-up and in a larger batch; still no CPU once idle, since the next step parks.
-    /// After a large take the consumer parks at once (a yield there cost 1 KB streams).
+    /// where this strategy would park at once (level 1), it yields once first. Whoever runs
+    /// meanwhile (often the producer, on a 2-core machine) may queue more, which is then
+    /// taken without a wake-up and in a larger batch; still no CPU once idle, since the
+    /// next step parks. After a large take the consumer parks at once (a yield there slows
+    /// a stream).
     pub fn idler_after(&self, small: bool) -> Idler {
         let mut s = *self;
         if small && s.spins == 0 && s.yields == 0 {

@@ -277,8 +277,8 @@ pub struct SendWindow {
     bytes: usize,
     /// Of `bytes`, those of pieces (the bulk lane's share).
     bulk_bytes: usize,
-    /// Buffers of acknowledged chunks, reused for new ones: allocating (and the kernel
-    /// zeroing fresh pages for) one buffer per batch showed up at 10 KB messages.
+    /// Buffers of acknowledged chunks, reused for new ones, so that a batch needs no new
+    /// allocation (and the kernel no fresh pages to zero), which is costly for large ones.
     free: Vec<Vec<u8>>,
     /// The capacity of the buffers in `free`, at most [`FREE_BYTES`].
     free_bytes: usize,
@@ -409,12 +409,11 @@ impl SendWindow {
             && batch.frames.iter().all(|f| f.messages > 0)
             && batch.frames.windows(2).all(|w| w[0].end == w[1].start);
         // Only a large batch moves: a small one is cheap to copy, and an outbox left with a
-        // small buffer grows it again by doubling (copies and fresh pages), which cost mperf
-        // (2 nodes, many small batches) 10-20% when every batch moved. The outbox gets a
-        // buffer at least as large as the batch: a free one, or else a new one. (When it
-        // had to wait for a free one, half the large batches of 1 KB messages were copied:
-        // while the window holds every buffer no acknowledged one is free, and the copy
-        // went into a new buffer anyway.)
+        // small buffer grows it again by doubling (copies and fresh pages), which costs
+        // more than copying a small batch. The outbox gets a buffer at least as large as
+        // the batch: a free one, or else a new one. (Were a free one required, large
+        // batches would often be copied: while the window holds every buffer no
+        // acknowledged one is free, and the copy would go into a new buffer anyway.)
         #[cfg(test)]
         let move_bytes = self.move_from.unwrap_or(MOVE_BYTES);
         #[cfg(not(test))]
@@ -644,9 +643,9 @@ impl SendWindow {
     /// Keep an acknowledged chunk's buffer for a later batch, if it is the last handle on
     /// it (the writer's clones are gone long before the ack). Over a bound, the smallest
     /// buffers go first: a large one serves a batch of any size (and only a buffer at least
-    /// as large as a batch lets it move in uncopied), a small one only small batches. Once
-    /// small ones filled every place, half the large batches of 1 KB messages found no
-    /// buffer to move into and were copied, into freshly allocated pages.
+    /// as large as a batch lets it move in uncopied), a small one only small batches. Were
+    /// every place filled with small ones, large batches would find no buffer to move into
+    /// and be copied, into freshly allocated pages.
     fn recycle(&mut self, data: Bytes) {
         if !data.is_unique() {
             return;
@@ -701,9 +700,8 @@ impl SendWindow {
     /// Drop the whole frames at the front of the oldest chunk that the peer already has
     /// (every message in them below `peer_next`), so that after a break only the rest is
     /// written again. A chunk is one writer batch, often megabytes: written again from its
-    /// start after every break, a link that breaks before it carries one batch would make
-    /// no progress (seen on an emulated 50 Mbit/s link breaking every 500 ms: one frame
-    /// of new messages per connection).
+    /// start after every break, a link that breaks before it carries one batch (a slow
+    /// link that breaks often) would make no progress.
     fn trim_front(&mut self, peer_next: u64) {
         let Some(c) = self.chunks.front_mut() else {
             return;
@@ -790,8 +788,8 @@ impl SendWindow {
                 }
                 continue;
             }
-            // Read where they lie: a SYNC after every reconnect recounts the whole window
-            // (decoding a copy of it cost a chaos run at 10 KB half its rate).
+            // Read where they lie: a SYNC after every reconnect recounts the whole window,
+            // and decoding a copy of it would copy the whole window at every reconnect.
             c.each_message(|seq, m| {
                 if seq >= from {
                     f(&Name::from_validated(&c.data, m.to.clone()), m.charge());

@@ -383,11 +383,10 @@ impl NodeConfig {
     /// `bulk_inflight_bytes`).
     ///
     /// So a stream of large messages is not held to 128 KiB per acknowledgement round
-    /// trip (which on loopback moved 0.2-0.4 GB/s), while a small message sent beside bulk
-    /// still waits behind at most `bulk_inflight_bytes`, except the first one after a
-    /// bulk-only stretch, which may wait behind up to this many bytes (about 1 ms at 2
-    /// GB/s). Pieces are never copied on the way out, so this costs no memory beyond the
-    /// messages themselves.
+    /// trip, while a small message sent beside bulk still waits behind at most
+    /// `bulk_inflight_bytes`, except the first one after a bulk-only stretch, which may
+    /// wait behind up to this many bytes (about 1 ms at 2 GB/s). Pieces are never copied
+    /// on the way out, so this costs no memory beyond the messages themselves.
     pub fn bulk_stream_bytes(mut self, bytes: usize) -> Self {
         self.session.bulk_stream = bytes;
         self

@@ -190,8 +190,8 @@ impl RecvRing {
     /// current buffer, and after which a read of `want` would not. Then only that rest:
     /// the buffer ends at a frame boundary and the next frame starts in the next buffer,
     /// with nothing to move along. (Moving the part of a frame read so far, whenever a
-    /// buffer filled up, copied 16% of the bytes a second time at 10 KB messages under
-    /// callgrind: a frame of the natural bundler is up to 64 KiB.)
+    /// buffer filled up, would copy those bytes a second time, and a frame of the natural
+    /// bundler is up to 64 KiB.)
     pub fn read_size(&self, want: usize) -> usize {
         let (len, spare) = (self.cur.len(), self.cur.capacity() - self.cur.len());
         let Some(&[a, b, c, d]) = self.cur.get(..4) else {

@@ -79,7 +79,8 @@ pub(crate) enum Pushed {
 /// writer: a stream keeps waking it this often, and it bundles what queues meanwhile,
 /// while an occasional message (a request, a reply) is written by its sender at once. A
 /// loopback write takes several microseconds, so well below this gap write-through would
-/// turn a stream into one write per message; 20 µs still cost rpc 4x16 about 10%.
+/// turn a stream into one write per message, and a gap of only a few writes still costs
+/// many concurrent callers (the commit that chose it has the measurements).
 const WRITE_THROUGH_GAP: Duration = Duration::from_micros(50);
 
 /// A message to queue.
@@ -122,9 +123,10 @@ struct Inner {
     /// Whether senders may write through: the writer's last two takes each held a single
     /// message with nothing left behind (nothing else queued while it woke), and no
     /// sender found another one writing through. With many senders a woken writer finds
-    /// several messages and bundles them; writing each through instead cost 4 nodes x 16
-    /// calling threads a third of their calls. `probe` counts wake-ups since the writer
-    /// last took: every [`THROUGH_PROBE`]th goes to the writer, to look again.
+    /// several messages and bundles them; writing each through instead would have the
+    /// senders take turns at whole writes of one message each. `probe` counts wake-ups
+    /// since the writer last took: every [`THROUGH_PROBE`]th goes to the writer, to look
+    /// again.
     through_ok: bool,
     /// The writer's previous take held a single message.
     single_take: bool,
@@ -155,10 +157,10 @@ enum Wants {
 
 /// While senders write through, every this many-th wake-up goes to the writer instead (to
 /// see whether messages queue up meanwhile, i.e. whether there is company to bundle).
-/// Rarely: each probe costs its message a hand-off to the writer, and with every 4th an
-/// outstanding call's p50 was 10% higher (a quarter of requests and replies waited for a
-/// writer's wake-up); company is seen anyway from the writer's takes whenever messages
-/// come closer than `WRITE_THROUGH_GAP`, and from two senders writing through at once.
+/// Rarely: each probe costs its message a hand-off to the writer (with every 4th, a
+/// quarter of requests and replies would wait for a writer's wake-up); company is seen
+/// anyway from the writer's takes whenever messages come closer than `WRITE_THROUGH_GAP`,
+/// and from two senders writing through at once.
 const THROUGH_PROBE: u32 = 64;
 
 pub(crate) struct Lane {

@@ -347,9 +347,9 @@ impl Link {
                 // after releasing it, and go on with the next piece. Records rustls queued
                 // in reply to the reader go out first, in order. In pieces because after a
                 // reconnect `bufs` is the whole send window (up to `unacked_bytes`):
-                // encrypted at once, that took longer than a connection that breaks every
-                // 15 ms lives, so none of it was ever written (and it held the lock the
-                // reader needs, and a buffer of the window's size).
+                // encrypted at once, that can take longer than a connection that breaks
+                // often lives, so none of it would ever be written (and it would hold the
+                // lock the reader needs, and a buffer of the window's size).
                 let mut tls = TlsWrite::new(bufs);
                 let mut out = Vec::with_capacity(total.min(PIECE) + 1024);
                 loop {
@@ -464,9 +464,9 @@ impl Link {
     /// at its end. Nothing is zeroed first: a plain link's socket is read straight into
     /// `buf`'s spare capacity ([`recv_append`]); over TLS the plaintext is copied there
     /// from rustls, and ciphertext goes from a reused buffer to rustls without a stop in
-    /// between. (Zeroing `want` bytes before every read cost a pass over 64 KiB per read,
-    /// whatever arrived: 113 of the receiving process's 673 instructions per 100 B message
-    /// under callgrind.) Without `wait`, `WouldBlock` if nothing is at hand.
+    /// between. (Zeroing `want` bytes before every read would cost a pass over up to
+    /// 64 KiB per read, however little arrived: with small messages, a large share of the
+    /// receiver's work.) Without `wait`, `WouldBlock` if nothing is at hand.
     pub fn read_append(
         &self,
         buf: &mut BytesMut,
@@ -632,10 +632,10 @@ const PIECE: usize = 16 * RECORD;
 /// slices into whole records: a write per slice made a record per slice, and a payload
 /// sent by reference is a slice of its own. The whole records of a large slice at a
 /// record's start go as they are. (Handing rustls all the slices at once with
-/// `write_vectored` made no progress when connections broke every 60 ms, most likely for
-/// the reason pieces are needed: a record per slice made encrypting the whole window
-/// slower than a connection lived. One buffer for the whole write was slower too: an
-/// allocation of megabytes per write.)
+/// `write_vectored` makes a record per slice too, and encrypting the whole window that
+/// way can take longer than a connection that breaks often lives, so it never gets
+/// written. One buffer for the whole write would cost an allocation of megabytes per
+/// write.)
 struct TlsWrite<'a> {
     bufs: std::slice::Iter<'a, &'a [u8]>,
     rest: &'a [u8],

@@ -116,8 +116,8 @@ impl Envelope {
     /// [`Envelope::new`], a request being given `replier` as its way back. A plain message
     /// (the common case) is one struct literal and the request path is out of line: the
     /// receiving thread's `drain` builds one per message. (It does not stop the compiler
-    /// from building the Address in pieces and moving it in vectors, a wait per message that
-    /// profiles of mperf still show there.)
+    /// from building the Address in pieces and moving it in vectors, which still costs a
+    /// wait per message there.)
     #[inline(always)]
     pub(crate) fn with_replier(
         from: Address,
@@ -688,7 +688,7 @@ impl MailboxQueue {
 
     /// [`MailboxQueue::take`] waiting at most `timeout` for the first message; the clock is
     /// read only if it has to wait (a receiver taking one message per call from a full
-    /// mailbox spent 4% of its time reading the clock).
+    /// mailbox would otherwise read the clock once per message, for nothing).
     pub fn take_within<S: Sink>(
         &self,
         out: &mut S,
@@ -820,8 +820,8 @@ thread_local! {
     /// Whether this thread's last take from a mailbox took more than one message or left
     /// some behind: it is serving a backlog, and what it sends meanwhile (replies) is left
     /// to the writer to bundle rather than written through (see
-    /// `io::write::write_through`). A server thread that wrote replies itself did the
-    /// whole loopback TCP send per reply and fell behind the 64 calling threads of rpc 4x16.
+    /// `io::write::write_through`). A server thread that wrote replies itself would do a
+    /// whole TCP send per reply, unbundled, and fall behind many calling threads.
     static BACKLOG: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -878,9 +878,9 @@ impl Mailboxes {
     /// The queue called `name` for a local send: one this thread delivered to lately, if it
     /// has that name, is this node's and is still alive, without the table's lock and hash
     /// (which every `send_all` would otherwise pay once per message for its local copy).
-    /// It may have been dropped (closed) since: a push it refuses as closed
-    /// asks again with [`Mailboxes::get_again`]. (A queue leaves the table closed, under
-    /// the table's lock, so one that is open is still the table's.)
+    /// It may have been dropped (closed) since: a push it refuses as closed asks again
+    /// with [`Mailboxes::get_again`]. (A queue leaves the table closed, under the table's
+    /// lock, so one that is open is still the table's.)
     pub fn get_local(&self, name: &[u8]) -> Option<Arc<MailboxQueue>> {
         let hit = LAST_LOCAL
             .try_with(|c| {

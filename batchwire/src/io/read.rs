@@ -118,12 +118,11 @@ impl Reader<'_> {
     /// waiting and, if nothing is there, waits for the socket **without the turn**, so that
     /// a thread waiting for a reply or a message may take it meanwhile (see
     /// [`Reader::lead`]). Otherwise (a stream, or no one leads, or TLS) it waits in
-    /// `recv(2)` with the turn, one system call per wait rather than three (the hol
-    /// streams were 4-9% slower with three); a thread that then tries to lead finds the
-    /// turn taken (its wait goes as before, with a hand-off), and the reader thread leaves
-    /// the turn free from its next read on. A thread that leads
-    /// returns the turn once it has what it waited for, and leaves in `ended` how the
-    /// connection ended if it found out.
+    /// `recv(2)` with the turn: one system call per wait rather than three, which would
+    /// slow a stream down. A thread that then tries to lead finds the turn taken (its wait
+    /// goes as before, with a hand-off), and the reader thread leaves the turn free from
+    /// its next read on. A thread that leads returns the turn once it has what it waited
+    /// for, and leaves in `ended` how the connection ended if it found out.
     fn read_until_end(&self) -> Result<(), LinkError> {
         let mut cache: Option<Arc<MailboxQueue>> = None;
         let mut missed = 0;
@@ -341,9 +340,9 @@ impl Reader<'_> {
             Err(e) => return Err(e.into()),
         };
         // A read cut short to a frame's end that got all it asked for cannot tell whether
-        // more is waiting. Counted as drained, it made an idle acknowledgement at every
-        // buffer's end of a stream, which slowed streams; counted as not, a
-        // stream that stopped exactly there would hold its acknowledgement back behind a
+        // more is waiting. Counted as drained, it would make an idle acknowledgement at
+        // every buffer's end of a stream, slowing the stream; counted as not, a stream
+        // that stopped exactly there would hold its acknowledgement back behind a
         // blocking read. So the next read looks first, without waiting.
         // Over TLS too: a read that filled all it asked for cannot tell either.
         side.drained = n < want;

@@ -659,8 +659,8 @@ impl Runtime {
     /// is reading it (see `Reader::lead`): the reply is then in this thread's hands when
     /// it arrives, with no wake-up by the reader thread in between. Only the node's one
     /// call in flight leads: with several, one caller would read for all the others (and
-    /// keep the turn until its own reply, even while preempted), which cost 4 nodes x 16
-    /// callers at 1 KB 40% of their calls; the reader thread serves them better.
+    /// keep the turn until its own reply, even while preempted), so their replies would
+    /// wait on it; the reader thread serves them better.
     fn lead_for_reply(&self, to: &Address, id: u64, deadline: Instant) {
         let calls = &self.ctx.calls;
         if calls.pending() == 1 {
@@ -991,9 +991,8 @@ thread_local! {
 /// `Name::new(mailbox)`, made once per thread and name rather than once per `send_all`: a
 /// name made anew is read back in words while its bytes are still being stored, and each
 /// such read waits for them (a failed store-to-load forward). Compared with the last one,
-/// then a 32-byte copy. A thread whose
-/// thread-locals are being destroyed (a `send_all` from some `Drop`) makes it anew and keeps
-/// nothing.
+/// then a 32-byte copy. A thread whose thread-locals are being destroyed (a `send_all`
+/// from some `Drop`) makes it anew and keeps nothing.
 fn all_to(mailbox: &str) -> Option<Name> {
     let same = |n: &&Name| batchwire_core::codec::bytes_eq(n.as_bytes(), mailbox.as_bytes());
     let hit = ALL_TO
