@@ -250,7 +250,19 @@ fn forged_membership_packets_close_only_that_connection() {
         let st = a.stats();
         st.peers.iter().find(|p| p.peer == "b").map(|p| p.connects)
     };
+    // b joined over a connection of its own; a (whose name sorts first) then dials the
+    // canonical one. Count from there.
+    let t0 = std::time::Instant::now();
+    while b_connects() < Some(2) && t0.elapsed() < T {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
     let b_before = b_connects();
+    assert_eq!(
+        b_before,
+        Some(2),
+        "the join connection, then the canonical one"
+    );
     let ev = a.events();
     // A peer with the secret that speaks for another member.
     let mut s = raw_peer(a.local_addr(), "m", "a");
