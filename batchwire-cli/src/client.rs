@@ -267,21 +267,11 @@ pub fn parse_address(s: &str) -> Result<Address, String> {
     Address::new(node, mailbox).map_err(|e| format!("{s:?}: {e}"))
 }
 
-fn state_name(s: MemberState) -> &'static str {
-    match s {
-        MemberState::Alive => "alive",
-        MemberState::Suspect => "suspect",
-        MemberState::Down => "down",
-        MemberState::Left => "left",
-        _ => "unknown",
-    }
-}
-
 fn member_json(m: &Member) -> serde_json::Value {
     json!({
         "name": m.name,
         "addr": m.addr.to_string(),
-        "state": state_name(m.state),
+        "state": m.state.name(),
         "incarnation": m.incarnation,
     })
 }
@@ -361,8 +351,8 @@ pub fn send(c: &Connect, to: &str, messages: Vec<String>) -> Result<(), String> 
     let events = node.events();
     let before = node.stats().peer(to.node()).map_or(0, |p| p.acked);
     let mut sent = 0u64;
-    for m in &messages {
-        from.send(&to, Bytes::from(m.clone().into_bytes()))
+    for m in messages {
+        from.send(&to, Bytes::from(m))
             .map_err(|e| format!("send to {to}: {e} ({sent} sent before)"))?;
         sent += 1;
     }

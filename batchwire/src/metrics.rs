@@ -359,14 +359,9 @@ impl NodeStats {
             let l = [("node", node.clone()), ("reason", reason.to_string())];
             counter!("batchwire_membership_dropped_total", &l).absolute(v);
         }
-        for (state, name) in [
-            (MemberState::Alive, "alive"),
-            (MemberState::Suspect, "suspect"),
-            (MemberState::Down, "down"),
-            (MemberState::Left, "left"),
-        ] {
+        for state in MemberState::ALL {
             let n = members.iter().filter(|x| x.state == state).count();
-            let l = [("node", node.clone()), ("state", name.to_string())];
+            let l = [("node", node.clone()), ("state", state.name().to_string())];
             gauge!("batchwire_members", &l).set(n as f64);
         }
         let l = [

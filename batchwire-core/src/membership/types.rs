@@ -178,6 +178,24 @@ pub enum MemberState {
 }
 
 impl MemberState {
+    /// Every state, in order (for counting members by state).
+    pub const ALL: [MemberState; 4] = [
+        MemberState::Alive,
+        MemberState::Suspect,
+        MemberState::Down,
+        MemberState::Left,
+    ];
+
+    /// Its name in lower case, as metrics labels and the CLI's JSON spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemberState::Alive => "alive",
+            MemberState::Suspect => "suspect",
+            MemberState::Down => "down",
+            MemberState::Left => "left",
+        }
+    }
+
     /// Alive or suspect: a member that sends go to.
     pub fn is_live(self) -> bool {
         matches!(self, MemberState::Alive | MemberState::Suspect)

@@ -113,8 +113,7 @@ impl TlsConfigs {
             tracing::error!(
                 node = node_name,
                 cert = %files.cert.display(),
-                "not this node's certificate: {}; every peer will refuse this node",
-                why.replacen("the peer's certificate", "it", 1)
+                "not this node's certificate: {why}; every peer will refuse this node"
             );
         }
         let key = PrivateKeyDer::from_pem_file(&files.key)
@@ -732,9 +731,8 @@ pub(crate) fn check_own_certificate(path: &std::path::Path, node: &str) -> Resul
         .map_err(|e| tls_err("bad certificate", path, e))?;
     cert_names(&cert, node).map_err(|why| {
         Error::Tls(format!(
-            "{}: not the certificate of node {node:?}: {}",
-            path.display(),
-            why.replacen("the peer's certificate", "it", 1)
+            "{}: not the certificate of node {node:?}: {why}",
+            path.display()
         ))
     })
 }
@@ -761,7 +759,7 @@ pub(crate) fn cert_names(cert: &CertificateDer<'_>, node: &str) -> Result<(), St
     let shown: Vec<_> = names.iter().take(4).collect();
     let more = names.len().saturating_sub(shown.len());
     Err(format!(
-        "the peer's certificate does not name {node:?} (it names {shown:?}{}; names must match \
+        "the certificate does not name {node:?} (it names {shown:?}{}; names must match \
          exactly, case included; wildcards and IP addresses name no node)",
         if more > 0 {
             format!(" and {more} more")
