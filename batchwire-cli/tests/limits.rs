@@ -271,8 +271,15 @@ fn out_of_file_descriptors_the_accept_loops_back_off_and_stay_quiet() {
         6,
         &["--metrics-listen".into(), mport.to_string()],
     );
+    // Both ports must be listening: the exporter's comes up first, and silent connects
+    // to a node port not yet bound are refused at once (this test once passed them all
+    // by, never ran out of descriptors, and failed).
     let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(maddr).is_err() && Instant::now() < deadline {
+    while [maddr, addr].iter().any(|a| TcpStream::connect(a).is_err()) {
+        assert!(
+            Instant::now() < deadline,
+            "the node never listened on both ports"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // Silent connections from several addresses until the node has no descriptor left,
@@ -285,6 +292,11 @@ fn out_of_file_descriptors_the_accept_loops_back_off_and_stay_quiet() {
             }
         }
     }
+    assert!(
+        held.len() >= 64,
+        "only {} silent connections made",
+        held.len()
+    );
     let until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < until {
         for a in [addr, maddr] {
