@@ -36,8 +36,8 @@ const SEND_MAILBOX: &str = "cli";
 pub struct Connect {
     /// Join the cluster through the member at HOST:PORT (repeatable; one that answers is
     /// enough). The client is a member until it exits.
-    #[arg(long = "join", value_parser = crate::resolve_addr)]
-    join: Vec<SocketAddr>,
+    #[arg(long = "join")]
+    join: Vec<batchwire::Seed>,
     /// Or connect to this node only, NAME=HOST:PORT (repeatable).
     #[arg(long = "peer")]
     peers: Vec<PeerSpec>,
@@ -103,12 +103,10 @@ impl Connect {
                 p.name
             ));
         }
-        let first = self
-            .join
-            .first()
-            .copied()
-            .or_else(|| self.peers.first().map(|p| p.addr))
-            .ok_or("no address")?;
+        let first = match self.join.first() {
+            Some(seed) => first_addr(seed)?,
+            None => self.peers.first().map(|p| p.addr).ok_or("no address")?,
+        };
         let listen = match self.listen {
             Some(a) => a,
             None => SocketAddr::new(route_to(first), 0),
@@ -118,7 +116,7 @@ impl Connect {
             // Short-lived: what is not acknowledged within this is reported failed.
             .shutdown_timeout(self.connect_timeout);
         for seed in &self.join {
-            cfg = cfg.join(*seed);
+            cfg = cfg.join(seed.clone());
         }
         for m in mailboxes {
             cfg = cfg.mailbox(*m);
@@ -190,7 +188,17 @@ impl Connect {
     }
 }
 
-fn join_list(a: &[SocketAddr]) -> String {
+/// A seed's first address (a name resolved now), to pick the client's own address.
+fn first_addr(seed: &batchwire::Seed) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    seed.to_string()
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {seed}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{seed} resolves to no address"))
+}
+
+fn join_list(a: &[batchwire::Seed]) -> String {
     a.iter()
         .map(|a| a.to_string())
         .collect::<Vec<_>>()

@@ -106,9 +106,11 @@ enum Cmd {
         #[arg(long)]
         max_handshakes_per_address: Option<usize>,
         /// Join a running cluster through the member at HOST:PORT (repeatable; one that
-        /// answers is enough). Membership events are printed as `member ...` lines.
-        #[arg(long = "join", value_parser = resolve_addr)]
-        join: Vec<SocketAddr>,
+        /// answers is enough). HOST may be a DNS name: it is resolved again and again
+        /// (join_refresh_ms in a config file, default 30 s) and every address it lists is a
+        /// seed. Membership events are printed as `member ...` lines.
+        #[arg(long = "join")]
+        join: Vec<batchwire::Seed>,
         /// The address other members dial to reach this node [default: --listen].
         #[arg(long, value_parser = resolve_addr)]
         advertise: Option<SocketAddr>,

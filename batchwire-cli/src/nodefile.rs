@@ -80,8 +80,11 @@ pub const DEFAULTS: &str = r#"# batchwire node configuration (TOML). Every key i
 
 # Cluster membership (SWIM). Join a running cluster through any of these members (one is
 # enough); other hosts dial this node at `advertise` (default: the listen address, which
-# must then not be 0.0.0.0 for other hosts).
+# must then not be 0.0.0.0 for other hosts). A seed is HOST:PORT, an address or a DNS name;
+# a name is resolved again every join_refresh_ms and every address it lists is a seed
+# (e.g. a Kubernetes headless Service: "batchwire.default.svc.cluster.local:7000").
 # join = ["127.0.0.1:7001"]
+# join_refresh_ms = 30000
 # advertise = "10.0.0.1:7001"
 # membership = true
 # probe_period_ms = 1000            # each member probes one other this often
@@ -175,7 +178,7 @@ pub struct Flags {
     pub handshake_timeout_ms: Option<u64>,
     pub max_handshakes: Option<usize>,
     pub max_handshakes_per_address: Option<usize>,
-    pub join: Vec<SocketAddr>,
+    pub join: Vec<batchwire::Seed>,
     pub advertise: Option<SocketAddr>,
 }
 
@@ -234,10 +237,10 @@ pub fn build(flags: Flags, file: CliFile) -> Result<(NodeConfig, Extras), String
         .max_handshakes_per_address
         .or(f.max_handshakes_per_address);
     // Seeds from the flags come first (tried first), then the file's.
-    let mut join = flags.join;
+    let mut join: Vec<String> = flags.join.iter().map(|s| s.to_string()).collect();
     for s in &f.join {
         if !join.contains(s) {
-            join.push(*s);
+            join.push(s.clone());
         }
     }
     f.join = join;

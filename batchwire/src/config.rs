@@ -10,6 +10,7 @@ use batchwire_core::membership::MembershipConfig;
 use batchwire_core::session::SessionConfig;
 
 use crate::error::Error;
+use crate::seed::Seed;
 
 /// The largest `max_payload` a node may be configured with.
 const MAX_PAYLOAD_LIMIT: u64 = 16 << 30;
@@ -123,7 +124,8 @@ pub struct NodeConfig {
     pub(crate) write_check: Duration,
     pub(crate) session: SessionConfig,
     pub(crate) tls: Option<TlsFiles>,
-    pub(crate) seeds: Vec<SocketAddr>,
+    pub(crate) seeds: Vec<Seed>,
+    pub(crate) join_refresh: Duration,
     pub(crate) advertise: Option<SocketAddr>,
     pub(crate) membership: Option<MembershipConfig>,
 }
@@ -185,6 +187,7 @@ impl NodeConfig {
             session: SessionConfig::default(),
             tls: None,
             seeds: Vec::new(),
+            join_refresh: Duration::from_secs(30),
             advertise: None,
             membership: Some(MembershipConfig::default()),
         }
@@ -196,14 +199,42 @@ impl NodeConfig {
     /// needed. The seed's node must prove the cluster secret like any peer; this node must
     /// prove it (and with TLS show a certificate naming it) before it appears in any view.
     /// A seed that is this node itself is skipped.
-    pub fn join(mut self, seed: SocketAddr) -> Self {
-        self.seeds.push(seed);
+    ///
+    /// A seed is an address or a DNS name with a port ([`Seed`], parsed from
+    /// `HOST:PORT`). A name is resolved through the system resolver when the node starts
+    /// and again every [`NodeConfig::join_refresh`], for as long as the node runs; every
+    /// address it resolves to is a seed. So the nodes behind one name (a Kubernetes
+    /// headless Service) find each other with no list of peers, a node started before the
+    /// name listed anyone joins once it does, and two groups that formed apart merge once
+    /// the name lists a member of the other.
+    ///
+    /// ```
+    /// # use batchwire::{NodeConfig, Seed};
+    /// let seed: Seed = "batchwire.default.svc.cluster.local:7000".parse().unwrap();
+    /// let cfg = NodeConfig::new("a", "0.0.0.0:7000".parse().unwrap(), "secret")
+    ///     .advertise("10.1.2.3:7000".parse().unwrap())
+    ///     .join(seed)
+    ///     .join("10.1.2.4:7000".parse::<std::net::SocketAddr>().unwrap());
+    /// assert_eq!(cfg.seeds().len(), 2);
+    /// ```
+    pub fn join(mut self, seed: impl Into<Seed>) -> Self {
+        self.seeds.push(seed.into());
         self
     }
 
-    /// The seed addresses given with [`NodeConfig::join`].
-    pub fn seeds(&self) -> &[SocketAddr] {
+    /// The seeds given with [`NodeConfig::join`].
+    pub fn seeds(&self) -> &[Seed] {
         &self.seeds
+    }
+
+    /// How often the DNS names among the seeds are resolved again once the node has
+    /// joined (default 30 s; 100 ms ..= 1 h). An address the name gained that is no live
+    /// member's is dialled, which merges two groups that formed apart. While the node is
+    /// alone, names are resolved before every round of dialling (with the reconnect
+    /// back-off, [`NodeConfig::reconnect`]).
+    pub fn join_refresh(mut self, every: Duration) -> Self {
+        self.join_refresh = every;
+        self
     }
 
     /// The address other members should dial to reach this node. Default: the address it
@@ -648,6 +679,7 @@ impl NodeConfig {
                 HOUR,
             ),
             ("reconnect_min_ms", self.reconnect_min, MS, MINUTE),
+            ("join_refresh_ms", self.join_refresh, 100 * MS, HOUR),
             ("reconnect_max_ms", self.reconnect_max, MS, HOUR),
             (
                 "bundler_max_delay_ms",
@@ -682,6 +714,10 @@ impl NodeConfig {
         }
         if let Some(m) = &self.membership {
             m.validate().map_err(|e| Error::Config(e.to_string()))?;
+        }
+        for seed in &self.seeds {
+            seed.check()
+                .map_err(|e| Error::Config(format!("join: {e}")))?;
         }
         if !self.seeds.is_empty() && self.membership.is_none() {
             return bad("join (seeds) needs the membership layer, which is off".into());

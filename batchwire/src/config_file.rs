@@ -117,9 +117,12 @@ pub struct NodeFile {
     pub heartbeat_interval_ms: Option<u64>,
     /// [`NodeConfig::peer_timeout`], in milliseconds.
     pub peer_timeout_ms: Option<u64>,
-    /// [`NodeConfig::join`]: seed addresses of a running cluster.
+    /// [`NodeConfig::join`]: seeds of a running cluster, each "HOST:PORT" (an address or
+    /// a DNS name, see [`crate::Seed`]).
     #[serde(default)]
-    pub join: Vec<SocketAddr>,
+    pub join: Vec<String>,
+    /// [`NodeConfig::join_refresh`], in milliseconds (default 30000).
+    pub join_refresh_ms: Option<u64>,
     /// [`NodeConfig::advertise`].
     pub advertise: Option<SocketAddr>,
     /// Membership on (default) or off ([`NodeConfig::without_membership`]).
@@ -237,7 +240,11 @@ impl NodeFile {
             cfg = cfg.reconnect(min, max);
         }
         for s in &self.join {
-            cfg = cfg.join(*s);
+            let seed: crate::Seed = s.parse().map_err(|e| bad(format!("`join`: {e}")))?;
+            cfg = cfg.join(seed);
+        }
+        if let Some(v) = self.join_refresh_ms {
+            cfg = cfg.join_refresh(ms(v));
         }
         if let Some(a) = self.advertise {
             cfg = cfg.advertise(a);

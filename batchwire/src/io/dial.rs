@@ -4,8 +4,8 @@
 //! the node stops or the member leaves. [`Dialers`] keeps one per such peer: the static
 //! peers from the start, members as the membership finds them.
 //!
-//! Joining is the one exception to the tie-break: [`run_joiner`] dials seed addresses
-//! without knowing whose they are, while this node is alone. Once the seed knows us, the
+//! Joining is the one exception to the tie-break: the joiner (`join.rs`) dials seed
+//! addresses without knowing whose they are. Once the seed knows us, the
 //! node whose name sorts first dials the other, and that connection replaces the join
 //! connection if it was the other way round.
 
@@ -16,9 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use batchwire_core::codec::Name;
-use tracing::{debug, info};
+use tracing::debug;
 
-use crate::io::members::Members;
 use crate::io::setup::{Setup, Side};
 use crate::io::threads::Threads;
 
@@ -161,14 +160,14 @@ impl Dialers {
 /// The wait between connection attempts: from `min`, doubling after each attempt up to
 /// `max`, and from `min` again after an attempt whose handshake completed (a connection
 /// that keeps being re-established is never waited on longer and longer).
-struct Backoff {
+pub(crate) struct Backoff {
     min: Duration,
     max: Duration,
     next: Duration,
 }
 
 impl Backoff {
-    fn new(min: Duration, max: Duration) -> Backoff {
+    pub(crate) fn new(min: Duration, max: Duration) -> Backoff {
         Backoff {
             min,
             max,
@@ -177,7 +176,7 @@ impl Backoff {
     }
 
     /// How long to wait after an attempt; `connected`: its handshake completed.
-    fn after(&mut self, connected: bool) -> Duration {
+    pub(crate) fn after(&mut self, connected: bool) -> Duration {
         if connected {
             self.next = self.min;
         }
@@ -234,39 +233,6 @@ fn says_unreachable(e: &std::io::Error) -> bool {
         e.kind(),
         ConnectionRefused | TimedOut | HostUnreachable | NetworkUnreachable | AddrNotAvailable
     )
-}
-
-/// While this node has no live member, dial the seeds in turn (with back-off) and run
-/// each connection that comes up to its end. The handshake tells the seed's name; the
-/// connection then announces this node to the seed's membership (see `Setup::run`).
-pub(crate) fn run_joiner(setup: Arc<Setup>, members: Members, seeds: Vec<SocketAddr>) {
-    let mut backoff = Backoff::new(setup.config.reconnect_min, setup.config.reconnect_max);
-    let mut attempts = 0u32;
-    loop {
-        let mut connected = false;
-        for addr in &seeds {
-            if setup.shutdown.is_shutting_down() {
-                return;
-            }
-            if members.view().iter().any(|m| m.state.is_live()) {
-                info!(node = %setup.name, "joined the cluster");
-                return;
-            }
-            attempts += 1;
-            match TcpStream::connect_timeout(addr, setup.config.handshake_timeout) {
-                Ok(s) => {
-                    connected |= setup.run(s, Side::Join);
-                }
-                Err(e) if attempts == 1 || attempts.is_power_of_two() => {
-                    info!(node = %setup.name, seed = %addr, error = %e, attempts, "cannot reach the seed yet; retrying");
-                }
-                Err(_) => {}
-            }
-        }
-        if !setup.shutdown.sleep(backoff.after(connected)) {
-            return;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ pub(crate) mod conn;
 pub(crate) mod dial;
 pub(crate) mod events;
 pub(crate) mod flow;
+pub(crate) mod join;
 pub(crate) mod lane;
 pub(crate) mod link;
 pub(crate) mod logs;

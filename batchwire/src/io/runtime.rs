@@ -36,8 +36,9 @@ use crate::error::Error;
 use crate::event::Event;
 use crate::io::bundle::run_bundler;
 use crate::io::calls::{Calls, Waiter, run_timer};
-use crate::io::dial::{Dialers, run_joiner};
+use crate::io::dial::Dialers;
 use crate::io::events::Events;
+use crate::io::join::{run_joiner, system_lookup};
 use crate::io::lane::{Lane, Outgoing, PushError, Pushed};
 use crate::io::link::TlsConfigs;
 use crate::io::mailbox::{Envelope, Leader, MailboxQueue, Mailboxes, Outbound, Refused};
@@ -298,16 +299,14 @@ impl Runtime {
                 run_members(machine, rx, ctx)
             })?;
             // Seeds that are this node itself are skipped (a shared seed list is fine).
-            let seeds: Vec<SocketAddr> = rt
-                .config
-                .seeds
-                .iter()
-                .copied()
-                .filter(|s| *s != advertise && *s != local_addr)
-                .collect();
-            if !seeds.is_empty() {
+            if !rt.config.seeds.is_empty() {
                 let st = setup.clone();
-                threads.spawn(format!("bw-join-{name}"), move || run_joiner(st, m, seeds))?;
+                let seeds = rt.config.seeds.clone();
+                let skip = vec![advertise, local_addr];
+                let th = threads.clone();
+                threads.spawn(format!("bw-join-{name}"), move || {
+                    run_joiner(st, m, th, seeds, skip, Box::new(system_lookup))
+                })?;
             }
         }
         Ok(rt)

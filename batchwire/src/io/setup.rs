@@ -58,6 +58,8 @@ pub(crate) struct Setup {
     /// The static peers' addresses: a connection with one of them announces this node
     /// to its membership (static peers become members).
     statics: Vec<(Name, SocketAddr)>,
+    /// The seeds' addresses as last resolved (the joiner's, at most `join::MAX_ADDRS`).
+    seed_addrs: Mutex<Vec<SocketAddr>>,
 }
 
 /// Which end of a fresh connection this node is.
@@ -86,6 +88,14 @@ impl Setup {
         members: Option<Members>,
         statics: Vec<(Name, SocketAddr)>,
     ) -> Setup {
+        let seed_addrs = config
+            .seeds()
+            .iter()
+            .filter_map(|s| match s {
+                crate::Seed::Addr(a) => Some(*a),
+                _ => None,
+            })
+            .collect();
         Setup {
             name,
             incarnation,
@@ -102,6 +112,7 @@ impl Setup {
             shared,
             members,
             statics,
+            seed_addrs: Mutex::new(seed_addrs),
         }
     }
 
@@ -170,11 +181,23 @@ impl Setup {
     /// Whether `ip` is the address of a configured peer, a seed or a member in the view.
     fn knows(&self, ip: IpAddr) -> bool {
         self.statics.iter().any(|(_, a)| a.ip() == ip)
-            || self.config.seeds().iter().any(|a| a.ip() == ip)
+            || self
+                .seed_addrs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .any(|a| a.ip() == ip)
             || self
                 .members
                 .as_ref()
                 .is_some_and(|m| m.view().iter().any(|v| v.addr.ip() == ip))
+    }
+
+    /// The seeds' addresses as the joiner resolved them last.
+    pub fn set_seed_addrs(&self, addrs: &[SocketAddr]) {
+        let mut g = self.seed_addrs.lock().unwrap_or_else(|p| p.into_inner());
+        g.clear();
+        g.extend_from_slice(addrs);
     }
 
     /// Run a fresh connection to its end. An inbound handshake's place (in `side`) is
