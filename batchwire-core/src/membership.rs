@@ -1,13 +1,13 @@
 //! Cluster membership, sans IO: SWIM (the [`foca`] crate: probes, indirect probes,
-//! suspicion, infection-style dissemination) glued to batchwire's authenticated connections.
+//! suspicion, infection-style dissemination) glued to batchwire's authenticated senders.
 //!
 //! [`Membership`] owns one `Foca` instance and everything around it that is a protocol rule:
 //! the timers (as deadlines, from the `now` passed in), the check that a packet comes from
-//! the member its connection authenticated, a size limit and a rate limit per sending peer,
+//! the member that sealed its datagram, a size limit and a rate limit per sender,
 //! the leave notice that tells a graceful leave from a crash, the transport's hint that a
 //! member is unreachable, and the events a view change produces. The IO layer moves the
-//! packets (in MEMBER frames, on connections that proved the cluster secret) and calls, in
-//! the manner of quinn-proto:
+//! packets (MEMBER bodies in sealed datagrams, see [`datagram`]) and calls, in the manner
+//! of quinn-proto:
 //!
 //! 1. inputs: [`Membership::handle_join`], [`Membership::handle_frame`],
 //!    [`Membership::handle_unreachable`], [`Membership::handle_leave`] and
@@ -16,10 +16,11 @@
 //!    [`Membership::poll_event`] (view changes), [`Membership::poll_timeout`] (when to call
 //!    `handle_timeout` next).
 //!
-//! Trust: a packet is only ever fed in from a connection whose peer proved the secret (and,
-//! with TLS, showed a certificate naming it), and its sender field must be that peer. So a
-//! node appears in a view only once it proved the secret to some member; what members say
-//! about third parties is believed (they hold the secret too).
+//! Trust: a packet is only ever fed in from a datagram that opened with the cluster key
+//! (its sealer proved the secret), and the sender field inside must be that sealer. A node
+//! appears in a view only once it proved the secret in a handshake with some member (the
+//! join); what members say about third parties is believed (they hold the secret too),
+//! within the view's bounds.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -33,11 +34,11 @@ use rand::rngs::SmallRng;
 
 use crate::codec::{Name, NameHash};
 
-/// The tag of a MEMBER frame holding a SWIM packet.
+/// The tag of a MEMBER body holding a SWIM packet.
 const TAG_SWIM: u8 = 0;
-/// The tag of a MEMBER frame saying "I, the authenticated sender, am leaving".
+/// The tag of a MEMBER body saying "I, the authenticated sender, am leaving".
 const TAG_LEAVE: u8 = 1;
-/// Largest SWIM packet (foca's `max_packet_size`); a MEMBER frame adds one tag byte.
+/// Largest SWIM packet (foca's `max_packet_size`); a MEMBER body adds one tag byte.
 pub const MAX_PACKET: usize = 1400;
 
 pub use types::{
@@ -264,7 +265,8 @@ impl Membership {
         self.after(now);
     }
 
-    /// A MEMBER frame body from the peer `from` (authenticated by its connection).
+    /// A MEMBER body from `from` (its datagram opened with the cluster key and was sealed
+    /// by `from`).
     pub fn handle_frame(
         &mut self,
         now: Instant,
@@ -656,6 +658,7 @@ impl Membership {
     }
 }
 
+pub mod datagram;
 mod types;
 
 #[cfg(test)]

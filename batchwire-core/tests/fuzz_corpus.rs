@@ -88,3 +88,18 @@ fn membership_survives_the_corpus() {
         }
     }
 }
+
+#[test]
+fn datagrams_survive_the_corpus() {
+    // Sealed datagrams made now (each opens), and whatever the fuzzer kept.
+    let mut all = fuzz::datagram_seeds();
+    all.extend(seeds("datagram"));
+    for (k, s) in all.iter().enumerate() {
+        for cut in 0..=s.len() {
+            fuzz::datagram(&s[..cut]);
+        }
+        for m in mutations(s, 300, 0x2545_f491 ^ k as u64) {
+            fuzz::datagram(&m);
+        }
+    }
+}

@@ -36,7 +36,7 @@
 //! | `batchwire_late_replies_total`, `batchwire_stray_replies_total` | counter | node |
 //! | `batchwire_members` | gauge (members in this node's view) | node, state (alive, suspect, down, left) |
 //! | `batchwire_membership_packets_total`, `batchwire_membership_bytes_total` | counter | node, direction (in, out) |
-//! | `batchwire_membership_dropped_total` | counter | node, reason (rate_limited, violation, behind, view_full) |
+//! | `batchwire_membership_dropped_total` | counter | node, reason (rate_limited, violation, behind, view_full, refused, send_failed) |
 //! | `batchwire_build_info` | gauge, always 1 | node, version |
 //!
 //! Every name is described (`# HELP` in Prometheus). The exporter decides how a histogram
@@ -355,6 +355,8 @@ impl NodeStats {
             ("violation", m.violations),
             ("behind", m.inputs_dropped),
             ("view_full", m.members_refused),
+            ("refused", m.datagrams_refused),
+            ("send_failed", m.send_errors),
         ] {
             let l = [("node", node.clone()), ("reason", reason.to_string())];
             counter!("batchwire_membership_dropped_total", &l).absolute(v);

@@ -258,12 +258,19 @@ pub struct MembershipStats {
     pub bytes_out: u64,
     /// Packets dropped by the per-peer rate limit (`frames_per_second`).
     pub rate_limited: u64,
-    /// Packets that broke the rules (their connection was closed).
+    /// Packets that broke the rules (dropped): a SWIM sender field that is not the
+    /// datagram's sender, a packet that does not decode.
     pub violations: u64,
     /// Packets dropped because the membership thread was behind.
     pub inputs_dropped: u64,
     /// Members not taken in because the view already held `max_members` (each name once).
     pub members_refused: u64,
+    /// Datagrams refused before anything in them was believed: not a membership
+    /// datagram, forged or damaged (does not open with the cluster key), meant for another
+    /// member, or replayed.
+    pub datagrams_refused: u64,
+    /// Datagrams the socket would not send (no route, a full buffer).
+    pub send_errors: u64,
 }
 
 impl NodeStats {
@@ -368,7 +375,7 @@ impl std::fmt::Display for NodeStats {
         let sent: u64 = self.peers.iter().map(|p| p.bytes_sent).sum();
         writeln!(
             f,
-            "  membership: in {} packets / {} B, out {} packets / {} B, rate-limited {}, violations {}, dropped {}, members refused {}; all peers: sent {} B",
+            "  membership: in {} packets / {} B, out {} packets / {} B, rate-limited {}, violations {}, dropped {}, members refused {}, datagrams refused {}, unsent {}; all peers: sent {} B",
             m.packets_in,
             m.bytes_in,
             m.packets_out,
@@ -377,6 +384,8 @@ impl std::fmt::Display for NodeStats {
             m.violations,
             m.inputs_dropped,
             m.members_refused,
+            m.datagrams_refused,
+            m.send_errors,
             sent,
         )?;
         let r = &self.requests;

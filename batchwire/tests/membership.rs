@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use batchwire::{Address, Event, Member, MemberState, Node, NodeConfig, TlsFiles};
 use batchwire_core::frame::Frame;
+use common::raw::Datagrams;
 use common::*;
 
 const T: Duration = Duration::from_secs(20);
@@ -235,8 +236,10 @@ fn joining_over_tls_checks_the_certificates_names() {
     assert!(z.members().is_empty());
 }
 
+/// Membership travels on its own datagrams: a MEMBER frame on a data connection (even
+/// from a peer with the secret) is a protocol violation that closes that connection only.
 #[test]
-fn forged_membership_packets_close_only_that_connection() {
+fn a_member_frame_on_a_data_connection_closes_only_that_connection() {
     // A silent raw peer would be cut at peer_timeout anyway: make that far off, so only
     // the violation can close it within the test's wait.
     let a = Node::start(
@@ -264,30 +267,28 @@ fn forged_membership_packets_close_only_that_connection() {
         "the join connection, then the canonical one"
     );
     let ev = a.events();
-    // A peer with the secret that speaks for another member.
-    let mut s = raw_peer(a.local_addr(), "m", "a");
+    let s = raw_peer(a.local_addr(), "m", "a");
     let mut out = Vec::new();
-    // A SWIM packet whose sender field says "b": the membership refuses it.
-    let mut forged = vec![0u8];
-    forged.extend_from_slice(&postcard_header_from("b"));
-    Frame::Member(forged.into()).encode(&mut out);
-    s.write_all(&out).unwrap();
-    let t0 = std::time::Instant::now();
-    while a.stats().membership.violations == 0 && t0.elapsed() < T {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(a.stats().membership.violations, 1);
-    // The forger's connection is closed by a...
+    let mut packet = vec![0u8];
+    packet.extend_from_slice(&postcard_header_from("m"));
+    Frame::Member(packet.into()).encode(&mut out);
     let mut forger = raw::Raw {
         s,
         buf: Default::default(),
     };
+    forger.s.write_all(&out).unwrap();
     assert!(
         forger.closed_within(Duration::from_secs(10)),
-        "the forger's connection stayed open"
+        "the connection carrying a MEMBER frame stayed open"
     );
-    // ...while the forger is not a member, b still is, and b's connection was untouched:
-    // never closed, never made again.
+    // Counted as m's violation (as the connection is torn down, just after the close).
+    let violations = || a.stats().peer("m").map(|p| p.protocol_violations);
+    let t0 = std::time::Instant::now();
+    while violations() != Some(1) && t0.elapsed() < T {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(violations(), Some(1), "counted as m's violation");
+    // b's connection was untouched.
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(live(&a.members()), ["b"]);
     assert!(a.connected_peers().contains(&"b".to_string()));
@@ -297,6 +298,54 @@ fn forged_membership_packets_close_only_that_connection() {
         .filter(|e| matches!(e, Event::Disconnected { peer, .. } if peer == "b"))
         .collect();
     assert!(lost.is_empty(), "{lost:?}");
+}
+
+/// Datagrams that are not ours, forged (another secret), meant for another member,
+/// replayed or too long are refused and counted before anything in them is believed; a
+/// sealed one whose SWIM sender is not its sealer is a violation, dropped. None of it
+/// touches the view or b.
+#[test]
+fn forged_replayed_and_misaddressed_datagrams_are_refused_and_counted() {
+    let a = node("a", None);
+    let b = node("b", Some(a.local_addr()));
+    assert!(sees(&a, &["b"]) && sees(&b, &["a"]));
+    let to = a.local_addr();
+    let refused = || a.stats().membership.datagrams_refused;
+    let violations = || a.stats().membership.violations;
+    let wait = |what: &dyn Fn() -> u64, n: u64| {
+        let t0 = std::time::Instant::now();
+        while what() < n && t0.elapsed() < T {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        what()
+    };
+    assert_eq!((refused(), violations()), (0, 0));
+    let mut m = Datagrams::new("m", 1, SECRET);
+    // Not a membership datagram at all.
+    m.send_raw(to, b"GET / HTTP/1.1\r\n\r\n");
+    assert_eq!(wait(&refused, 1), 1);
+    // Sealed with another secret.
+    Datagrams::new("m", 1, b"not the secret").send(to, "a", b"\x00hello");
+    assert_eq!(wait(&refused, 2), 2);
+    // Sealed for another member ("z"), sent to a.
+    m.send(to, "z", b"\x00hello");
+    assert_eq!(wait(&refused, 3), 3);
+    // Too long: more than any membership datagram.
+    m.send_raw(to, &[b'B'; 4000]);
+    assert_eq!(wait(&refused, 4), 4);
+    // Sealed by m, but its SWIM packet says it comes from b: a violation, dropped.
+    let mut forged = vec![0u8];
+    forged.extend_from_slice(&postcard_header_from("b"));
+    let d = m.seal("a", &forged);
+    m.send_raw(to, &d);
+    assert_eq!(wait(&violations, 1), 1);
+    // The same datagram again: a replay, refused before the membership sees it.
+    m.send_raw(to, &d);
+    assert_eq!(wait(&refused, 5), 5);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!((refused(), violations()), (5, 1));
+    assert_eq!(live(&a.members()), ["b"]);
+    assert_eq!(live(&b.members()), ["a"]);
 }
 
 /// A SWIM header (foca's postcard encoding) claiming to come from `name`: src, its SWIM

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use batchwire_core::codec::Name;
 use tracing::debug;
@@ -38,12 +38,7 @@ struct DialersInner {
     map: Mutex<HashMap<Name, Arc<Target>>>,
     /// Static peers: dialled for the node's lifetime whatever the membership says.
     fixed: Vec<Name>,
-    /// Reach attempts against the tie-break: when the last started, whether it runs.
-    reaching: Mutex<HashMap<Name, (Instant, bool)>>,
 }
-
-/// Least time between two reach attempts to one member.
-const REACH_EVERY: Duration = Duration::from_secs(1);
 
 impl Dialers {
     pub fn new(setup: Arc<Setup>, threads: Threads, fixed: Vec<Name>) -> Dialers {
@@ -52,7 +47,6 @@ impl Dialers {
             threads,
             map: Mutex::new(HashMap::new()),
             fixed,
-            reaching: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -85,47 +79,6 @@ impl Dialers {
         if let Err(e) = spawned {
             debug!(node = %inner.setup.name, peer = %name, error = %e, "cannot start a dialer");
             map.remove(name);
-        }
-    }
-
-    /// The membership has packets for `name`, which is not connected: dial it (if that is
-    /// this node's job, `ensure`), or else reach it once against the tie-break: it may not
-    /// know this node yet and so not dial it. It learns this node from the packets the
-    /// connection carries; its own dialer's connection then replaces this one (see
-    /// `Conn::canonical`). At most one attempt in flight per member, one a second.
-    pub fn reach(&self, name: &Name, addr: SocketAddr) {
-        let inner = &self.0;
-        if inner.setup.name.as_str() < name.as_str() {
-            return self.ensure(name, addr);
-        }
-        // A static peer dials this node anyway (and refuses the other direction).
-        if inner.setup.shutdown.is_shutting_down() || inner.fixed.contains(name) {
-            return;
-        }
-        let now = Instant::now();
-        {
-            let mut r = inner.reaching.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((last, running)) = r.get(name)
-                && (*running || now.duration_since(*last) < REACH_EVERY)
-            {
-                return;
-            }
-            r.insert(name.detached(), (now, true));
-        }
-        let (me, pn) = (self.clone(), name.detached());
-        let spawned = inner.threads.spawn(format!("bw-reach-{name}"), move || {
-            let setup = &me.0.setup;
-            if let Ok(s) = TcpStream::connect_timeout(&addr, setup.config.handshake_timeout) {
-                setup.run(s, Side::Dial(pn.clone()));
-            }
-            let mut r = me.0.reaching.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(e) = r.get_mut(&pn) {
-                e.1 = false;
-            }
-        });
-        if spawned.is_err() {
-            let mut r = inner.reaching.lock().unwrap_or_else(|p| p.into_inner());
-            r.remove(name);
         }
     }
 

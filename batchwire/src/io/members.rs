@@ -3,12 +3,13 @@
 //! is in `membership.rs`.
 //!
 //! What the thread does: it owns the SWIM state machine (`core::membership::Membership`) and nothing
-//! else touches it. It takes inputs from a bounded channel: MEMBER frames (from readers,
-//! which never wait: a full channel drops the frame and counts it, SWIM tolerates loss),
+//! else touches it. It takes inputs from a bounded channel: MEMBER bodies (from the
+//! datagram reader, which never waits: a full channel drops the body and counts it, SWIM
+//! tolerates loss),
 //! joins (from `Setup`, once a connection to a seed or a static peer is up), the dialers'
 //! "unreachable" hints, and the leave at shutdown. It acts on what the machine says:
-//! packets go to the peers' member queues (written by their writers with the control
-//! frames, before any data), new members get a peer and (if our name sorts first) a
+//! packets go out as sealed datagrams (`datagrams.rs`), never on a data connection; new
+//! members get a peer and (if our name sorts first) a
 //! dialer, departed members have their session declared down (what was pending for them
 //! is reported failed) and, once they left or were forgotten, their dialer stopped; every
 //! change is an event, and the view is published as a snapshot for `Node::members`.
@@ -71,7 +72,7 @@ impl Members {
         }
     }
 
-    /// A MEMBER frame from the authenticated peer `from` (never waits).
+    /// A MEMBER body from `from` (its datagram opened with the cluster key; never waits).
     pub fn frame(&self, from: &Name, body: Bytes) {
         self.offer(Input::Frame {
             from: from.detached(),
@@ -95,7 +96,7 @@ impl Members {
         self.offer(Input::Unreachable(name.clone()));
     }
 
-    /// Announce our leave; returns once the leave packets are queued to the writers (or
+    /// Announce our leave; returns once the leave datagrams are sent (or
     /// after `timeout`).
     pub fn leave(&self, timeout: Duration) {
         let deadline = std::time::Instant::now() + timeout;
@@ -148,4 +149,8 @@ pub(crate) struct MemberStats {
     pub rate_limited: AtomicU64,
     pub violations: AtomicU64,
     pub members_refused: AtomicU64,
+    /// Datagrams refused: not ours, forged, damaged, for another member, replayed.
+    pub refused: AtomicU64,
+    /// Datagrams the socket would not send.
+    pub send_errors: AtomicU64,
 }

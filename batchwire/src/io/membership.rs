@@ -1,7 +1,7 @@
 //! The membership thread: it owns the SWIM state machine (`core::membership`) and nothing
 //! else touches it. It takes its inputs from the handle's channel (see `members.rs`),
-//! fires its timers, and acts on what the machine says: packets to the peers' member
-//! queues, members to the dialers, departures to the sessions, events, the view.
+//! fires its timers, and acts on what the machine says: packets as sealed datagrams
+//! (`datagrams.rs`), members to the dialers, departures to the sessions, events, the view.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -14,6 +14,7 @@ use batchwire_core::membership::{MemberEvent, MemberId, MemberState, Membership}
 use tracing::{debug, info, warn};
 
 use crate::event::{Event, Member};
+use crate::io::datagrams::Sender;
 use crate::io::dial::Dialers;
 use crate::io::events::Events;
 use crate::io::members::{Input, MemberStats, Members};
@@ -42,6 +43,8 @@ pub(crate) struct MembersCtx {
     /// Members that left the view (forgotten) whose peers are still to be removed; at
     /// most the view's bound (a name back in the view leaves it).
     pub forgotten: std::cell::RefCell<std::collections::HashSet<Name>>,
+    /// Where packets go out (sealed, over UDP).
+    pub udp: std::cell::RefCell<Sender>,
 }
 
 /// The thread body: until the node stops, take inputs and timers, act on the outputs.
@@ -67,12 +70,12 @@ pub(crate) fn run_members(mut m: Membership, rx: Receiver<Input>, ctx: MembersCt
             let now = Instant::now();
             match input {
                 Input::Frame { from, body } if !left => {
+                    // The datagram opened with the cluster key: a body that breaks the
+                    // rules (a sender field that is not the datagram's sender, a packet
+                    // that does not decode) is dropped and counted.
                     if let Err(e) = m.handle_frame(now, &from, &body) {
                         ctx.counters.violations.fetch_add(1, Relaxed);
-                        warn_limited!(node = %ctx.node, peer = %from, error = %e, "membership protocol violation; connection closed");
-                        if let Some(c) = ctx.peers.get(from.as_bytes()).and_then(|p| p.current()) {
-                            c.close();
-                        }
+                        warn_limited!(node = %ctx.node, member = %from, error = %e, "membership protocol violation; packet dropped");
                     }
                 }
                 Input::Frame { .. } => {}
@@ -110,29 +113,7 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
         if m.is_refused(to.name.as_bytes()) {
             continue;
         }
-        // A member down in the view (SWIM announces to some, to heal partitions) gets the
-        // packet only through a peer it still has: none is made for it (a forgotten one,
-        // learnt again as down from another member's gossip, would come back each time).
-        let down = m
-            .state_of(to.name.as_bytes())
-            .is_some_and(|(_, s)| !s.is_live());
-        let peer = if down {
-            ctx.peers.get(to.name.as_bytes())
-        } else {
-            match ctx.peers.get_or_insert_learnt(&to.name) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    debug!(node = %ctx.node, member = %to.name, error = ?e, "no room for the member's peer; packet dropped");
-                    None
-                }
-            }
-        };
-        if let Some(peer) = peer {
-            peer.push_member(body);
-            if peer.current().is_none_or(|c| c.is_closed()) {
-                ctx.dialers.reach(&to.name, to.addr);
-            }
-        }
+        ctx.udp.borrow_mut().send(&to.name, to.addr, &body);
     }
     let mut changed = false;
     while let Some(e) = m.poll_event() {

@@ -20,6 +20,7 @@ pub(crate) mod accept;
 pub(crate) mod bundle;
 pub(crate) mod calls;
 pub(crate) mod conn;
+pub(crate) mod datagrams;
 pub(crate) mod dial;
 pub(crate) mod events;
 pub(crate) mod flow;

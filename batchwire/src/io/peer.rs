@@ -8,7 +8,6 @@
 //! became due or the window opened, and the ticker is told of an earlier deadline. So the
 //! rules stay in the session and the routing stays here, in one place.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::Waker;
@@ -20,7 +19,6 @@ use batchwire_core::frame::{Frame, Message, Undeliverable};
 use batchwire_core::outbox::Dest;
 use batchwire_core::reassembly::{Abandoned, Reassembly};
 use batchwire_core::session::{FailReason, PeerState, Session, SessionEvent};
-use bytes::Bytes;
 use tracing::{info, warn};
 
 use crate::address::Address;
@@ -181,10 +179,6 @@ pub(crate) struct Peer {
     notices: Mutex<Notices>,
     /// Whether `notices` holds any (read by the writer every round without the lock).
     has_notices: AtomicBool,
-    /// Membership packets for this peer (MEMBER frame bodies), written with the control
-    /// frames; at most `MEMBER_QUEUE`, the oldest dropped first (SWIM tolerates loss).
-    member_out: Mutex<VecDeque<Bytes>>,
-    has_member_out: AtomicBool,
     /// A configured (static) peer: never removed from the registry.
     pub pinned: AtomicBool,
     /// Removed from the registry (see `Peers::remove_forgotten`): lookups skip it, its
@@ -192,9 +186,6 @@ pub(crate) struct Peer {
     removed: AtomicBool,
     pub stats: PeerCounters,
 }
-
-/// Membership packets held per peer (a peer that is not connected holds the latest).
-const MEMBER_QUEUE: usize = 32;
 
 /// Undeliverable notices for this peer, summed per (destination, sender) pair until the
 /// writer sends them. At most `NOTICE_PAIRS` pairs are kept apart; the counts of any
@@ -247,8 +238,6 @@ impl Peer {
             room_lock: Mutex::new(Wakers::default()),
             notices: Mutex::new(Notices::default()),
             has_notices: AtomicBool::new(false),
-            member_out: Mutex::new(VecDeque::new()),
-            has_member_out: AtomicBool::new(false),
             pinned: AtomicBool::new(false),
             removed: AtomicBool::new(false),
             stats: PeerCounters::default(),
@@ -631,32 +620,6 @@ impl Peer {
     /// Whether notices wait (no lock).
     pub fn has_notices(&self) -> bool {
         self.has_notices.load(Ordering::Acquire)
-    }
-
-    /// Queue a membership packet and wake the writer.
-    pub fn push_member(&self, body: Bytes) {
-        {
-            let mut q = self.member_out.lock().unwrap_or_else(|p| p.into_inner());
-            if q.len() >= MEMBER_QUEUE {
-                q.pop_front();
-            }
-            q.push_back(body);
-            self.has_member_out.store(true, Ordering::Release);
-        }
-        self.lane.poke();
-    }
-
-    /// Encode the waiting membership packets into `out` (the writer, with the control
-    /// frames). A packet lost with a failed write is not retried: SWIM tolerates loss.
-    pub fn take_members(&self, out: &mut Vec<u8>) {
-        if !self.has_member_out.load(Ordering::Acquire) {
-            return;
-        }
-        let mut q = self.member_out.lock().unwrap_or_else(|p| p.into_inner());
-        for b in q.drain(..) {
-            Frame::Member(b).encode(out);
-        }
-        self.has_member_out.store(false, Ordering::Release);
     }
 
     /// The membership declared this peer's `incarnation` down (or it left).

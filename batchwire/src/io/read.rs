@@ -49,7 +49,6 @@ use crate::io::events::Events;
 use crate::io::flow::Held;
 use crate::io::lane::Lane;
 use crate::io::mailbox::{Envelope, MailboxQueue, Mailboxes};
-use crate::io::members::Members;
 use crate::io::peer::Peer;
 
 /// How long a caller that leads waits for its socket before it looks whether its call
@@ -87,7 +86,6 @@ pub(crate) struct Reader<'a> {
     pub max_frame: usize,
     pub max_payload: u64,
     pub read_bytes: usize,
-    pub members: Option<&'a Members>,
 }
 
 impl Reader<'_> {
@@ -564,13 +562,6 @@ impl Reader<'_> {
                     count: u.count as u64,
                 });
             }
-            // Membership packets go to the membership thread, which checks them (the
-            // sender named inside must be this peer); without membership they are ignored.
-            Frame::Member(body) => {
-                if let Some(m) = self.members {
-                    m.frame(&peer.name, body);
-                }
-            }
             Frame::Goodbye => {
                 peer.session(|s, now| s.handle_goodbye(now, id));
                 return Ok(true);
@@ -592,7 +583,8 @@ impl Reader<'_> {
                 }
                 .into());
             }
-            other @ (Frame::Hello(_) | Frame::Auth(_) | Frame::Resume(_)) => {
+            // Membership travels on its own datagrams, never on a data connection.
+            other @ (Frame::Hello(_) | Frame::Auth(_) | Frame::Resume(_) | Frame::Member(_)) => {
                 return Err(LinkError::Unexpected(other.kind_name()));
             }
         }
@@ -1181,7 +1173,6 @@ mod tests {
             max_frame: 1 << 20,
             max_payload: 1 << 20,
             read_bytes: 1 << 16,
-            members: None,
         }
     }
 

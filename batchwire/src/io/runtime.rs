@@ -13,7 +13,7 @@
 //! its connection); one thread per accepted connection (handshake, then reading); one
 //! writer per peer; one ticker; with `transfer-queue`, one bundler. `shutdown` joins them.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +36,7 @@ use crate::error::Error;
 use crate::event::Event;
 use crate::io::bundle::run_bundler;
 use crate::io::calls::{Calls, Waiter, run_timer};
+use crate::io::datagrams::{Sender, run_reader};
 use crate::io::dial::Dialers;
 use crate::io::events::Events;
 use crate::io::join::{run_joiner, system_lookup};
@@ -54,6 +55,7 @@ use crate::io::tick::run_ticker;
 use crate::io::timer::Timer;
 use crate::io::{accept::run_acceptor, idle_strategy, lane_cfg};
 use crate::stats::{MembershipStats, NodeStats, PeerStats, RequestStats};
+use batchwire_core::membership::datagram::DatagramKey;
 
 /// A running node's parts.
 pub(crate) struct Runtime {
@@ -133,6 +135,14 @@ impl Runtime {
             source,
         })?;
         let local_addr = listener.local_addr()?;
+        // Membership datagrams on the same address and port number, over UDP.
+        let udp = match &config.membership {
+            Some(_) => Some(UdpSocket::bind(local_addr).map_err(|source| Error::Listen {
+                addr: local_addr,
+                source,
+            })?),
+            None => None,
+        };
         // The incarnation is the start time in microseconds: a node restarted under the
         // same name has a later one, which the membership lets win over the old.
         let incarnation = std::time::SystemTime::now()
@@ -284,7 +294,24 @@ impl Runtime {
             let machine =
                 Membership::new(me, cfg.clone(), u64::from_le_bytes(seed), Instant::now())
                     .map_err(|e| Error::Config(e.to_string()))?;
+            let udp = udp.expect("bound with membership on");
+            let key = DatagramKey::from_secret(&rt.config.secret);
+            let sender = Sender::new(
+                udp.try_clone()?,
+                &key,
+                name.clone(),
+                incarnation,
+                member_stats.clone(),
+            );
+            {
+                let (m, st, sd) = (m.clone(), member_stats.clone(), rt.shutdown.clone());
+                let (me, max) = (name.clone(), cfg.max_members.saturating_mul(2));
+                threads.spawn(format!("bw-udp-{name}"), move || {
+                    run_reader(udp, key, me, m, st, sd, max)
+                })?;
+            }
             let ctx = MembersCtx {
+                udp: std::cell::RefCell::new(sender),
                 members: m.clone(),
                 peers: rt.peers.clone(),
                 dialers,
@@ -703,7 +730,6 @@ impl Runtime {
             max_frame: self.config.max_frame(),
             max_payload: self.config.max_payload as u64,
             read_bytes: self.config.read_bytes,
-            members: self.members.as_ref(),
         }
         .lead(done, until, wake)
     }
@@ -834,6 +860,8 @@ impl Runtime {
             violations: s.violations.load(Ordering::Relaxed),
             inputs_dropped: self.members.as_ref().map_or(0, |m| m.dropped()),
             members_refused: s.members_refused.load(Ordering::Relaxed),
+            datagrams_refused: s.refused.load(Ordering::Relaxed),
+            send_errors: s.send_errors.load(Ordering::Relaxed),
         }
     }
 
@@ -906,6 +934,9 @@ impl Runtime {
             _ => {}
         }
         let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
+        if self.members.is_some() {
+            crate::io::datagrams::wake(self.local_addr);
+        }
         // 3. Give peers a moment to answer our goodbye by closing; then close the rest.
         let peers = self.peers.all();
         self.ctx

@@ -354,7 +354,6 @@ impl Setup {
             max_frame: self.config.max_frame(),
             max_payload: self.config.max_payload as u64,
             read_bytes: self.config.read_bytes,
-            members: self.members.as_ref(),
         };
         let result = reader.run(buf);
 

@@ -264,7 +264,6 @@ fn write_pending(
         s.unwritten(c.id)
     });
     let notices = peer.take_notices(control);
-    peer.take_members(control);
     if control.is_empty() && u.is_empty() {
         return true;
     }

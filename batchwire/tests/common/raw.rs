@@ -129,3 +129,41 @@ pub fn connect_from(ip: &str, to: SocketAddr) -> std::io::Result<TcpStream> {
     s.connect_timeout(&to.into(), T)?;
     Ok(s.into())
 }
+
+/// A member's datagram side, as a member (or an attacker with the secret) has it: sealed
+/// membership datagrams from `name`, numbered on from 1.
+pub struct Datagrams {
+    pub sock: std::net::UdpSocket,
+    pub sealer: batchwire_core::membership::datagram::Sealer,
+}
+
+impl Datagrams {
+    /// Sealing as `name` (boot `boot`) with `secret`.
+    pub fn new(name: &str, boot: u64, secret: &[u8]) -> Datagrams {
+        use batchwire_core::membership::datagram::{DatagramKey, Sealer};
+        Datagrams {
+            sock: std::net::UdpSocket::bind("127.0.0.1:0").unwrap(),
+            sealer: Sealer::new(
+                &DatagramKey::from_secret(secret),
+                batchwire_core::codec::Name::new(name).unwrap(),
+                boot,
+            ),
+        }
+    }
+
+    /// The sealed datagram carrying the MEMBER `body` to the member `to_name`.
+    pub fn seal(&mut self, to_name: &str, body: &[u8]) -> Vec<u8> {
+        self.sealer.seal(to_name.as_bytes(), body)
+    }
+
+    /// Send bytes as they are to `to`.
+    pub fn send_raw(&self, to: SocketAddr, bytes: &[u8]) {
+        self.sock.send_to(bytes, to).unwrap();
+    }
+
+    /// Seal `body` for `to_name` and send it to `to`.
+    pub fn send(&mut self, to: SocketAddr, to_name: &str, body: &[u8]) {
+        let d = self.seal(to_name, body);
+        self.send_raw(to, &d);
+    }
+}
