@@ -119,16 +119,7 @@ pub(crate) fn run_reader(
 
 /// Wake a reader bound to `addr` (a wildcard address is reached on loopback).
 pub(crate) fn wake(addr: SocketAddr) {
-    let mut to = addr;
-    match to.ip() {
-        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
-            to.set_ip(std::net::Ipv4Addr::LOCALHOST.into())
-        }
-        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
-            to.set_ip(std::net::Ipv6Addr::LOCALHOST.into())
-        }
-        _ => {}
-    }
+    let to = crate::io::reachable(addr);
     let any: SocketAddr = if to.is_ipv4() {
         "0.0.0.0:0".parse().expect("an address")
     } else {

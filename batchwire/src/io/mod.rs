@@ -89,3 +89,18 @@ pub(crate) fn idle_strategy(cfg: &NodeConfig) -> IdleStrategy {
 }
 
 pub(crate) use batchwire_core::codec::NameHash;
+
+/// `addr` as this host reaches it: a wildcard address (`0.0.0.0`, `[::]`) becomes loopback.
+pub(crate) fn reachable(addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    let mut to = addr;
+    match to.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            to.set_ip(std::net::Ipv4Addr::LOCALHOST.into())
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            to.set_ip(std::net::Ipv6Addr::LOCALHOST.into())
+        }
+        _ => {}
+    }
+    to
+}

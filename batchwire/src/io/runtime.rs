@@ -923,16 +923,7 @@ impl Runtime {
         if let Some(m) = &self.members {
             m.wake();
         }
-        let mut wake = self.local_addr;
-        match wake.ip() {
-            std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
-                wake.set_ip(std::net::Ipv4Addr::LOCALHOST.into())
-            }
-            std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
-                wake.set_ip(std::net::Ipv6Addr::LOCALHOST.into())
-            }
-            _ => {}
-        }
+        let wake = crate::io::reachable(self.local_addr);
         let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
         if self.members.is_some() {
             crate::io::datagrams::wake(self.local_addr);
