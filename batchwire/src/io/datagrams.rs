@@ -63,6 +63,31 @@ impl Sender {
     }
 }
 
+/// What the reader asks the kernel to buffer: a join sends a burst of datagrams, and on a
+/// busy machine the reader may not run for a while (the kernel caps it at
+/// `net.core.rmem_max`, 4 MiB on Debian; its default, 208 KiB, holds about 90 datagrams).
+const RECEIVE_BUFFER: libc::c_int = 4 << 20;
+
+/// Ask for a receive buffer of `RECEIVE_BUFFER` (best effort).
+fn grow_receive_buffer(sock: &UdpSocket) {
+    use std::os::fd::AsRawFd;
+    let v = RECEIVE_BUFFER;
+    // SAFETY: a valid socket descriptor, a pointer to a c_int that lives across the call
+    // and its size; the call reads them only.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        debug!(error = %std::io::Error::last_os_error(), "membership socket: receive buffer not grown");
+    }
+}
+
 /// The reader thread's body: until the node stops, receive, open, check, hand over.
 pub(crate) fn run_reader(
     sock: UdpSocket,
@@ -74,6 +99,7 @@ pub(crate) fn run_reader(
     max_senders: usize,
 ) {
     let _ = sock.set_read_timeout(Some(POLL));
+    grow_receive_buffer(&sock);
     let mut guard = ReplayGuard::new(max_senders);
     // One byte more than the largest datagram: a longer one shows as too long.
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
