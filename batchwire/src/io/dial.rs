@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use batchwire_core::codec::Name;
 use tracing::debug;
@@ -142,7 +142,20 @@ impl Backoff {
 fn run_dialer(setup: &Setup, peer: &Name, target: &Target) {
     let mut backoff = Backoff::new(setup.config.reconnect_min, setup.config.reconnect_max);
     let mut failures = 0u32;
-    while !setup.shutdown.is_stopped() && target.keep.load(Ordering::Acquire) {
+    let go_on = || !setup.shutdown.is_stopped() && target.keep.load(Ordering::Acquire);
+    while go_on() {
+        // A live canonical connection already serves the peer: the one this node dialled
+        // to join through it (our name sorts first, so it is canonical). Dialing again
+        // would replace it, and what the peer wrote on it and does not send again on the
+        // new one (an undeliverable notice) could be lost with it. Wait for it to end
+        // (woken by every connection change, and at least once a second to look at the
+        // node stopping or the member leaving).
+        if let Some(p) = setup.peers.get(peer.as_bytes())
+            && p.current_is_live_canonical()
+        {
+            p.wait_while_live_canonical(Instant::now() + Duration::from_secs(1), || !go_on());
+            continue;
+        }
         let addr = *target.addr.lock().unwrap_or_else(|p| p.into_inner());
         let mut connected = false;
         match TcpStream::connect_timeout(&addr, setup.config.handshake_timeout) {

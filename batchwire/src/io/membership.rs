@@ -115,11 +115,14 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
         }
         ctx.udp.borrow_mut().send(&to.name, to.addr, &body);
     }
+    // What each change does (peers, dialers, sessions) first, then the view, then the
+    // events (see below).
     let mut events = Vec::new();
+    let mut changed = false;
     while let Some(e) = m.poll_event() {
-        events.push(e);
+        changed = true;
+        events.extend(act_on(e, ctx));
     }
-    let mut changed = !events.is_empty();
     // Members forgotten (down for `forget_down_after`) leave the view without an event.
     changed |= m.view_len() != ctx.members.view().len();
     let c = m.counters();
@@ -154,9 +157,10 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
     // change happens in between (it may see one twice). Emitted first, an event could go
     // to no subscriber yet while the view still lacked the member (a `batchwire node`
     // that started joining before its event printer subscribed then never printed some
-    // members: 1 run in 3 of the 64-node bench did not converge).
+    // members: 1 run in 3 of the 64-node bench did not converge). And a member is in the
+    // view only once its peer exists, so a send to a member the view shows finds it.
     for e in events {
-        act_on(e, ctx);
+        ctx.events.emit(e);
     }
     // When the view changed, and once a second (a peer busy at the change, e.g. with
     // messages still queued, is looked at again).
@@ -180,7 +184,8 @@ fn member(id: &MemberId, state: MemberState) -> Member {
     }
 }
 
-fn act_on(e: MemberEvent, ctx: &MembersCtx) {
+/// Act on one change of the view; the event to emit once the view is published.
+fn act_on(e: MemberEvent, ctx: &MembersCtx) -> Option<Event> {
     let node = &ctx.node;
     match e {
         MemberEvent::Joined(id) => {
@@ -188,37 +193,37 @@ fn act_on(e: MemberEvent, ctx: &MembersCtx) {
             if ctx.peers.get_or_insert_learnt(&id.name).is_ok() {
                 ctx.dialers.ensure(&id.name, id.addr);
             }
-            ctx.events.emit(Event::MemberJoined {
+            Some(Event::MemberJoined {
                 member: member(&id, MemberState::Alive),
-            });
+            })
         }
         MemberEvent::Suspected(id) => {
             warn!(%node, member = %id.name, "member suspected down");
-            ctx.events.emit(Event::MemberSuspected {
+            Some(Event::MemberSuspected {
                 member: member(&id, MemberState::Suspect),
-            });
+            })
         }
         MemberEvent::Refuted(id) => {
             info!(%node, member = %id.name, "suspected member is alive");
-            ctx.events.emit(Event::MemberAlive {
+            Some(Event::MemberAlive {
                 member: member(&id, MemberState::Alive),
-            });
+            })
         }
         MemberEvent::Down(id) => {
             warn!(%node, member = %id.name, "member declared down");
             depart(ctx, &id, false);
-            ctx.events.emit(Event::MemberDown {
+            Some(Event::MemberDown {
                 member: member(&id, MemberState::Down),
-            });
+            })
         }
         MemberEvent::Left(id) => {
             info!(%node, member = %id.name, "member left");
             depart(ctx, &id, true);
-            ctx.events.emit(Event::MemberLeft {
+            Some(Event::MemberLeft {
                 member: member(&id, MemberState::Left),
-            });
+            })
         }
-        _ => {}
+        _ => None,
     }
 }
 
