@@ -629,6 +629,25 @@ fn nodes_talk_over_ipv6_and_shut_down_promptly() {
     };
     assert!(a.wait_for_peers(&["b"], T), "{:?}", a.connected_peers());
     assert!(b.wait_for_peers(&["a"], T));
+    // Membership over IPv6 datagrams (static peers become members): each sees the other
+    // alive, and datagrams went both ways.
+    let alive = |n: &Node, who: &str| {
+        n.wait_for_members(T, |v| {
+            v.iter()
+                .any(|m| m.name == who && m.state == batchwire::MemberState::Alive)
+        })
+    };
+    assert!(
+        alive(&a, "b") && alive(&b, "a"),
+        "{:?} {:?}",
+        a.members(),
+        b.members()
+    );
+    for n in [&a, &b] {
+        let m = n.stats().membership;
+        assert!(m.packets_in > 0 && m.packets_out > 0, "{m:?}");
+        assert_eq!(m.datagrams_refused, 0, "{m:?}");
+    }
     let (ma, mb) = (a.mailbox("in").unwrap(), b.mailbox("in").unwrap());
     let big = vec![7u8; 300_000];
     for k in 0..100u8 {
