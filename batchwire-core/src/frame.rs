@@ -96,7 +96,8 @@ pub enum Frame {
     Member(Bytes),
 }
 
-/// The longest MEMBER frame body: a SWIM packet (at most 1400 bytes) and its tag.
+/// The longest MEMBER frame body: a SWIM packet (at most 1400 bytes) and its tag. (No
+/// longer sent on connections: membership travels on datagrams, `membership::datagram`.)
 pub const MAX_MEMBER_LEN: usize = 2048;
 
 /// The first frame after a handshake, each way: where the two sides' streams stand.

@@ -189,7 +189,7 @@ pub fn handshake(data: &[u8]) {
 }
 
 /// Feed a member "a" of a two-member cluster (it knows "b") what `data` describes, as an
-/// authenticated peer could send it: MEMBER frame bodies from "b" and from a stranger "c",
+/// authenticated sender could send it: MEMBER bodies from "b" and from a stranger "c",
 /// clock steps with their timers, and the transport's unreachable hint. The view stays
 /// within its bound, each input queues a bounded number of packets, and nothing panics.
 pub fn membership(data: &[u8]) {

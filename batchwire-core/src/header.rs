@@ -8,7 +8,10 @@ pub const MAGIC: [u8; 4] = *b"BWIR";
 /// Version 3: large messages in fragments, per-mailbox credit (FRAGMENT, CREDIT, SYNC), and
 /// RESUME's `keep`.
 /// Version 4: cluster membership (MEMBER frames carrying SWIM packets).
-pub const PROTOCOL_VERSION: u16 = 4;
+/// Version 5: membership on its own sealed UDP datagrams; a MEMBER frame on a connection is
+/// a protocol violation (so a version 4 node is refused at the handshake, by version,
+/// rather than cut for the frames it would send).
+pub const PROTOCOL_VERSION: u16 = 5;
 /// Bytes before the body: the length and the kind.
 pub const HEADER_LEN: usize = 5;
 /// Bytes a MESSAGES frame adds around its messages (header, count, first sequence number).

@@ -445,7 +445,8 @@ impl Membership {
 
     // ---- outputs ----
 
-    /// The next packet to send: to whom, and the MEMBER frame body.
+    /// The next packet to send: to whom, and the MEMBER body (sealed into a datagram by
+    /// the IO layer).
     pub fn poll_transmit(&mut self) -> Option<(MemberId, Bytes)> {
         let Send { to, body, .. } = self.out.sends.pop_front()?;
         self.counters.packets_out += 1;

@@ -243,8 +243,8 @@ pub struct RequestStats {
     pub stray_replies: u64,
 }
 
-/// What the membership layer (SWIM) sent and took. Bytes are MEMBER frame bodies (add 5
-/// bytes of frame header each, and TCP/IP's).
+/// What the membership layer (SWIM) sent and took. Bytes are MEMBER bodies (add the
+/// datagram's header and tag, 38 bytes and the sender's name each, and UDP/IP's).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct MembershipStats {
