@@ -385,3 +385,40 @@ fn in_a_two_member_cluster_a_shutdown_is_a_leave() {
         "{left:?}"
     );
 }
+
+/// Seeds that reach a member under addresses it does not advertise (a listens on 0.0.0.0
+/// and advertises 127.0.0.1, while the seeds say 127.0.0.2 and 127.0.0.3) are dialled at
+/// every refresh; such a join connection closes beside the live canonical one instead of
+/// replacing it, so the connection carrying traffic is never cut. (Before, the two join
+/// connections replaced each other at every refresh.)
+#[test]
+fn a_refreshed_seed_never_replaces_a_live_connection() {
+    let a = Node::start(NodeConfig::new("a", "0.0.0.0:0".parse().unwrap(), SECRET)).unwrap();
+    let port = a.local_addr().port();
+    let at = |ip: &str| -> SocketAddr { format!("{ip}:{port}").parse().unwrap() };
+    // "0" sorts before "a": its join connections are canonical. The name keeps the
+    // joiner refreshing once joined.
+    let name: batchwire::Seed = format!("localhost:{port}").parse().unwrap();
+    let z = Node::start(
+        NodeConfig::new("0", "127.0.0.1:0".parse().unwrap(), SECRET)
+            .join(at("127.0.0.2"))
+            .join(at("127.0.0.3"))
+            .join(name)
+            .join_refresh(Duration::from_millis(100)),
+    )
+    .unwrap();
+    assert!(sees(&z, &["a"]) && sees(&a, &["0"]));
+    std::thread::sleep(Duration::from_millis(500));
+    let ev = z.events();
+    let connects = || z.stats().peer("a").map(|p| p.connects);
+    let before = connects();
+    // Twenty refreshes, each finding a under addresses it does not advertise.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(connects(), before, "the live connection was replaced");
+    let lost: Vec<_> = ev
+        .try_iter()
+        .filter(|e| matches!(e, Event::Disconnected { peer, .. } if peer == "a"))
+        .collect();
+    assert!(lost.is_empty(), "{lost:?}");
+    assert_eq!(live(&z.members()), ["a"]);
+}

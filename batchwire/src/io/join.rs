@@ -175,8 +175,8 @@ pub(crate) fn run_joiner(
             let done = InFlight(in_flight.clone(), *addr);
             match TcpStream::connect_timeout(addr, setup.config.handshake_timeout) {
                 Ok(s) => {
-                    if joined && !names {
-                        info!(node = %setup.name, seed = %addr, "a seed address that is no live member's answers; joining through it too");
+                    if joined {
+                        debug!(node = %setup.name, seed = %addr, "a seed address that is no live member's answers; joining through it too");
                     }
                     let st = setup.clone();
                     let spawned = threads.spawn(format!("bw-join-{}", setup.name), move || {

@@ -306,7 +306,10 @@ impl Setup {
         } else {
             info.name.as_str() < self.name.as_str()
         };
-        if !canonical && peer.has_live_canonical(info.incarnation) {
+        // A join connection is never needed beside a live canonical one either (the
+        // joiner found a member it is already connected to, e.g. under an address the
+        // member does not advertise): replacing that would cut what is in flight on it.
+        if (!canonical || joining) && peer.has_live_canonical(info.incarnation) {
             debug!(node = %self.name, peer = %info.name, %addr, "redundant connection (a canonical one is live); closed");
             return true;
         }
