@@ -321,6 +321,11 @@ mod tests {
     }
 
     #[test]
+    fn the_key_is_never_printed() {
+        assert_eq!(format!("{:?}", key()), "DatagramKey(<redacted>)");
+    }
+
+    #[test]
     fn a_sealed_body_opens_for_its_receiver_only() {
         let mut a = sealer("a", 7);
         let d = a.seal(b"b", b"\x00swim packet");
