@@ -335,11 +335,21 @@ mod tests {
         assert_eq!(o.body, b"\x00swim packet");
         // Encrypted: the body is not in the datagram.
         assert!(!d.windows(5).any(|w| w == b"swim "));
-        // Another member, another secret: refused.
-        assert!(matches!(
+        // Another member, another secret: refused, naming the sender (cut to 64
+        // characters).
+        assert_eq!(
             open(&key(), b"c", &d),
-            Err(DatagramError::Forged { .. })
-        ));
+            Err(DatagramError::Forged { sender: "a".into() })
+        );
+        let long = "é".repeat(100);
+        let mut l = Sealer::new(&key(), Name::new(&long).unwrap(), 1);
+        let e = open(&key(), b"c", &l.seal(b"b", b"")).unwrap_err();
+        assert_eq!(
+            e,
+            DatagramError::Forged {
+                sender: "é".repeat(64)
+            }
+        );
         let other = DatagramKey::from_secret(b"another secret");
         assert!(matches!(
             open(&other, b"b", &d),
@@ -429,6 +439,10 @@ mod tests {
         assert!(g.check(&opened("a", 5, 10)).is_err(), "the same again");
         // Out of order within the window: each taken once.
         g.check(&opened("a", 5, 12)).unwrap();
+        assert!(
+            g.check(&opened("a", 5, 10)).is_err(),
+            "10 is still remembered after the window moved to 12"
+        );
         g.check(&opened("a", 5, 11)).unwrap();
         assert!(g.check(&opened("a", 5, 11)).is_err());
         assert!(g.check(&opened("a", 5, 12)).is_err());
@@ -455,9 +469,11 @@ mod tests {
     #[test]
     fn the_guard_is_bounded_and_forgets_the_least_recently_heard() {
         let mut g = ReplayGuard::new(3);
+        assert!(g.is_empty());
         for s in ["a", "b", "c"] {
             g.check(&opened(s, 1, 1)).unwrap();
         }
+        assert!(!g.is_empty());
         g.check(&opened("a", 1, 2)).unwrap(); // a heard again: b is now the oldest
         g.check(&opened("d", 1, 1)).unwrap();
         assert_eq!(g.len(), 3);
