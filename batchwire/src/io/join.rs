@@ -15,12 +15,15 @@
 //! dialled.
 //!
 //! Bounds: at most [`MAX_ADDRS`] addresses a round, at most [`MAX_IN_FLIGHT`] join
-//! connections at once, one per address; what the resolver says is logged when a name's
+//! connections at once, one per address; the resolver is waited for at most
+//! [`LOOKUP_WAIT`] a round (one lookup per name at a time, off this thread); what the resolver says is logged when a name's
 //! addresses change, and failures at the first and then at doubling counts.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, sync_channel};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tracing::{debug, info};
 
@@ -38,9 +41,62 @@ pub(crate) const MAX_IN_FLIGHT: usize = 8;
 /// The resolver: a name and a port to addresses (the system's, or a test's).
 pub(crate) type Lookup = dyn Fn(&str, u16) -> std::io::Result<Vec<SocketAddr>> + Send + Sync;
 
-/// The system resolver (`getaddrinfo`: /etc/hosts, then DNS A and AAAA records).
-pub(crate) fn system_lookup(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
-    Ok((host, port).to_socket_addrs()?.collect())
+/// The system resolver (`getaddrinfo`: /etc/hosts, then DNS A and AAAA records), waited
+/// for at most [`LOOKUP_WAIT`] (see [`off_thread`]).
+pub(crate) fn system_lookup() -> Box<Lookup> {
+    off_thread(
+        |host, port| Ok((host, port).to_socket_addrs()?.collect()),
+        LOOKUP_WAIT,
+    )
+}
+
+/// How long the joiner waits for the resolver in one round.
+const LOOKUP_WAIT: Duration = Duration::from_millis(500);
+
+/// A blocking `lookup` with a deadline: `getaddrinfo` cannot be cancelled and, with a DNS
+/// server that does not answer, takes as long as resolv.conf's timeouts and attempts
+/// allow (tens of seconds with search domains), during which the joiner could neither go
+/// on nor let the node shut down. Each name is looked up on a short-lived thread of its
+/// own, at most one at a time per name; the caller waits at most `wait`, and an answer
+/// that comes later is taken at the next call for that name (meanwhile the call fails,
+/// and the resolver keeps the name's last answer).
+fn off_thread(
+    lookup: fn(&str, u16) -> std::io::Result<Vec<SocketAddr>>,
+    wait: Duration,
+) -> Box<Lookup> {
+    type Answer = std::io::Result<Vec<SocketAddr>>;
+    // Lookups still running, by name and port: at most one per seed name.
+    let pending: Mutex<HashMap<(String, u16), Receiver<Answer>>> = Mutex::default();
+    Box::new(move |host, port| {
+        let key = (host.to_string(), port);
+        let mut pending = pending.lock().unwrap_or_else(|p| p.into_inner());
+        let rx = match pending.remove(&key) {
+            Some(rx) => rx,
+            None => {
+                let (tx, rx) = sync_channel(1);
+                let h = key.0.clone();
+                std::thread::Builder::new()
+                    .name("bw-resolve".into())
+                    .spawn(move || {
+                        let _ = tx.send(lookup(&h, port));
+                    })?;
+                rx
+            }
+        };
+        match rx.recv_timeout(wait) {
+            Ok(answer) => answer,
+            Err(RecvTimeoutError::Timeout) => {
+                pending.insert(key, rx);
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the resolver has not answered within {wait:?} (still asking)"),
+                ))
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(std::io::Error::other(
+                "the resolver's thread ended without an answer",
+            )),
+        }
+    })
 }
 
 /// What one round of resolving found, and what it logs.
@@ -254,6 +310,35 @@ mod tests {
                 a("10.0.0.2:7000")
             ]
         );
+    }
+
+    #[test]
+    fn a_slow_resolver_is_waited_for_with_a_deadline_and_asked_once_at_a_time() {
+        static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        fn slow(_: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+            CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(300));
+            Ok(vec![SocketAddr::from(([10, 0, 0, 1], port))])
+        }
+        let lookup = off_thread(slow, Duration::from_millis(50));
+        let t0 = std::time::Instant::now();
+        let e = lookup("peers", 7000).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        assert!(
+            t0.elapsed() < Duration::from_millis(250),
+            "waited {:?}",
+            t0.elapsed()
+        );
+        // Asked again before the answer: the same lookup is waited for, no second one.
+        assert!(lookup("peers", 7000).is_err());
+        std::thread::sleep(Duration::from_millis(350));
+        assert_eq!(lookup("peers", 7000).unwrap(), [a("10.0.0.1:7000")]);
+        assert_eq!(CALLS.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // The next call asks anew.
+        let t0 = std::time::Instant::now();
+        assert!(lookup("peers", 7000).is_err());
+        assert!(t0.elapsed() < Duration::from_millis(250));
+        assert_eq!(CALLS.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     #[test]

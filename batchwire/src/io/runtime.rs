@@ -332,7 +332,7 @@ impl Runtime {
                 let skip = vec![advertise, local_addr];
                 let th = threads.clone();
                 threads.spawn(format!("bw-join-{name}"), move || {
-                    run_joiner(st, m, th, seeds, skip, Box::new(system_lookup))
+                    run_joiner(st, m, th, seeds, skip, system_lookup())
                 })?;
             }
         }
