@@ -95,6 +95,11 @@ impl SendCredit {
         self.mismatched
     }
 
+    /// Whether every charge was given back (the peer's mailboxes hold nothing of ours).
+    pub fn is_settled(&self) -> bool {
+        self.slots.iter().all(|s| s.1 == 0)
+    }
+
     /// Bytes charged to mailbox `to` and not given back.
     pub fn outstanding(&self, to: &[u8]) -> u64 {
         self.lookup(to).map_or(0, |i| self.slots[i].1)
@@ -383,6 +388,12 @@ impl RecvCredit {
     /// Whether a SYNC should be sent (the accounts overflowed).
     pub fn wants_sync(&self) -> bool {
         self.sync_due
+    }
+
+    /// Whether the peer's messages hold nothing here and nothing is owed back or due to it
+    /// (no SYNC, no grant).
+    pub fn is_settled(&self) -> bool {
+        !self.sync_due && self.accounts.values().all(|a| a.held == 0 && a.owed == 0)
     }
 
     /// Ask for a SYNC (a new connection).

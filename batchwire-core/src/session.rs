@@ -168,6 +168,9 @@ pub struct Session {
     current: Option<Current>,
     /// When the last connection ended (or the session began), while not connected.
     disconnected_since: Instant,
+    /// Disconnected with nothing pending either way (see [`Session::park`]): not
+    /// unreachable, only not connected, until something is held for the peer.
+    parked: bool,
     /// Readers waiting for a local consumer (silence is not counted meanwhile).
     paused: u32,
     unacked_messages: u64,
@@ -204,6 +207,7 @@ impl Session {
             next_conn: 1,
             current: None,
             disconnected_since: now,
+            parked: false,
             paused: 0,
             unacked_messages: 0,
             unacked_bytes: 0,
@@ -325,6 +329,7 @@ impl Session {
                 .push_back(SessionEvent::Restarted { incarnation });
         }
         self.incarnation = Some(incarnation);
+        self.parked = false;
         let id = ConnId::new(self.next_conn);
         self.next_conn += 1;
         let resume = Resume {
@@ -366,7 +371,13 @@ impl Session {
         }
         Ok(Resumed {
             replaced: replaced.map(|c| c.id),
-            resent: if before > 0 { self.send.messages() } else { 0 },
+            // Written before and not had by the peer: what goes out again (messages held
+            // while no connection was up go out for the first time).
+            resent: if before > 0 {
+                self.send.sent().saturating_sub(self.send.base())
+            } else {
+                0
+            },
             acked: self.send.base() - base,
             keep: theirs.keep,
         })
@@ -427,6 +438,35 @@ impl Session {
                 self.push_failed(messages, FailReason::ConnectionLost);
             }
         }
+    }
+
+    /// Not connected, and nothing is pending either way: nothing held for the peer, nothing
+    /// delivered from it unacknowledged, no delivery under way. Connections may then be closed
+    /// for idleness (see [`Session::park`]).
+    pub fn is_quiet(&self) -> bool {
+        self.send.messages() == 0
+            && self.unacked_messages == 0
+            && !self.ack_due
+            && !self.delivering
+            && self.in_pieces.is_none()
+    }
+
+    /// Call after [`Session::handle_disconnect`] when connections are made only while there
+    /// is traffic and a membership judges whether the peer lives: if the session
+    /// [is quiet](Session::is_quiet), the peer is not held unreachable while not connected
+    /// (no connection is wanted). The first message held afterwards starts the clock
+    /// again: a connection must come within `peer_timeout` of it. Returns whether it parked.
+    pub fn park(&mut self) -> bool {
+        if self.current.is_some() || self.state != PeerState::Up || !self.is_quiet() {
+            return false;
+        }
+        self.parked = true;
+        true
+    }
+
+    /// Parked (see [`Session::park`]).
+    pub fn is_parked(&self) -> bool {
+        self.parked
     }
 
     fn is_current(&self, id: ConnId) -> bool {
@@ -677,6 +717,12 @@ impl Session {
                 self.events.push_back(SessionEvent::Close { conn: c.id });
                 self.declare_down(DownReason::Silent { after: timeout });
             }
+        } else if self.parked {
+            // Something was held since it parked: a connection is wanted from now on.
+            if self.send.messages() > 0 {
+                self.parked = false;
+                self.disconnected_since = now;
+            }
         } else if self.state == PeerState::Up
             && now >= self.disconnected_since + timeout
             && self.closing.is_none()
@@ -734,6 +780,9 @@ impl Session {
                     at(c.last_heard + timeout);
                 }
             }
+            // Parked with something held since: due now (the clock starts again).
+            None if self.parked && self.send.messages() > 0 => at(self.disconnected_since),
+            None if self.parked => {}
             None if self.state == PeerState::Up && self.closing.is_none() => {
                 at(self.disconnected_since + timeout)
             }
@@ -821,6 +870,7 @@ impl Session {
             return;
         }
         self.state = PeerState::Down;
+        self.parked = false;
         self.down_reason = Some(reason);
         // The rest of a message in pieces is handed back from the queue.
         self.in_pieces = None;

@@ -217,6 +217,87 @@ fn an_unreachable_peer_is_declared_down_a_never_connected_one_is_not() {
 }
 
 #[test]
+fn a_parked_session_is_not_unreachable_until_something_is_held_for_it() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, pid) = connect(&mut s, &mut peer, t0);
+    // Something unacknowledged: it may not park (the connection is wanted back).
+    hold(&mut s, 0..3);
+    let u = s.unwritten(id);
+    s.mark_written(t0, id, u.generation, *u.ends.last().unwrap());
+    s.handle_disconnect(t0, id);
+    assert!(!s.is_quiet() && !s.park() && !s.is_parked());
+    let (id, _) = s.handle_connect(t0, 2);
+    // The peer's RESUME says it has all three.
+    let r = s
+        .handle_resume(
+            t0,
+            id,
+            Resume {
+                next: 3,
+                ..Resume::FRESH
+            },
+        )
+        .unwrap();
+    assert_eq!(r.acked, 3);
+    let _ = pid;
+    // Connected: it may not park.
+    assert!(s.is_quiet() && !s.park());
+    s.handle_disconnect(t0 + 10 * MS, id);
+    assert!(s.park() && s.is_parked());
+    // Far past peer_timeout: still up, no deadline pending for it.
+    assert_eq!(s.poll_timeout(), None);
+    s.handle_timeout(t0 + 100 * 600 * MS);
+    assert_eq!(s.state(), PeerState::Up);
+    assert!(events(&mut s).iter().all(|e| !is_down(e)));
+    // Something held: due at once, and the clock starts again from that timeout.
+    let t1 = t0 + 200 * 600 * MS;
+    hold(&mut s, 3..4);
+    assert!(s.poll_timeout().is_some_and(|t| t <= t1));
+    s.handle_timeout(t1);
+    assert!(!s.is_parked());
+    assert_eq!(s.poll_timeout(), Some(t1 + 600 * MS));
+    s.handle_timeout(t1 + 599 * MS);
+    assert_eq!(s.state(), PeerState::Up);
+    s.handle_timeout(t1 + 600 * MS);
+    assert_eq!(s.state(), PeerState::Down);
+    assert!(matches!(
+        events(&mut s).last(),
+        Some(SessionEvent::Failed { .. })
+    ));
+    assert!(!s.is_parked());
+}
+
+#[test]
+fn a_session_with_deliveries_unacknowledged_does_not_park_and_a_connect_unparks() {
+    let t0 = Instant::now();
+    let mut a = Session::new(cfg(), t0);
+    let mut b = Session::new(cfg(), t0);
+    let (ia, ib) = connect(&mut a, &mut b, t0);
+    // b delivers one message from a and has not acknowledged it.
+    hold(&mut a, 0..1);
+    let d = b.begin_delivery(ib, 0, 1).unwrap().unwrap();
+    assert!(!b.is_quiet(), "a delivery under way");
+    b.end_delivery(t0, d, d.end, 8);
+    b.handle_disconnect(t0, ib);
+    assert!(
+        !b.is_quiet() && !b.park(),
+        "a delivered message not acknowledged"
+    );
+    // A parked session reconnecting is not parked any more.
+    a.handle_disconnect(t0, ia);
+    assert!(!a.park(), "a's message is not acknowledged either");
+    let mut c = Session::new(cfg(), t0);
+    let mut d2 = Session::new(cfg(), t0);
+    let (ic, _) = connect(&mut c, &mut d2, t0);
+    c.handle_disconnect(t0, ic);
+    assert!(c.park());
+    let _ = c.handle_connect(t0, 1);
+    assert!(!c.is_parked());
+}
+
+#[test]
 fn a_peer_whose_connections_keep_coming_back_is_never_declared_down() {
     // peer_timeout is 600 ms: connections that live 150 ms and come back 50 ms later, for
     // 10 s, never leave the peer unreachable or silent for that long.
@@ -991,6 +1072,21 @@ fn a_resume_counts_the_messages_written_again() {
         .unwrap();
     assert_eq!((r.acked, r.resent), (2, 1));
     assert_eq!(s.send.base(), 2);
+    // Held while not connected and never written: not counted as written again.
+    hold(&mut s, 3..5);
+    s.handle_disconnect(t0, ia);
+    let (ia, _) = s.handle_connect(t0, 2);
+    let r = s
+        .handle_resume(
+            t0,
+            ia,
+            Resume {
+                next: 3,
+                ..Resume::FRESH
+            },
+        )
+        .unwrap();
+    assert_eq!((r.acked, r.resent), (1, 0));
 }
 
 /// Pieces have their own budget: bulk bytes never make the ordinary window full, and the
