@@ -99,6 +99,11 @@ enum Cmd {
         /// [default: 5000].
         #[arg(long)]
         handshake_timeout_ms: Option<u64>,
+        /// A connection to a member is made on the first send to it and closed after this
+        /// many milliseconds with no message either way (0: dial every member when it joins
+        /// and keep every connection, the full mesh) [default: 60000].
+        #[arg(long)]
+        idle_close_ms: Option<u64>,
         /// Most inbound handshakes in progress; more are closed at once [default: 64].
         #[arg(long)]
         max_handshakes: Option<usize>,
@@ -308,6 +313,10 @@ struct BenchArgs {
     /// window at rest (default 5000).
     #[arg(long)]
     phase_ms: Option<u64>,
+    /// membership: the nodes' `--idle-close-ms` (connections on demand, closed after this
+    /// long idle; 0: the full mesh) [default: 2000].
+    #[arg(long)]
+    idle_close_ms: Option<u64>,
     /// hol: the nodes' bulk budget (`NodeConfig::bulk_inflight_bytes`; default 128 KiB).
     #[arg(long)]
     bulk_inflight_bytes: Option<usize>,
@@ -527,7 +536,7 @@ const SCENARIO_HELP: &[(&str, &str, &[&str])] = &[
         "Cluster membership: N node processes join through one seed; time to converge, to \
          see a SIGKILLed node down, to rejoin, and bytes/s at rest (8, 16 and 32 nodes by \
          default; not in the quick default).",
-        &["nodes", "phase_ms"],
+        &["nodes", "phase_ms", "idle_close_ms"],
     ),
     (
         "soak",
@@ -613,6 +622,7 @@ fn main() -> ExitCode {
             metrics_listen,
             run_for,
             handshake_timeout_ms,
+            idle_close_ms,
             max_handshakes,
             max_handshakes_per_address,
             join,
@@ -639,6 +649,7 @@ fn main() -> ExitCode {
                 stats_every,
                 metrics_listen,
                 handshake_timeout_ms,
+                idle_close_ms,
                 max_handshakes,
                 max_handshakes_per_address,
                 join,
@@ -1128,6 +1139,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                     &counts,
                     a.runs.unwrap_or(3),
                     Duration::from_millis(a.phase_ms.unwrap_or(5000)),
+                    a.idle_close_ms.unwrap_or(2000),
                     a.quiet,
                 )
             }

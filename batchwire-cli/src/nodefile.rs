@@ -66,12 +66,14 @@ pub const DEFAULTS: &str = r#"# batchwire node configuration (TOML). Every key i
 # max_pending_requests = 65536      # requests in flight at most
 
 # Connections and liveness.
+# idle_close_ms = 60000             # a connection to a member is made on the first send and
+#                                   # closed after this long idle (0: dial every member, keep all)
 # reconnect_min_ms = 50
 # reconnect_max_ms = 2000
 # handshake_timeout_ms = 5000       # TLS + handshake + RESUME, one deadline
 # max_handshakes = 64               # inbound handshakes in progress, in all
 # max_handshakes_per_address = 16   # ... and from one address
-# max_peers = 1024
+# max_peers = 2048
 # events_capacity = 4096            # events queued for each subscriber
 # shutdown_timeout_ms = 5000        # how long a shutdown waits for acknowledgements
 # write_check_ms = 100              # a blocked write returns this often
@@ -176,6 +178,7 @@ pub struct Flags {
     pub stats_every: Option<u64>,
     pub metrics_listen: Option<SocketAddr>,
     pub handshake_timeout_ms: Option<u64>,
+    pub idle_close_ms: Option<u64>,
     pub max_handshakes: Option<usize>,
     pub max_handshakes_per_address: Option<usize>,
     pub join: Vec<batchwire::Seed>,
@@ -232,6 +235,7 @@ pub fn build(flags: Flags, file: CliFile) -> Result<(NodeConfig, Extras), String
     }
     f.idle_cpu_level = flags.idle_cpu_level.or(f.idle_cpu_level);
     f.handshake_timeout_ms = flags.handshake_timeout_ms.or(f.handshake_timeout_ms);
+    f.idle_close_ms = flags.idle_close_ms.or(f.idle_close_ms);
     f.max_handshakes = flags.max_handshakes.or(f.max_handshakes);
     f.max_handshakes_per_address = flags
         .max_handshakes_per_address

@@ -126,6 +126,7 @@ pub struct NodeConfig {
     pub(crate) tls: Option<TlsFiles>,
     pub(crate) seeds: Vec<Seed>,
     pub(crate) join_refresh: Duration,
+    pub(crate) idle_close: Option<Duration>,
     pub(crate) advertise: Option<SocketAddr>,
     pub(crate) membership: Option<MembershipConfig>,
 }
@@ -179,7 +180,7 @@ impl NodeConfig {
             handshake_timeout: Duration::from_secs(5),
             max_handshakes: 64,
             max_handshakes_per_address: 16,
-            max_peers: 1024,
+            max_peers: 2048,
             events_capacity: 4096,
             max_pending_requests: 65_536,
             shutdown_timeout: Duration::from_secs(5),
@@ -188,6 +189,7 @@ impl NodeConfig {
             tls: None,
             seeds: Vec::new(),
             join_refresh: Duration::from_secs(30),
+            idle_close: Some(Duration::from_secs(60)),
             advertise: None,
             membership: Some(MembershipConfig::default()),
         }
@@ -235,6 +237,41 @@ impl NodeConfig {
     pub fn join_refresh(mut self, every: Duration) -> Self {
         self.join_refresh = every;
         self
+    }
+
+    /// Connections to members on demand (membership on): `Some(idle)` makes a connection to
+    /// a member only when there is something to send to it (either end dials), and closes
+    /// it once no message went either way for `idle` with nothing pending (nothing queued,
+    /// unacknowledged or owed). The session survives the close: the next send dials again
+    /// and resumes it, exactly once and in order; while closed, neither end holds the other
+    /// unreachable (whether a member lives is the membership's call). A member nobody
+    /// talks to then costs no connection, no thread and no heartbeat, which is what lets a
+    /// cluster grow to hundreds of nodes. Default: 60 s. `None`: every member is dialled
+    /// when it joins and its connection kept (the full mesh: the first message to a member
+    /// finds a connection ready, at the cost of a connection, two threads and heartbeats
+    /// per member). Static peers ([`NodeConfig::peer`]) are always kept connected.
+    /// 100 ms ..= 1 day.
+    ///
+    /// ```
+    /// # use batchwire::NodeConfig;
+    /// # use std::time::Duration;
+    /// let cfg = NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "secret")
+    ///     .idle_close(Some(Duration::from_secs(30)));
+    /// assert_eq!(cfg.idle_close_after(), Some(Duration::from_secs(30)));
+    /// ```
+    pub fn idle_close(mut self, idle: Option<Duration>) -> Self {
+        self.idle_close = idle;
+        self
+    }
+
+    /// [`NodeConfig::idle_close`]'s setting.
+    pub fn idle_close_after(&self) -> Option<Duration> {
+        self.idle_close
+    }
+
+    /// Whether connections to members are made on demand (idle close set, membership on).
+    pub(crate) fn on_demand(&self) -> bool {
+        self.idle_close.is_some() && self.membership.is_some()
     }
 
     /// The address other members should dial to reach this node. Default: the address it
@@ -680,6 +717,12 @@ impl NodeConfig {
             ),
             ("reconnect_min_ms", self.reconnect_min, MS, MINUTE),
             ("join_refresh_ms", self.join_refresh, 100 * MS, HOUR),
+            (
+                "idle_close_ms",
+                self.idle_close.unwrap_or(HOUR),
+                100 * MS,
+                24 * HOUR,
+            ),
             ("reconnect_max_ms", self.reconnect_max, MS, HOUR),
             (
                 "bundler_max_delay_ms",

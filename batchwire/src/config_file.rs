@@ -123,6 +123,10 @@ pub struct NodeFile {
     pub join: Vec<String>,
     /// [`NodeConfig::join_refresh`], in milliseconds (default 30000).
     pub join_refresh_ms: Option<u64>,
+    /// [`NodeConfig::idle_close`], in milliseconds (default 60000): connections to members
+    /// are made on the first send and closed after this long idle; 0: every member is
+    /// dialled when it joins and its connection kept (the full mesh).
+    pub idle_close_ms: Option<u64>,
     /// [`NodeConfig::advertise`].
     pub advertise: Option<SocketAddr>,
     /// Membership on (default) or off ([`NodeConfig::without_membership`]).
@@ -242,6 +246,9 @@ impl NodeFile {
         for s in &self.join {
             let seed: crate::Seed = s.parse().map_err(|e| bad(format!("`join`: {e}")))?;
             cfg = cfg.join(seed);
+        }
+        if let Some(v) = self.idle_close_ms {
+            cfg = cfg.idle_close((v > 0).then(|| ms(v)));
         }
         if let Some(v) = self.join_refresh_ms {
             cfg = cfg.join_refresh(ms(v));

@@ -180,6 +180,10 @@ pub enum CloseReason {
     Refused(String),
     /// A socket or TLS error.
     Io(String),
+    /// No message went either way for `NodeConfig::idle_close` and nothing was pending:
+    /// closed by either end (connections on demand). The session stays: the next send
+    /// dials again and goes on where it left off.
+    Idle,
 }
 
 impl std::fmt::Display for CloseReason {
@@ -193,6 +197,7 @@ impl std::fmt::Display for CloseReason {
             CloseReason::Protocol(s) => write!(f, "protocol violation: {s}"),
             CloseReason::Refused(s) => write!(f, "refused by the peer: {s}"),
             CloseReason::Io(s) => write!(f, "{s}"),
+            CloseReason::Idle => write!(f, "idle (nothing to send either way)"),
         }
     }
 }

@@ -11,8 +11,9 @@
 //! 4. **rejoin**: it is started again (same name and port: a new incarnation); the time
 //!    until every survivor reports it joined and it sees the N-1 others.
 //!
-//! Then every process is killed. The threads and resident memory of the seed process are
-//! read from /proc at rest.
+//! Then every process is killed. The threads, resident memory and CPU of every node are
+//! read from /proc at rest (after the join connections closed for idleness, with
+//! connections on demand: `--idle-close-ms`, default 2000 here; 0 runs the full mesh).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -35,16 +36,20 @@ struct Proc {
 struct Seen {
     /// Member name → (state word, incarnation, when).
     members: HashMap<String, (String, u64, Instant)>,
+    /// Of `members`, those live (joined, alive or suspected): kept as lines come, so a
+    /// thousand nodes' views are not counted again at every line.
+    live: usize,
     /// (when, membership bytes sent, all bytes sent) from its latest counters.
     sent: Option<(Instant, u64, u64)>,
 }
 
+fn is_live(state: &str) -> bool {
+    state == "joined" || state == "alive" || state == "suspected"
+}
+
 impl Seen {
     fn live(&self) -> usize {
-        self.members
-            .values()
-            .filter(|(s, _, _)| s == "joined" || s == "alive" || s == "suspected")
-            .count()
+        self.live
     }
 }
 
@@ -61,8 +66,15 @@ impl Lines {
         let w: Vec<&str> = line.split_whitespace().collect();
         if let ["member", what, name, _addr, inc] = w[..] {
             let inc = inc.parse().unwrap_or(0);
-            s.members
+            let old = s
+                .members
                 .insert(name.to_string(), (what.to_string(), inc, at));
+            let was = old.is_some_and(|o| is_live(&o.0));
+            match (was, is_live(what)) {
+                (false, true) => s.live += 1,
+                (true, false) => s.live -= 1,
+                _ => {}
+            }
         } else if let Some(rest) = line.trim().strip_prefix("membership: ") {
             // "in P packets / B B, out P packets / B B, ...; all peers: sent S B"
             let nums: Vec<u64> = rest
@@ -75,23 +87,30 @@ impl Lines {
         }
     }
 
-    /// Take lines until `done` holds or `timeout` passes; returns when it held.
+    /// Take lines until `done` holds or `timeout` passes; returns when it held (the
+    /// arrival of the last line taken before it did). `done` is asked after each run of
+    /// lines already waiting, not after every line (a thousand nodes print a million).
     fn until(
         &mut self,
         timeout: Duration,
         mut done: impl FnMut(&[Seen]) -> bool,
     ) -> Option<Instant> {
         let end = Instant::now() + timeout;
+        let mut last = None;
         loop {
             if done(&self.seen) {
-                return Some(Instant::now());
+                return Some(last.unwrap_or_else(Instant::now));
             }
             let left = end.checked_duration_since(Instant::now())?;
             if let Ok((i, at, l)) = self.rx.recv_timeout(left.min(Duration::from_millis(50))) {
                 self.take(i, at, &l);
-                // When the line that made it true arrived.
-                if done(&self.seen) {
-                    return Some(at);
+                last = Some(at);
+                for _ in 0..10_000 {
+                    let Ok((i, at, l)) = self.rx.try_recv() else {
+                        break;
+                    };
+                    self.take(i, at, &l);
+                    last = Some(at);
                 }
             }
         }
@@ -108,6 +127,13 @@ fn free_addrs(n: usize) -> Result<Vec<SocketAddr>, String> {
         .collect()
 }
 
+/// How each node is started.
+#[derive(Clone, Copy)]
+struct NodeOpts {
+    /// `--idle-close-ms` (0: the full mesh).
+    idle_close_ms: u64,
+}
+
 fn spawn(
     dir: &std::path::Path,
     i: usize,
@@ -115,6 +141,7 @@ fn spawn(
     addr: SocketAddr,
     seed: Option<SocketAddr>,
     tx: &Sender<(usize, Instant, String)>,
+    opts: NodeOpts,
 ) -> Result<Proc, String> {
     let exe = std::env::current_exe().ctx("finding the batchwire binary")?;
     let mut cmd = Command::new(exe);
@@ -122,6 +149,7 @@ fn spawn(
         .arg("--secret-file")
         .arg(dir.join("secret"))
         .args(["--stats-every", "1"])
+        .args(["--idle-close-ms", &opts.idle_close_ms.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
     // BATCHWIRE_BENCH_LOGS=DIR keeps each node's log (at BATCHWIRE_LOG's level) there.
@@ -152,11 +180,25 @@ fn spawn(
     Ok(Proc { child })
 }
 
-/// (threads, resident KiB) of process `pid`.
-fn usage(pid: u32) -> (u64, u64) {
+/// (threads, resident KiB, CPU ms used so far) of process `pid`.
+fn usage(pid: u32) -> (u64, u64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |k| super::scale::status_field(&status, k).unwrap_or(0);
-    (field("Threads:"), field("VmRSS:"))
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command's name: state is field 3, utime 14 and stime 15 (clock ticks of
+    // 10 ms).
+    let rest: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| rest.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (
+        field("Threads:"),
+        field("VmRSS:"),
+        (ticks(11) + ticks(12)) as f64 * 10.0,
+    )
 }
 
 /// One run's figures.
@@ -169,8 +211,11 @@ struct RunFigures {
     member_bps_median: f64,
     member_bps_max: f64,
     all_bps_median: f64,
-    threads: u64,
-    rss_mib: f64,
+    /// Per node at rest: median and largest.
+    threads: (f64, f64),
+    rss_mib: (f64, f64),
+    /// Percent of one core, per node at rest: median and largest.
+    cpu_percent: (f64, f64),
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -178,7 +223,12 @@ fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
 }
 
-fn one_run(n: usize, rest: Duration) -> Result<RunFigures, String> {
+fn med_max(mut v: Vec<f64>) -> (f64, f64) {
+    let max = v.iter().cloned().fold(0.0, f64::max);
+    (median(&mut v), max)
+}
+
+fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, String> {
     let dir = std::env::temp_dir().join(format!("batchwire-membership-{}", std::process::id()));
     std::fs::create_dir_all(&dir).ctx("making a temporary folder")?;
     std::fs::write(dir.join("secret"), "batchwire-bench-membership").ctx("writing the secret")?;
@@ -196,20 +246,40 @@ fn one_run(n: usize, rest: Duration) -> Result<RunFigures, String> {
         let t0 = Instant::now();
         for i in 0..n {
             let seed = (i > 0).then_some(addrs[0]);
-            procs.push(spawn(&dir, i, &names[i], addrs[i], seed, &lines.tx)?);
+            procs.push(spawn(&dir, i, &names[i], addrs[i], seed, &lines.tx, opts)?);
         }
         let all = |s: &[Seen]| s.iter().all(|x| x.live() == n - 1);
-        let done = lines.until(Duration::from_secs(60), all).ok_or_else(|| {
-            let live: Vec<usize> = lines.seen.iter().map(Seen::live).collect();
-            format!("{n} nodes did not converge within 60 s (live members each sees: {live:?})")
+        let limit = Duration::from_secs(60).max(Duration::from_millis(120 * n as u64));
+        let done = lines.until(limit, all).ok_or_else(|| {
+            let mut live: Vec<usize> = lines.seen.iter().map(Seen::live).collect();
+            live.sort();
+            format!(
+                "{n} nodes did not converge within {limit:?} (live members each sees, least first: {:?})",
+                &live[..live.len().min(20)]
+            )
         })?;
         let converge_s = (done - t0).as_secs_f64();
-        // 2. At rest.
-        std::thread::sleep(Duration::from_millis(1500));
-        lines.until(Duration::from_millis(100), |_| false);
+        // 2. At rest: after the join connections closed for idleness (on demand), for
+        //    `rest`.
+        let settle = Duration::from_millis(1500 + opts.idle_close_ms);
+        let t_settle = Instant::now();
+        while t_settle.elapsed() < settle {
+            lines.until(Duration::from_millis(100), |_| false);
+        }
         let before: Vec<_> = lines.seen.iter().map(|s| s.sent).collect();
-        let (threads, rss) = usage(procs[0].child.id());
+        let cpu0: Vec<f64> = procs.iter().map(|p| usage(p.child.id()).2).collect();
+        let tc = Instant::now();
         lines.until(rest, |_| false);
+        let used: Vec<(u64, u64, f64)> = procs.iter().map(|p| usage(p.child.id())).collect();
+        let secs = tc.elapsed().as_secs_f64();
+        let threads = med_max(used.iter().map(|u| u.0 as f64).collect());
+        let rss_mib = med_max(used.iter().map(|u| u.1 as f64 / 1024.0).collect());
+        let cpu_percent = med_max(
+            used.iter()
+                .zip(&cpu0)
+                .map(|(u, c0)| (u.2 - c0) / 1000.0 / secs * 100.0)
+                .collect(),
+        );
         let (mut member_bps, mut all_bps) = (Vec::new(), Vec::new());
         for (b, s) in before.iter().zip(&lines.seen) {
             if let (Some((t0, m0, a0)), Some((t1, m1, a1))) = (b, s.sent) {
@@ -238,8 +308,8 @@ fn one_run(n: usize, rest: Duration) -> Result<RunFigures, String> {
             })
         };
         let all_down = lines
-            .until(Duration::from_secs(60), down)
-            .ok_or_else(|| format!("not every survivor saw {victim} down within 60 s"))?;
+            .until(limit, down)
+            .ok_or_else(|| format!("not every survivor saw {victim} down within {limit:?}"))?;
         let mut each: Vec<f64> = lines
             .seen
             .iter()
@@ -250,7 +320,7 @@ fn one_run(n: usize, rest: Duration) -> Result<RunFigures, String> {
         // 4. Rejoin: the same name and port, a new incarnation.
         lines.seen[v] = Seen::default();
         let tr = Instant::now();
-        procs[v] = spawn(&dir, v, &victim, addrs[v], Some(addrs[0]), &lines.tx)?;
+        procs[v] = spawn(&dir, v, &victim, addrs[v], Some(addrs[0]), &lines.tx, opts)?;
         let back = |s: &[Seen]| {
             s[v].live() == n - 1
                 && s.iter().enumerate().filter(|(i, _)| *i != v).all(|(_, x)| {
@@ -260,8 +330,8 @@ fn one_run(n: usize, rest: Duration) -> Result<RunFigures, String> {
                 })
         };
         let rejoined = lines
-            .until(Duration::from_secs(60), back)
-            .ok_or_else(|| format!("{victim} did not rejoin within 60 s"))?;
+            .until(limit, back)
+            .ok_or_else(|| format!("{victim} did not rejoin within {limit:?}"))?;
         Ok(RunFigures {
             converge_s,
             down_all_s: (all_down - tk).as_secs_f64(),
@@ -271,7 +341,8 @@ fn one_run(n: usize, rest: Duration) -> Result<RunFigures, String> {
             member_bps_max: member_bps.iter().cloned().fold(0.0, f64::max),
             all_bps_median: median(&mut all_bps),
             threads,
-            rss_mib: rss as f64 / 1024.0,
+            rss_mib,
+            cpu_percent,
         })
     })();
     for p in &mut procs {
@@ -287,8 +358,10 @@ pub fn run(
     counts: &[usize],
     runs: usize,
     rest: Duration,
+    idle_close_ms: u64,
     quiet: bool,
 ) -> Result<Vec<BenchResult>, String> {
+    let opts = NodeOpts { idle_close_ms };
     let progress = Progress::new((counts.len() * runs) as u64, "membership", quiet);
     let mut all: Vec<(usize, Vec<RunFigures>)> = Vec::new();
     for &n in counts {
@@ -298,7 +371,7 @@ pub fn run(
         let mut figs = Vec::new();
         for r in 0..runs {
             progress.running(format!("membership: {n} nodes, run {}", r + 1));
-            let f = one_run(n, rest)?;
+            let f = one_run(n, rest, opts)?;
             progress.done(format!(
                 "  {n} nodes: converged {:.2} s, down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
                 f.converge_s, f.down_all_s, f.rejoin_s, f.member_bps_median
@@ -309,11 +382,16 @@ pub fn run(
     }
     let d = MembershipConfig::default();
     outln!(
-        "\nmembership: N nodes, each its own `batchwire node` process on loopback, joining through one seed (defaults: probe every {:?}, probe RTT {:?}, suspicion timeout {:?}, gossip every {:?}); medians of {runs} run(s) (min-max)",
+        "\nmembership: N nodes, each its own `batchwire node` process on loopback, joining through one seed (defaults: probe every {:?}, probe RTT {:?}, suspicion timeout {:?}, gossip every {:?}); {}; medians of {runs} run(s) (min-max); per node at rest: the median node (and the largest, the seed's as a rule)",
         d.probe_period,
         d.probe_rtt,
         d.suspicion_timeout,
-        d.gossip_period
+        d.gossip_period,
+        if idle_close_ms == 0 {
+            "the full mesh (--idle-close-ms 0: every member dialled and kept)".to_string()
+        } else {
+            format!("connections on demand, closed after {idle_close_ms} ms idle")
+        }
     );
     let mut t = Table::new([
         "nodes",
@@ -323,7 +401,9 @@ pub fn run(
         "rejoin s",
         "membership B/s per node at rest (median, max)",
         "all bytes sent B/s per node at rest",
-        "threads / MiB per node",
+        "threads per node (max)",
+        "MiB per node (max)",
+        "idle CPU % per node (max)",
     ]);
     let mut results = Vec::new();
     for (n, figs) in &all {
@@ -354,7 +434,9 @@ pub fn run(
                 mbmax.iter().cloned().fold(0.0, f64::max)
             ),
             cell(&allb, 0),
-            format!("{} / {:.1}", last.threads, last.rss_mib),
+            format!("{:.0} ({:.0})", last.threads.0, last.threads.1),
+            format!("{:.1} ({:.1})", last.rss_mib.0, last.rss_mib.1),
+            format!("{:.2} ({:.2})", last.cpu_percent.0, last.cpu_percent.1),
         ]);
         for (what, v, unit) in [
             ("converge", conv, "s"),
@@ -362,6 +444,11 @@ pub fn run(
             ("rejoin", rej, "s"),
             ("member-bytes-per-sec-at-rest", mb, "B/s"),
             ("all-bytes-per-sec-at-rest", allb, "B/s"),
+            ("threads-per-node", col(|f| f.threads.0), "threads"),
+            ("threads-max", col(|f| f.threads.1), "threads"),
+            ("rss-per-node", col(|f| f.rss_mib.0), "MiB"),
+            ("rss-max", col(|f| f.rss_mib.1), "MiB"),
+            ("idle-cpu-per-node", col(|f| f.cpu_percent.0), "%"),
         ] {
             results.push(BenchResult::new(
                 "membership",

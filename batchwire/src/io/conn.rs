@@ -23,6 +23,8 @@ pub(crate) struct Conn {
     pub id: ConnId,
     pub link: Arc<Link>,
     closed: AtomicBool,
+    /// Closed by this node because it carried nothing (connections on demand).
+    idle: AtomicBool,
     /// Dialled by the node whose name sorts first (the tie-break's choice). A connection
     /// the other way (a join, or a member reaching one that does not know it yet) gives
     /// way to a live canonical one.
@@ -80,6 +82,7 @@ impl Conn {
             id,
             link,
             closed: AtomicBool::new(false),
+            idle: AtomicBool::new(false),
             canonical: true,
             carry: Mutex::new(Vec::new()),
             read: Mutex::new(None),
@@ -139,6 +142,17 @@ impl Conn {
         if !self.closed.swap(true, Ordering::AcqRel) {
             let _ = self.link.shutdown(std::net::Shutdown::Both);
         }
+    }
+
+    /// Close it because it carried nothing for the idle time (see `peer::demand`).
+    pub fn close_idle(&self) {
+        self.idle.store(true, Ordering::Release);
+        self.close();
+    }
+
+    /// Whether [`Conn::close_idle`] closed it.
+    pub fn closed_idle(&self) -> bool {
+        self.idle.load(Ordering::Acquire)
     }
 
     pub fn is_closed(&self) -> bool {

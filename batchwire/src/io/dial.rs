@@ -4,6 +4,10 @@
 //! the node stops or the member leaves. [`Dialers`] keeps one per such peer: the static
 //! peers from the start, members as the membership finds them.
 //!
+//! With connections on demand (`NodeConfig::idle_close`) members are not dialled when they
+//! join: either end dials when it has something for the other ([`want`]), and the
+//! connection closes when idle. Static peers are always dialled as above.
+//!
 //! Joining is the one exception to the tie-break: the joiner (`join.rs`) dials seed
 //! addresses without knowing whose they are. Once the seed knows us, the
 //! node whose name sorts first dials the other, and that connection replaces the join
@@ -32,28 +36,71 @@ struct Target {
 #[derive(Clone)]
 pub(crate) struct Dialers(Arc<DialersInner>);
 
-struct DialersInner {
+pub(crate) struct DialersInner {
     setup: Arc<Setup>,
     threads: Threads,
     map: Mutex<HashMap<Name, Arc<Target>>>,
     /// Static peers: dialled for the node's lifetime whatever the membership says.
     fixed: Vec<Name>,
+    /// Connections to members on demand (`NodeConfig::idle_close`): a member is dialled
+    /// when a connection to it is wanted (see `peer::demand`), by either end, not when it
+    /// joins.
+    on_demand: bool,
 }
 
 impl Dialers {
-    pub fn new(setup: Arc<Setup>, threads: Threads, fixed: Vec<Name>) -> Dialers {
+    pub fn new(setup: Arc<Setup>, threads: Threads, fixed: Vec<Name>, on_demand: bool) -> Dialers {
         Dialers(Arc::new(DialersInner {
             setup,
             threads,
             map: Mutex::new(HashMap::new()),
             fixed,
+            on_demand,
         }))
     }
 
-    /// Dial `name` at `addr` if that is this node's job (its name sorts after ours) and no
-    /// dialer runs for it; a running one dials `addr` from its next attempt on.
+    /// A cheap handle that does not keep the dialers alive (for the peers' hooks).
+    pub fn downgrade(&self) -> std::sync::Weak<DialersInner> {
+        Arc::downgrade(&self.0)
+    }
+
+    /// A member is at `addr`. In the mesh: dial it if that is this node's job (its name
+    /// sorts after ours) and no dialer runs for it; a running one dials `addr` from its
+    /// next attempt on. On demand: remember the address, and dial if a connection to it
+    /// is wanted already.
     pub fn ensure(&self, name: &Name, addr: SocketAddr) {
         let inner = &self.0;
+        if inner.on_demand && !inner.fixed.contains(name) {
+            let mut map = inner.map.lock().unwrap_or_else(|p| p.into_inner());
+            match map.get(name) {
+                Some(t) => {
+                    *t.addr.lock().unwrap_or_else(|p| p.into_inner()) = addr;
+                    t.keep.store(true, Ordering::Release);
+                }
+                None => {
+                    map.insert(
+                        name.detached(),
+                        Arc::new(Target {
+                            addr: Mutex::new(addr),
+                            keep: AtomicBool::new(true),
+                            running: AtomicBool::new(false),
+                        }),
+                    );
+                }
+            }
+            drop(map);
+            // Wanted already; or down (it is back, perhaps restarted): reconnect now, so a
+            // send after its return finds it up, as the mesh's dialer would.
+            if let Some(p) = inner.setup.peers.get(name.as_bytes())
+                && !p.is_connected()
+            {
+                let down = p.state() == batchwire_core::session::PeerState::Down;
+                if down || p.wants_connection() {
+                    p.want_connection(down);
+                }
+            }
+            return;
+        }
         if inner.setup.name.as_str() >= name.as_str() {
             return;
         }
@@ -110,6 +157,110 @@ impl Dialers {
     }
 }
 
+/// A connection to `name` is wanted (connections on demand; the peer asks once until the
+/// dialer ends: see `peer::demand`): start its dialer unless one runs. A member whose address
+/// is not known yet is dialled once it is (`Dialers::ensure`).
+pub(crate) fn want(inner: &std::sync::Weak<DialersInner>, name: &Name) {
+    let peer = |inner: &DialersInner| inner.setup.peers.get(name.as_bytes());
+    let Some(inner) = inner.upgrade() else {
+        return;
+    };
+    let map = inner.map.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(t) = map
+        .get(name)
+        .filter(|t| t.keep.load(Ordering::Acquire))
+        .cloned()
+    else {
+        drop(map);
+        if let Some(p) = peer(&inner) {
+            p.dial_unavailable();
+        }
+        return;
+    };
+    drop(map);
+    if t.running.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let (st, pn, t2) = (inner.setup.clone(), name.detached(), t.clone());
+    let spawned = inner.threads.spawn(format!("bw-dial-{name}"), move || {
+        run_on_demand(&st, &pn, &t2);
+        t2.running.store(false, Ordering::Release);
+        // Wanted again since it looked (or never connected): ask again.
+        if let Some(p) = st.peers.get(pn.as_bytes())
+            && p.dial_ended()
+            && !st.shutdown.is_stopped()
+            && t2.keep.load(Ordering::Acquire)
+        {
+            p.want_connection(false);
+        }
+    });
+    if let Err(e) = spawned {
+        t.running.store(false, Ordering::Release);
+        debug!(node = %inner.setup.name, peer = %name, error = %e, "cannot start a dialer");
+        if let Some(p) = peer(&inner) {
+            p.dial_unavailable();
+        }
+    }
+}
+
+/// The dialer of a connection on demand: dial while the peer has no connection and wants
+/// one (something pending, or asked for), with back-off; read each connection until it
+/// ends. Ends when the peer is connected (perhaps by its own dial) or wants nothing.
+fn run_on_demand(setup: &Setup, name: &Name, target: &Target) {
+    let mut backoff = Backoff::new(setup.config.reconnect_min, setup.config.reconnect_max);
+    let mut failures = 0u32;
+    loop {
+        if setup.shutdown.is_stopped() || !target.keep.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(p) = setup.peers.get(name.as_bytes()) else {
+            return;
+        };
+        if p.is_connected() || !p.wants_connection() {
+            return;
+        }
+        drop(p);
+        let addr = *target.addr.lock().unwrap_or_else(|p| p.into_inner());
+        let connected = dial_once(setup, name, addr, &mut failures);
+        if !setup.shutdown.sleep(backoff.after(connected)) {
+            return;
+        }
+    }
+}
+
+/// One attempt: connect to `addr` and run the connection to its end (this thread is its
+/// reader). Returns whether its handshake completed.
+fn dial_once(setup: &Setup, peer: &Name, addr: SocketAddr, failures: &mut u32) -> bool {
+    match TcpStream::connect_timeout(&addr, setup.config.handshake_timeout) {
+        Ok(s) => {
+            let ok = setup.run(s, Side::Dial(peer.clone()));
+            if ok {
+                *failures = 0;
+            }
+            ok
+        }
+        Err(e) => {
+            *failures += 1;
+            // A member that cannot be reached again (refused: nothing listens; timed
+            // out or no route: the host is gone): tell the membership at once (it
+            // suspects the member, which refutes if it is alive), not at the
+            // member's next probe. A connect aborted or reset on the way (a
+            // middlebox, `ss -K`) says nothing about the member.
+            if *failures == 1
+                && says_unreachable(&e)
+                && let Some(m) = &setup.members
+            {
+                m.unreachable(peer);
+            }
+            // Log the first failure and then rarely: a peer that is not up yet is normal.
+            if *failures == 1 || failures.is_power_of_two() {
+                debug!(node = %setup.name, %peer, %addr, error = %e, failures = *failures, "cannot connect yet; retrying with back-off");
+            }
+            false
+        }
+    }
+}
+
 /// The wait between connection attempts: from `min`, doubling after each attempt up to
 /// `max`, and from `min` again after an attempt whose handshake completed (a connection
 /// that keeps being re-established is never waited on longer and longer).
@@ -157,34 +308,7 @@ fn run_dialer(setup: &Setup, peer: &Name, target: &Target) {
             continue;
         }
         let addr = *target.addr.lock().unwrap_or_else(|p| p.into_inner());
-        let mut connected = false;
-        match TcpStream::connect_timeout(&addr, setup.config.handshake_timeout) {
-            Ok(s) => {
-                // A completed handshake resets the back-off.
-                if setup.run(s, Side::Dial(peer.clone())) {
-                    connected = true;
-                    failures = 0;
-                }
-            }
-            Err(e) => {
-                failures += 1;
-                // A member that cannot be reached again (refused: nothing listens; timed
-                // out or no route: the host is gone): tell the membership at once (it
-                // suspects the member, which refutes if it is alive), not at the
-                // member's next probe. A connect aborted or reset on the way (a
-                // middlebox, `ss -K`) says nothing about the member.
-                if failures == 1
-                    && says_unreachable(&e)
-                    && let Some(m) = &setup.members
-                {
-                    m.unreachable(peer);
-                }
-                // Log the first failure and then rarely: a peer that is not up yet is normal.
-                if failures == 1 || failures.is_power_of_two() {
-                    debug!(node = %setup.name, %peer, %addr, error = %e, failures, "cannot connect yet; retrying with back-off");
-                }
-            }
-        }
+        let connected = dial_once(setup, peer, addr, &mut failures);
         if !setup.shutdown.sleep(backoff.after(connected)) {
             break;
         }

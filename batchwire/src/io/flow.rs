@@ -81,6 +81,12 @@ impl Flow {
         self.wake(urgent);
     }
 
+    /// Whether nothing of the peer's is held here and nothing is due to it (see
+    /// `RecvCredit::is_settled`).
+    pub fn is_quiet(&self) -> bool {
+        !self.output.load(Ordering::Acquire) && self.lock().credit.is_settled()
+    }
+
     /// Whether a SYNC is asked for (the accounts overflowed).
     pub fn wants_sync(&self) -> bool {
         self.lock().credit.wants_sync()

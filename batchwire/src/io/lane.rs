@@ -572,6 +572,11 @@ impl Lane {
     }
 
     /// Grants for more than was charged, clamped (zero unless the peer misbehaves).
+    /// Whether every charge toward the peer's mailboxes was given back.
+    pub fn credit_settled(&self) -> bool {
+        self.lock().credit.is_settled()
+    }
+
     pub fn credit_mismatched(&self) -> u64 {
         self.lock().credit.mismatched()
     }

@@ -9,7 +9,7 @@
 //! rules stay in the session and the routing stays here, in one place.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
@@ -43,7 +43,12 @@ pub(crate) struct PeerCtx {
     pub calls: Arc<Calls>,
     /// The node-wide bound on messages in pieces.
     pub reassembly: ReassemblyBudget,
+    /// How a peer's writer is started and a connection asked for (see [`demand`]).
+    pub hooks: OnceLock<demand::Hooks>,
 }
+
+mod demand;
+pub(crate) use demand::Hooks;
 
 /// The node-wide bound on reassembly memory: the announced lengths of every peer's kept
 /// messages in pieces, summed. A message that would start past it is followed to its end
@@ -185,6 +190,10 @@ pub(crate) struct Peer {
     /// lane refuses messages, its writer has ended.
     removed: AtomicBool,
     pub stats: PeerCounters,
+    /// This peer, for starting its writer.
+    me: Weak<Peer>,
+    /// Its writer and connection on demand.
+    demand: demand::Demand,
 }
 
 /// Undeliverable notices for this peer, summed per (destination, sender) pair until the
@@ -218,8 +227,8 @@ impl Peer {
         session: Session,
         lane: Arc<Lane>,
         flow: Arc<Flow>,
-    ) -> Peer {
-        Peer {
+    ) -> Arc<Peer> {
+        Arc::new_cyclic(|me| Peer {
             id,
             name,
             ctx,
@@ -241,7 +250,9 @@ impl Peer {
             pinned: AtomicBool::new(false),
             removed: AtomicBool::new(false),
             stats: PeerCounters::default(),
-        }
+            me: me.clone(),
+            demand: Default::default(),
+        })
     }
 
     /// The write turn (the writer thread, for one round of writing).
@@ -523,6 +534,8 @@ impl Peer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .replace(conn);
+        self.set_connected(true);
+        self.ensure_writer();
         self.lane.poke();
         self.ctx.conns.changed();
         old
@@ -555,6 +568,7 @@ impl Peer {
         let mut g = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         if g.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             *g = None;
+            self.set_connected(false);
         }
         drop(g);
         self.lane.poke();
@@ -654,18 +668,12 @@ pub(crate) mod testing {
             conns: ConnWatch::default(),
             calls: Arc::new(Calls::new(16, 0)),
             reassembly: ReassemblyBudget::new(u64::MAX),
+            hooks: OnceLock::new(),
         });
         let lane = crate::io::lane::test_lane();
         let flow = Arc::new(Flow::new(1 << 20, 1 << 20, lane.clone()));
         let session = Session::new(cfg, Instant::now());
-        Arc::new(Peer::new(
-            0,
-            Name::from_static("p"),
-            ctx,
-            session,
-            lane,
-            flow,
-        ))
+        Peer::new(0, Name::from_static("p"), ctx, session, lane, flow)
     }
 
     /// Connect `peer`'s session (both RESUMEs from scratch) over `link` and make it the

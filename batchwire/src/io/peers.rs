@@ -52,8 +52,6 @@ struct Maker {
 pub(crate) enum AddError {
     /// `max_peers` reached.
     Full(usize),
-    /// No writer thread could be started.
-    Spawn(std::io::Error),
 }
 
 impl Peers {
@@ -223,7 +221,37 @@ impl Peers {
         removed
     }
 
-    /// The peer called `name`, made (with its writer thread) if there is none yet: a
+    /// How a peer's writer thread is started (see `Peer::ensure_writer`): it runs while the
+    /// peer has a connection or something queued.
+    pub fn writer_spawner(
+        &self,
+    ) -> impl Fn(Arc<Peer>) -> std::io::Result<()> + Send + Sync + use<> {
+        let m = &self.0.maker;
+        let (threads, shutdown, node) = (m.threads.clone(), m.shutdown.clone(), m.ctx.node.clone());
+        let bundler = (!m.shared).then_some(m.config.bundler);
+        let shared_done = m.shared_done.clone();
+        let idle_close = m
+            .config
+            .on_demand()
+            .then_some(m.config.idle_close)
+            .flatten();
+        move |p: Arc<Peer>| {
+            let wcfg = WriterCfg {
+                bundler,
+                shared_done: shared_done.clone(),
+                // Static peers stay connected.
+                idle_close: idle_close.filter(|_| !p.pinned.load(Ordering::Acquire)),
+            };
+            let (sd, node) = (shutdown.clone(), node.clone());
+            threads.spawn(format!("bw-write-{node}-{}", p.name), move || {
+                let _span = tracing::info_span!("writer", node = %node, peer = %p.name).entered();
+                run_writer(p, wcfg, sd)
+            })
+        }
+    }
+
+    /// The peer called `name`, made if there is none yet (its writer starts with its first
+    /// connection or message): a
     /// configured peer, or one that just proved it holds the secret (up to `max_peers`).
     pub fn get_or_insert(&self, name: &Name) -> Result<Arc<Peer>, AddError> {
         self.insert_within(name, self.0.maker.config.max_peers)
@@ -258,26 +286,14 @@ impl Peers {
             cfg.max_payload as u64,
             lane.clone(),
         ));
-        let peer = Arc::new(Peer::new(
+        let peer = Peer::new(
             by_id.len() as Dest,
             name.clone(),
             m.ctx.clone(),
             Session::new(cfg.session.clone(), Instant::now()),
             lane,
             flow,
-        ));
-        let wcfg = WriterCfg {
-            bundler: (!m.shared).then_some(cfg.bundler),
-            shared_done: m.shared_done.clone(),
-        };
-        let (p, sd) = (peer.clone(), m.shutdown.clone());
-        let node = m.ctx.node.clone();
-        m.threads
-            .spawn(format!("bw-write-{}-{name}", m.ctx.node), move || {
-                let _span = tracing::info_span!("writer", node = %node, peer = %p.name).entered();
-                run_writer(p, wcfg, sd)
-            })
-            .map_err(AddError::Spawn)?;
+        );
         by_id.push(Some(peer.clone()));
         // Under the map's write lock: one adder at a time.
         self.0.index.insert(&peer);

@@ -173,6 +173,7 @@ impl Runtime {
                 u64::from_le_bytes(first_id),
             )),
             reassembly: ReassemblyBudget::new(config.reassembly_limit()),
+            hooks: std::sync::OnceLock::new(),
         });
         let shared = config.bundler.kind.shared_queue();
         let shared_lane = shared.then(|| {
@@ -223,7 +224,15 @@ impl Runtime {
             setup.clone(),
             threads.clone(),
             peer_names.iter().map(|(n, _)| n.clone()).collect(),
+            config.on_demand(),
         );
+        let weak = dialers.downgrade();
+        let _ = ctx.hooks.set(crate::io::peer::Hooks {
+            spawn_writer: Box::new(peers.writer_spawner()),
+            dial: config
+                .on_demand()
+                .then(|| Box::new(move |n: &Name| crate::io::dial::want(&weak, n)) as _),
+        });
         let member_stats = Arc::new(MemberStats::default());
         for (pn, _) in &peer_names {
             peers
@@ -355,6 +364,8 @@ impl Runtime {
         // outside the lookup.
         let first = |peer: &Arc<Peer>| -> Result<Option<Arc<Peer>>, Error> {
             if peer.state() == PeerState::Down {
+                // On demand: dial once anyway, to learn it is back.
+                peer.want_connection(true);
                 return Err(Error::PeerDown(to.node.to_string()));
             }
             let m = Outgoing {
@@ -409,6 +420,13 @@ impl Runtime {
     /// Queue `m` toward `peer`: in its own lane, or (transfer-queue, ordinary) in the shared
     /// one after charging the peer's credit. With `block`, wait for room and credit.
     fn push_to(&self, peer: &Peer, m: Outgoing, block: bool) -> Result<(), PushError> {
+        let r = self.push_inner(peer, m, block);
+        // Its writer runs and a connection is on its way (see `peer::demand`).
+        peer.after_push();
+        r
+    }
+
+    fn push_inner(&self, peer: &Peer, m: Outgoing, block: bool) -> Result<(), PushError> {
         let Some(shared) = self
             .shared_lane
             .as_ref()
@@ -523,11 +541,13 @@ impl Runtime {
                 }
             }
         }
-        lane.push(Outgoing { dest: ALL, ..m }, true).map_err(|e| {
-            refund(&charged);
-            let to = Address::from_names(self.name.clone(), mb.clone());
-            self.push_error(e, &to, payload.clone())
-        })
+        lane.push(Outgoing { dest: ALL, ..m }, true)
+            .map_err(|e| {
+                refund(&charged);
+                let to = Address::from_names(self.name.clone(), mb.clone());
+                self.push_error(e, &to, payload.clone())
+            })
+            .map(|()| peers.iter().for_each(|p| p.after_push()))
     }
 
     fn check(&self, payload: &Bytes) -> Result<(), Error> {
@@ -758,11 +778,30 @@ impl Runtime {
     }
 
     /// Wait until every named peer is connected, up to `timeout`.
+    /// With connections on demand, waiting for a peer asks for a connection to it (and
+    /// the idle close ends it later if nothing is sent).
     pub fn wait_for_peers(&self, names: &[&str], timeout: Duration) -> bool {
-        self.ctx.conns.wait_until(Instant::now() + timeout, || {
-            let up = self.connected_peers();
-            names.iter().all(|n| up.iter().any(|u| u == n))
-        })
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.config.on_demand() {
+                for n in names {
+                    if let Some(p) = self.peers.get(n.as_bytes())
+                        && !p.is_connected()
+                    {
+                        p.want_connection(true);
+                    }
+                }
+            }
+            // A member learnt meanwhile is asked for at the next look.
+            let look = (Instant::now() + Duration::from_millis(100)).min(deadline);
+            let up = self.ctx.conns.wait_until(look, || {
+                let up = self.connected_peers();
+                names.iter().all(|n| up.iter().any(|u| u == n))
+            });
+            if up || Instant::now() >= deadline {
+                return up;
+            }
+        }
     }
 
     /// Names of the peers with a live connection.
@@ -907,6 +946,13 @@ impl Runtime {
         //    meanwhile may come back (dialers and the acceptor still run).
         self.shutdown
             .drain(Instant::now() + self.config.shutdown_timeout);
+        // Writers run only while their peer has a connection or something queued: a peer
+        // holding something unacknowledged or queued needs one now to flush or hand it back.
+        for p in self.peers.all() {
+            if p.is_connected() || !p.is_quiet() {
+                p.ensure_writer();
+            }
+        }
         if let Some(l) = &self.shared_lane {
             l.close();
         }

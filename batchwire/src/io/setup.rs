@@ -257,12 +257,8 @@ impl Setup {
         // 2. The peer's handles (made, with its writer, if it is not in the static list).
         let peer = match self.peers.get_or_insert(&info.name) {
             Ok(p) => p,
-            Err(e) => {
-                let e = match e {
-                    AddError::Full(n) => LinkError::Capacity(n),
-                    AddError::Spawn(e) => LinkError::Io(e),
-                };
-                self.failed(addr, Some(info.name.to_string()), &e);
+            Err(AddError::Full(n)) => {
+                self.failed(addr, Some(info.name.to_string()), &LinkError::Capacity(n));
                 return false;
             }
         };
@@ -368,6 +364,15 @@ impl Setup {
         conn.close();
         peer.session(|s, now| s.handle_disconnect(now, conn.id));
         peer.uninstall(&conn);
+        // Connections on demand (not static peers): with nothing pending either way the
+        // session parks (closed for idleness, by either end, or broken while quiet); else
+        // a connection is wanted back at once.
+        let parked = self.config.on_demand()
+            && !peer.pinned.load(Relaxed)
+            && !superseded
+            && !self.shutdown.is_shutting_down()
+            && result.is_err()
+            && peer.park_or_redial();
         let reason = match &result {
             Ok(()) => CloseReason::Goodbye,
             Err(e) => {
@@ -380,6 +385,12 @@ impl Setup {
         let reason = match reason {
             _ if self.shutdown.is_shutting_down() && result.is_err() => CloseReason::ShutDown,
             CloseReason::Closed | CloseReason::Io(_) if superseded => CloseReason::Replaced,
+            // Closed by this end for idleness, or by the other (a clean close with nothing
+            // pending here either).
+            CloseReason::Closed | CloseReason::Io(_) if parked && conn.closed_idle() => {
+                CloseReason::Idle
+            }
+            CloseReason::Closed if parked => CloseReason::Idle,
             CloseReason::Closed if peer.state() == batchwire_core::session::PeerState::Down => {
                 CloseReason::Down
             }
@@ -389,7 +400,7 @@ impl Setup {
             CloseReason::Goodbye => {
                 info!(node = %self.name, peer = %info.name, "peer said goodbye")
             }
-            CloseReason::ShutDown | CloseReason::Replaced => {
+            CloseReason::ShutDown | CloseReason::Replaced | CloseReason::Idle => {
                 debug!(node = %self.name, peer = %info.name, %reason, "connection closed")
             }
             CloseReason::Protocol(_) => {

@@ -42,6 +42,9 @@ pub(crate) struct WriterCfg {
     pub bundler: Option<BundlerConfig>,
     /// Transfer-queue: set once the shared lane is drained at shutdown.
     pub shared_done: Option<Arc<AtomicBool>>,
+    /// Connections on demand: close one that carried no message either way for this long
+    /// with nothing pending (see `peer::demand`).
+    pub idle_close: Option<Duration>,
 }
 
 /// How long an idle writer sleeps before looking up anyway (it is woken for everything
@@ -50,23 +53,40 @@ const IDLE: Duration = Duration::from_secs(60);
 /// After the shutdown deadline, how long a write to a peer that does not read may go on.
 const GRACE: Duration = Duration::from_secs(1);
 
-/// For the node's lifetime: write what is due, take more, sleep until poked.
+/// While the peer has a connection or something queued (see `peer::demand`): write what
+/// is due, take more, sleep until poked.
 pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
     let mut bundler = cfg.bundler.as_ref().map(|b| b.build());
     let mut batch = Batch::default();
     let mut control = Vec::new();
     let mut closing = false;
+    let mut idle = Idle::default();
     loop {
         // Removed from the registry with nothing to send: done.
         if peer.is_removed() {
+            peer.writer_may_end(|| false);
             return;
         }
         // Read the epoch first: a poke after this makes the waits below return at once.
         let epoch = peer.lane.epoch();
         let conn = peer.current().filter(|c| !c.is_closed());
+        // No connection and nothing to take: end (started again with the next connection
+        // or message).
+        let has_work =
+            || peer.is_connected() || peer.lane.queued() > 0 || shutdown.deadline().is_some();
+        if conn.is_none() && !has_work() && peer.writer_may_end(has_work) {
+            return;
+        }
         if let Some(c) = &conn {
             let _turn = peer.write_turn();
             write_pending(&peer, c, &shutdown, &mut control, Mode::Wait);
+            if let Some(after) = cfg.idle_close
+                && shutdown.deadline().is_none()
+                && idle.is_over(&peer, after)
+            {
+                c.close_idle();
+                debug!(peer = %peer.name, idle_ms = after.as_millis() as u64, "no message either way: connection closed (the session stays)");
+            }
         }
         if let Some(deadline) = shutdown.deadline() {
             if !closing {
@@ -110,6 +130,37 @@ pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
             _ => wait(&peer, epoch, None),
         }
         move_pieces(&peer);
+    }
+}
+
+/// How long a connection carried no message either way.
+#[derive(Default)]
+struct Idle {
+    /// Messages and pieces sent and received when last looked at, and since when.
+    seen: u64,
+    since: Option<Instant>,
+}
+
+impl Idle {
+    /// Whether nothing moved for `after` and nothing is pending (nothing queued, held
+    /// unacknowledged or owed either way).
+    fn is_over(&mut self, peer: &Peer, after: Duration) -> bool {
+        let st = &peer.stats;
+        let seen = [
+            &st.messages_sent,
+            &st.messages_received,
+            &st.fragments_sent,
+            &st.fragments_received,
+        ]
+        .iter()
+        .map(|c| c.load(Relaxed))
+        .sum();
+        let now = Instant::now();
+        if self.since.is_none() || seen != self.seen {
+            (self.seen, self.since) = (seen, Some(now));
+            return false;
+        }
+        self.since.is_some_and(|t| now >= t + after) && peer.is_quiet()
     }
 }
 
@@ -194,6 +245,8 @@ pub(crate) fn hold_frames(peer: &Peer, frames: &[(&[u8], u32)], reason: FlushRea
         Ok(n) => count_held(peer, n, reason),
         Err(why) => peer.report_failed(decode_frames(frames.iter().map(|f| f.0)), why),
     }
+    // Held with no connection (transfer-queue): one is wanted.
+    peer.after_push();
 }
 
 /// Write-through ([`crate::io::lane::Pushed::Direct`]): the sender found the writer
@@ -465,6 +518,7 @@ mod tests {
         let cfg = WriterCfg {
             bundler: Some(BundlerConfig::default()),
             shared_done: None,
+            idle_close: None,
         };
         std::thread::spawn(move || run_writer(p, cfg, sd))
     }

@@ -1,0 +1,224 @@
+//! Connections on demand (`NodeConfig::idle_close`): between members, a connection is made
+//! on the first send (by either end), closed once idle, and the session survives the close:
+//! what is sent next resumes it exactly once and in order. A member nobody talks to costs
+//! no connection and no thread.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use batchwire::{Address, CloseReason, Event, Member, Node, NodeConfig};
+use common::*;
+
+const T: Duration = Duration::from_secs(20);
+const IDLE: Duration = Duration::from_millis(400);
+
+fn node(name: &str, seed: Option<SocketAddr>) -> Node {
+    let mut c =
+        NodeConfig::new(name, "127.0.0.1:0".parse().unwrap(), SECRET).idle_close(Some(IDLE));
+    if let Some(s) = seed {
+        c = c.join(s);
+    }
+    Node::start(c).unwrap()
+}
+
+fn to(node: &str, mailbox: &str) -> Address {
+    Address::new(node, mailbox).unwrap()
+}
+
+fn live(v: &[Member]) -> usize {
+    v.iter().filter(|m| m.state.is_live()).count()
+}
+
+/// Wait (bounded) until `n` has no connection.
+fn idles_out(n: &Node) -> bool {
+    let deadline = Instant::now() + T;
+    while Instant::now() < deadline {
+        if n.connected_peers().is_empty() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+fn peer_stat(n: &Node, peer: &str) -> batchwire::PeerStats {
+    n.stats()
+        .peers
+        .into_iter()
+        .find(|p| p.peer == peer)
+        .unwrap_or_else(|| panic!("{}: no peer {peer}", n.name()))
+}
+
+/// Receive `count` messages on `mb`, checking they are `first..first+count` in order.
+fn expect_seq(mb: &batchwire::Mailbox, first: u64, count: u64) {
+    for i in first..first + count {
+        let e = mb
+            .recv_timeout(T)
+            .unwrap_or_else(|e| panic!("message {i}: {e:?}"));
+        let got = u64::from_le_bytes(e.payload[..8].try_into().unwrap());
+        assert_eq!(got, i, "in order, once");
+    }
+    assert!(
+        mb.recv_timeout(Duration::from_millis(50)).is_err(),
+        "nothing more"
+    );
+}
+
+#[test]
+fn connections_come_with_traffic_and_go_when_idle_and_the_session_survives() {
+    let a = node("a", None);
+    let b = node("b", Some(a.local_addr()));
+    let c = node("c", Some(a.local_addr()));
+    for n in [&a, &b, &c] {
+        assert!(n.wait_for_members(T, |v| live(v) == 2), "{}", n.name());
+    }
+    // The joins' connections idle out; then no member has a connection or a writer.
+    for n in [&a, &b, &c] {
+        assert!(idles_out(n), "{}: {:?}", n.name(), n.connected_peers());
+    }
+    let resting = a.threads();
+    let ev_a = a.events();
+    let inbox = b.mailbox("inbox").unwrap();
+    let from_a = a.mailbox("out").unwrap();
+
+    // The first send dials; 1000 messages arrive in order.
+    for i in 0..1000u64 {
+        from_a
+            .send(&to("b", "inbox"), i.to_le_bytes().to_vec())
+            .unwrap();
+    }
+    expect_seq(&inbox, 0, 1000);
+    assert!(
+        a.threads() > resting,
+        "a writer and a reader while it flows"
+    );
+    // Idle: closed, by one end or the other; the threads go with it.
+    assert!(idles_out(&a) && idles_out(&b));
+    let deadline = Instant::now() + T;
+    while a.threads() > resting && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(a.threads(), resting, "no thread for an idle member");
+    // Again, from either end: the same session goes on (numbering continues, nothing
+    // resent, the peer never down or restarted).
+    for i in 1000..2000u64 {
+        from_a
+            .send(&to("b", "inbox"), i.to_le_bytes().to_vec())
+            .unwrap();
+    }
+    expect_seq(&inbox, 1000, 1000);
+    let back = a.mailbox("back").unwrap();
+    let from_b = b.mailbox("out").unwrap();
+    assert!(idles_out(&a) && idles_out(&b));
+    for i in 0..100u64 {
+        from_b
+            .send(&to("a", "back"), i.to_le_bytes().to_vec())
+            .unwrap();
+    }
+    expect_seq(&back, 0, 100);
+    let ab = peer_stat(&a, "b");
+    assert_eq!(ab.messages_sent, 2000);
+    assert_eq!(ab.resent, 0, "nothing written twice");
+    assert!(ab.connects >= 3, "a connection per burst: {}", ab.connects);
+    let mut idle_closes = 0;
+    while let Ok(e) = ev_a.recv_timeout(Duration::from_millis(100)) {
+        match e {
+            Event::PeerDown { .. } => panic!("a declared a peer down: {e:?}"),
+            Event::PeerUp { ref peer, .. } if peer == "b" => {
+                panic!("the session with b started over: {e:?}")
+            }
+            Event::Disconnected {
+                reason: CloseReason::Idle,
+                ..
+            } => idle_closes += 1,
+            Event::Disconnected { ref reason, .. } => panic!("a connection ended: {reason}"),
+            _ => {}
+        }
+    }
+    assert!(idle_closes >= 2, "{idle_closes} idle closes");
+    // c was never talked to: it never had a connection to b, and a's only the join's.
+    assert_eq!(peer_stat(&b, "c").connects, 0, "b and c never talked");
+    // send_others reaches every member, connected or not.
+    let cin = c.mailbox("all").unwrap();
+    let bin = b.mailbox("all").unwrap();
+    a.send_others("all", &b"hello"[..]).unwrap();
+    for mb in [&bin, &cin] {
+        assert_eq!(&mb.recv_timeout(T).unwrap().payload[..], b"hello");
+    }
+    // Requests across a closed connection.
+    assert!(idles_out(&a));
+    let server = b.mailbox("echo").unwrap();
+    let h = std::thread::spawn(move || {
+        let e = server.recv_timeout(T).unwrap();
+        e.reply(e.payload.clone()).unwrap();
+    });
+    let r = a.request(&to("b", "echo"), &b"ping"[..], T).unwrap();
+    assert_eq!(&r.payload[..], b"ping");
+    h.join().unwrap();
+}
+
+#[test]
+fn sends_that_race_the_idle_close_are_delivered_once_in_order() {
+    // Sends come about one idle time apart, so some land as a connection is being closed
+    // for idleness, by either end.
+    let a = node("a", None);
+    let b = node("b", Some(a.local_addr()));
+    for n in [&a, &b] {
+        assert!(n.wait_for_members(T, |v| live(v) == 1));
+    }
+    let inbox = b.mailbox("inbox").unwrap();
+    let from_a = a.mailbox("out").unwrap();
+    let back = a.mailbox("back").unwrap();
+    let from_b = b.mailbox("out").unwrap();
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let rounds = 24u64;
+    for i in 0..rounds {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        // 0.8 ..= 1.2 idle times.
+        let gap = IDLE.mul_f64(0.8 + (rng % 400) as f64 / 1000.0);
+        std::thread::sleep(gap);
+        from_a
+            .send(&to("b", "inbox"), i.to_le_bytes().to_vec())
+            .unwrap();
+        if i % 3 == 0 {
+            from_b
+                .send(&to("a", "back"), (i / 3).to_le_bytes().to_vec())
+                .unwrap();
+        }
+    }
+    expect_seq(&inbox, 0, rounds);
+    expect_seq(&back, 0, rounds.div_ceil(3));
+    assert_eq!(peer_stat(&a, "b").send_failed, 0);
+    assert_eq!(peer_stat(&b, "a").send_failed, 0);
+}
+
+#[test]
+fn the_full_mesh_dials_every_member_when_it_joins_and_keeps_it() {
+    let mesh = |name: &str, seed: Option<SocketAddr>| {
+        let mut c = NodeConfig::new(name, "127.0.0.1:0".parse().unwrap(), SECRET).idle_close(None);
+        if let Some(s) = seed {
+            c = c.join(s);
+        }
+        Node::start(c).unwrap()
+    };
+    let a = mesh("a", None);
+    let b = mesh("b", Some(a.local_addr()));
+    let c = mesh("c", Some(a.local_addr()));
+    // Nobody sends anything: every member is connected to every other all the same.
+    for (n, others) in [(&a, ["b", "c"]), (&b, ["a", "c"]), (&c, ["a", "b"])] {
+        assert!(n.wait_for_members(T, |v| live(v) == 2));
+        let deadline = Instant::now() + T;
+        while n.connected_peers() != others && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(n.connected_peers(), others, "{}", n.name());
+    }
+    // And stays so (no idle close).
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(a.connected_peers(), ["b", "c"]);
+    assert_eq!(peer_stat(&b, "c").connects, 1, "b-c dialled once, by b");
+}
