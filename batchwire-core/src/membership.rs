@@ -38,6 +38,10 @@ use crate::codec::{Name, NameHash};
 const TAG_SWIM: u8 = 0;
 /// The tag of a MEMBER body saying "I, the authenticated sender, am leaving".
 const TAG_LEAVE: u8 = 1;
+/// The tag of a MEMBER body asking for the sender's members (see [`sync`]).
+const TAG_STATE_ASK: u8 = 2;
+/// The tag of a MEMBER body with (part of) the answer: foca-encoded members.
+const TAG_STATE: u8 = 3;
 /// Largest SWIM packet (foca's `max_packet_size`); a MEMBER body adds one tag byte.
 pub const MAX_PACKET: usize = 1400;
 
@@ -145,6 +149,16 @@ pub struct Membership {
     /// most a packet's worth of members (about 40); announcing to a few of them brings
     /// the rest, each answering with a random selection.
     bootstrap: u8,
+    /// Whether this node asked for a full state since it joined (see [`sync`]), and when
+    /// it asks a random member next.
+    synced: bool,
+    sync_at: Instant,
+    /// When each asker was last answered (at most 2 x `max_members`), and the node-wide
+    /// budget of answers.
+    answered: HashMap<Name, Instant, NameHash>,
+    answers: Bucket,
+    /// For the choice of whom to ask.
+    rng: SmallRng,
     /// Seeds this node announced itself to (at most `MAX_SEEDS`, the latest of each
     /// name), and when to announce again if it is still alone: an announce or its answer
     /// may be lost, and nothing else would bring a node that knows nobody in.
@@ -170,6 +184,7 @@ impl Membership {
         seed: u64,
         now: Instant,
     ) -> Result<Membership, MemberError> {
+        let announce_period = cfg.announce_period;
         let foca = Foca::new(
             me,
             cfg.foca()?,
@@ -193,6 +208,14 @@ impl Membership {
             held: Vec::new(),
             refused: HashSet::default(),
             bootstrap: 0,
+            synced: false,
+            sync_at: now + announce_period,
+            answered: HashMap::default(),
+            answers: Bucket {
+                tokens: sync::ANSWERS_PER_SECOND,
+                at: now,
+            },
+            rng: SmallRng::seed_from_u64(seed ^ 0x5eed_5bc0_ffee),
             seeds: Vec::new(),
             rejoin_at: None,
         };
@@ -257,6 +280,7 @@ impl Membership {
             self.seeds.remove(0);
         }
         self.seeds.push(seed.clone());
+        self.synced = false;
         let r = self.foca.announce(seed, &mut self.out);
         self.result(r);
         self.bootstrap = BOOTSTRAP_ANNOUNCES;
@@ -337,6 +361,11 @@ impl Membership {
                     self.result(r);
                 }
             }
+            TAG_STATE_ASK if packet.is_empty() => self.handle_state_ask(now, from)?,
+            TAG_STATE_ASK => {
+                return Err(MemberError::Malformed("state ask with a body".to_string()));
+            }
+            TAG_STATE => self.handle_state(packet)?,
             other => return Err(MemberError::UnknownTag(other)),
         }
         self.after(now);
@@ -414,6 +443,13 @@ impl Membership {
         self.hinted = later;
         // Held downs whose time came are looked at again by `after`.
         self.held.retain(|(_, at)| *at > now);
+        // Anti-entropy: a full state from a random member every announce period.
+        if self.sync_at <= now {
+            self.sync_at = now + self.cfg.announce_period;
+            if !self.left_cluster {
+                self.ask_random();
+            }
+        }
         // Joining and still alone: the announce or its answer was lost; again, to every
         // seed, each probe period until someone answers (or this node leaves).
         if self.rejoin_at.is_some_and(|t| t <= now) {
@@ -467,6 +503,7 @@ impl Membership {
             .map(|h| h.0)
             .chain(self.held.iter().map(|h| h.1))
             .chain(self.rejoin_at)
+            .chain(std::iter::once(self.sync_at))
             .min();
         let t = self.timers.keys().next().map(|k| k.0);
         match (t, hinted) {
@@ -535,6 +572,7 @@ impl Membership {
         self.counters.stale_down_notices += (before - self.out.sends.len()) as u64;
         let mut seen: HashSet<Name, NameHash> = HashSet::default();
         let mut announce = Vec::new();
+        let mut sync_from = None;
         let me = self.foca.identity().name.clone();
         for m in self.foca.iter_membership_state() {
             let id = m.id();
@@ -632,6 +670,15 @@ impl Membership {
                     self.bootstrap -= 1;
                     announce.push(id.clone());
                 }
+                // Joined through a seed that just answered: its full state brings the
+                // rest of a large cluster at once (see `sync`).
+                if !self.synced
+                    && matches!(e, MemberEvent::Joined(_))
+                    && self.seeds.iter().any(|s| s.name == id.name)
+                {
+                    self.synced = true;
+                    sync_from = Some(id.clone());
+                }
                 self.events.push_back(e);
             }
             match self.view.get_mut(&id.name) {
@@ -656,10 +703,14 @@ impl Membership {
             let r = self.foca.announce(id, &mut self.out);
             self.result(r);
         }
+        if let Some(id) = sync_from {
+            self.ask_state(id);
+        }
     }
 }
 
 pub mod datagram;
+mod sync;
 mod types;
 
 #[cfg(test)]

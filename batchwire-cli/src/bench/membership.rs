@@ -331,7 +331,27 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
         };
         let rejoined = lines
             .until(limit, back)
-            .ok_or_else(|| format!("{victim} did not rejoin within {limit:?}"))?;
+            .ok_or_else(|| {
+                let s = &lines.seen;
+                let states: HashMap<String, usize> = s
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i != v)
+                    .fold(HashMap::new(), |mut m, (_, x)| {
+                        let k = match x.members.get(&victim) {
+                            Some(m) if m.1 == old_inc => format!("{} (old incarnation)", m.0),
+                            Some(m) => m.0.clone(),
+                            None => "unknown".into(),
+                        };
+                        *m.entry(k).or_default() += 1;
+                        m
+                    });
+                format!(
+                    "{victim} did not rejoin within {limit:?}: it sees {} of {} members live; the survivors see it as {states:?}",
+                    s[v].live(),
+                    n - 1
+                )
+            })?;
         Ok(RunFigures {
             converge_s,
             down_all_s: (all_down - tk).as_secs_f64(),

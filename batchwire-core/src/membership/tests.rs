@@ -1246,3 +1246,127 @@ fn the_rate_table_is_bounded_and_starts_over() {
         "s started the table over: p has its rate"
     );
 }
+
+/// A node joining a large cluster at rest learns every member in one full-state exchange
+/// with its seed, not as the members happen to probe it; the answer spans several bodies,
+/// each within the packet bound.
+#[test]
+fn a_node_joining_a_cluster_at_rest_gets_the_full_state_from_its_seed() {
+    let n = 121;
+    let mut net = Net::new(n, cfg());
+    let seed = net.node(0).me().clone();
+    let now = net.now;
+    for i in 1..n - 1 {
+        net.node(i).handle_join(now, seed.clone());
+    }
+    net.collect();
+    // The others converge (node 0 and node 60 see all 119 others alive), then rest.
+    let all = |net: &Net, i: usize| {
+        net.nodes[i]
+            .as_ref()
+            .unwrap()
+            .members()
+            .iter()
+            .filter(|m| m.1 == MemberState::Alive)
+            .count()
+    };
+    net.run_until(Duration::from_secs(60), |net| {
+        all(net, 0) == n - 2 && all(net, 60) == n - 2
+    })
+    .expect("the first 120 converge");
+    net.run_until(Duration::from_secs(5), |_| false);
+    let asked_before = net.node(0).counters().syncs_answered;
+    let now = net.now;
+    net.node(n - 1).handle_join(now, seed);
+    net.collect();
+    let took = net
+        .run_until(Duration::from_secs(30), |net| all(net, n - 1) == n - 1)
+        .expect("the newcomer sees everyone");
+    // An announce, its answer, the ask and the answer's bodies: within a probe period.
+    assert!(took < Duration::from_millis(200), "took {took:?}");
+    let c = net.node(n - 1).counters();
+    assert_eq!(c.syncs_asked, 1);
+    assert!(c.sync_members >= (n - 2) as u64, "{c:?}");
+    assert_eq!(net.node(0).counters().syncs_answered, asked_before + 1);
+}
+
+/// Asks are answered at most once a probe period per asker, and the answer's bodies are
+/// each within the bound; an answer listing a down member, or a state ask with a body, is
+/// malformed.
+#[test]
+fn state_asks_are_rate_limited_and_answers_checked() {
+    let mut net = Net::new(100, cfg());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(60), |n| {
+        n.nodes[0].as_ref().unwrap().view_len() == 99
+    })
+    .expect("node 0 sees every other");
+    let now = net.now;
+    let from = net.node(1).me().name.clone();
+    let m = net.node(0);
+    while m.poll_transmit().is_some() {}
+    m.handle_frame(now, &from, &[TAG_STATE_ASK]).unwrap();
+    let mut bodies = Vec::new();
+    while let Some((to, b)) = m.poll_transmit() {
+        assert_eq!(to.name, from);
+        bodies.push(b);
+    }
+    assert!(bodies.len() >= 2, "99 members take more than one body");
+    assert!(
+        bodies
+            .iter()
+            .all(|b| b[0] == TAG_STATE && b.len() <= MAX_PACKET + 1)
+    );
+    // Every member but the asker (and the answerer), once.
+    let mut codec = foca::PostcardCodec;
+    let mut names = HashSet::new();
+    for b in &bodies {
+        let mut buf = &b[1..];
+        while !buf.is_empty() {
+            let mm: Member<MemberId> = codec.decode_member(&mut buf).unwrap();
+            assert!(names.insert(mm.id().name.clone()));
+        }
+    }
+    assert_eq!(
+        names.len(),
+        98,
+        "every member but the asker and node 0 itself"
+    );
+    assert!(!names.contains(&from));
+    // Again within a probe period: not answered, counted.
+    let limited = m.counters().rate_limited;
+    m.handle_frame(now + Duration::from_millis(500), &from, &[TAG_STATE_ASK])
+        .unwrap();
+    assert!(m.poll_transmit().is_none());
+    assert_eq!(m.counters().rate_limited, limited + 1);
+    // After it: answered.
+    m.handle_frame(now + Duration::from_millis(1000), &from, &[TAG_STATE_ASK])
+        .unwrap();
+    assert!(m.poll_transmit().is_some());
+    while m.poll_transmit().is_some() {}
+    // Many askers at once: at most ANSWERS_PER_SECOND (4) answered.
+    let t = now + Duration::from_secs(10);
+    let answered = m.counters().syncs_answered;
+    for i in 2..30 {
+        let name = Name::new(&format!("n{i:02}")).unwrap();
+        m.handle_frame(t, &name, &[TAG_STATE_ASK]).unwrap();
+    }
+    assert_eq!(m.counters().syncs_answered, answered + 4);
+    // Malformed.
+    assert!(matches!(
+        m.handle_frame(t, &from, &[TAG_STATE_ASK, 0]),
+        Err(MemberError::Malformed(_))
+    ));
+    let mut body = vec![TAG_STATE];
+    codec
+        .encode_member(&Member::down(id(77, 1)), &mut body)
+        .unwrap();
+    assert!(matches!(
+        m.handle_frame(t, &from, &body),
+        Err(MemberError::Malformed(_))
+    ));
+    assert!(matches!(
+        m.handle_frame(t, &from, &[TAG_STATE, 0xff, 0xff]),
+        Err(MemberError::Malformed(_))
+    ));
+}

@@ -259,4 +259,9 @@ pub struct MemberCounters {
     /// Times this node, joining and still alone a probe period after announcing itself,
     /// announced itself to its seeds again (the announce or the answer was lost).
     pub rejoins: u64,
+    /// Full-state syncs: asks this node sent, asks it answered, and members it was told
+    /// of in answers (see `Membership`'s `sync`).
+    pub syncs_asked: u64,
+    pub syncs_answered: u64,
+    pub sync_members: u64,
 }

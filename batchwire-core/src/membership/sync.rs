@@ -1,0 +1,162 @@
+//! Full-state sync (memberlist's push-pull, pull only): a member asks another for every
+//! member it knows live, and applies the answer as SWIM updates. SWIM's gossip carries
+//! only what changed lately and an announce's answer holds one packet's worth of members
+//! (about 30), so without it a node that joins a large cluster at rest learns the others
+//! only as they happen to probe it: a node restarted into 255 others still saw 195 of them
+//! after a minute. With it, one exchange brings them all.
+//!
+//! - **When**: once a joining node is no longer alone (from the member that answered it),
+//!   and every `announce_period` from a random live member (anti-entropy: two groups that
+//!   formed apart, or an update gossip lost, heal within a period).
+//! - **The answer**: the live members (alive or suspect) the answerer knows, itself and the
+//!   asker excepted, as foca's own member encoding, split over as many MEMBER bodies as
+//!   needed (each at most `MAX_PACKET`), sent to the asker's address in the view.
+//! - **Bounds**: an asker gets an answer at most once a probe period, and a node answers
+//!   at most [`ANSWERS_PER_SECOND`] asks a second in all (an ask is a few bytes; an answer
+//!   for a thousand members is about 35 datagrams). What an answer holds is a member's
+//!   word about third parties, as SWIM's gossip is: it goes through the same rules (the
+//!   view holds at most `max_members`, invented members are forgotten when they never
+//!   answer).
+
+use std::time::Instant;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use foca::{Codec, Member, State};
+use rand::Rng;
+
+use super::{MAX_PACKET, MemberError, MemberId, Membership, Send, TAG_STATE, TAG_STATE_ASK};
+use crate::codec::Name;
+
+/// Most sync asks a node answers a second, from all members together.
+pub const ANSWERS_PER_SECOND: f64 = 4.0;
+
+impl Membership {
+    /// Ask `to` for its members.
+    pub(super) fn ask_state(&mut self, to: MemberId) {
+        self.counters.syncs_asked += 1;
+        self.out.sends.push_back(Send {
+            to,
+            body: Bytes::from_static(&[TAG_STATE_ASK]),
+            down_notice: false,
+        });
+    }
+
+    /// Ask a random live member for its members (the periodic sync).
+    pub(super) fn ask_random(&mut self) {
+        let live: Vec<MemberId> = self
+            .foca
+            .iter_members()
+            .filter(|m| m.state() != State::Down)
+            .map(|m| m.id().clone())
+            .collect();
+        if live.is_empty() {
+            return;
+        }
+        let i = (self.rng.next_u64() % live.len() as u64) as usize;
+        self.ask_state(live[i].clone());
+    }
+
+    /// `from` asks for our members.
+    pub(super) fn handle_state_ask(
+        &mut self,
+        now: Instant,
+        from: &Name,
+    ) -> Result<(), MemberError> {
+        let Some(to) = self
+            .foca
+            .iter_members()
+            .find(|m| m.id().name == *from)
+            .map(|m| m.id().clone())
+        else {
+            // Not a member here (yet): it learns of us otherwise first.
+            self.counters.ignored += 1;
+            return Ok(());
+        };
+        if !self.may_answer(now, from) {
+            self.counters.rate_limited += 1;
+            return Ok(());
+        }
+        self.counters.syncs_answered += 1;
+        let members: Vec<Member<MemberId>> = self
+            .foca
+            .iter_members()
+            .filter(|m| m.state() != State::Down && m.id().name != *from)
+            .cloned()
+            .collect();
+        let mut body = BytesMut::with_capacity(MAX_PACKET + 1);
+        body.put_u8(TAG_STATE);
+        let mut codec = foca::PostcardCodec;
+        let mut one = Vec::with_capacity(300);
+        for m in &members {
+            one.clear();
+            if codec.encode_member(m, &mut one).is_err() {
+                continue;
+            }
+            if body.len() - 1 + one.len() > MAX_PACKET {
+                let full = std::mem::replace(&mut body, BytesMut::with_capacity(MAX_PACKET + 1));
+                self.out.sends.push_back(Send {
+                    to: to.clone(),
+                    body: full.freeze(),
+                    down_notice: false,
+                });
+                body.put_u8(TAG_STATE);
+            }
+            body.put_slice(&one);
+        }
+        if body.len() > 1 {
+            self.out.sends.push_back(Send {
+                to,
+                body: body.freeze(),
+                down_notice: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// Part of an answer from `from`: apply each member as a SWIM update.
+    pub(super) fn handle_state(&mut self, packet: &[u8]) -> Result<(), MemberError> {
+        let mut codec = foca::PostcardCodec;
+        let mut buf = packet;
+        let mut members = Vec::new();
+        while !buf.is_empty() {
+            let m: Member<MemberId> = codec
+                .decode_member(&mut buf)
+                .map_err(|e| MemberError::Malformed(format!("state answer: {e}")))?;
+            // Only live members are sent; anything else is not an answer of ours.
+            if m.state() == State::Down {
+                return Err(MemberError::Malformed(
+                    "state answer lists a down member".to_string(),
+                ));
+            }
+            members.push(m);
+        }
+        self.counters.sync_members += members.len() as u64;
+        let r = self
+            .foca
+            .apply_many(members.into_iter(), false, &mut self.out);
+        self.result(r);
+        Ok(())
+    }
+
+    /// Whether an ask from `from` is answered now: once a probe period per asker, and at
+    /// most [`ANSWERS_PER_SECOND`] a second in all.
+    fn may_answer(&mut self, now: Instant, from: &Name) -> bool {
+        let per = self.cfg.probe_period;
+        if self.answered.get(from).is_some_and(|t| now < *t + per) {
+            return false;
+        }
+        let b = &mut self.answers;
+        let dt = now.saturating_duration_since(b.at).as_secs_f64();
+        b.tokens = (b.tokens + dt * ANSWERS_PER_SECOND).min(ANSWERS_PER_SECOND);
+        b.at = now;
+        if b.tokens < 1.0 {
+            return false;
+        }
+        b.tokens -= 1.0;
+        if self.answered.len() >= self.cfg.max_members.saturating_mul(2) {
+            self.answered.clear();
+        }
+        self.answered.insert(from.detached(), now);
+        true
+    }
+}
