@@ -758,6 +758,28 @@ impl Session {
         true
     }
 
+    /// The cluster membership says the peer is back (it joined again, perhaps as a new
+    /// incarnation) while this session holds it down: sends are taken again and wait for a
+    /// connection as for a peer never connected (with connections on demand the first one
+    /// dials). If it is not back after all, the membership declares it down again.
+    /// Returns whether it was down.
+    /// `incarnation` is the one the membership reports: a new one starts the session over
+    /// now (as a connection to it would), so what is sent from now on is for it.
+    pub fn handle_member_back(&mut self, incarnation: u64) -> bool {
+        if self.state != PeerState::Down || self.closing.is_some() {
+            return false;
+        }
+        if self.incarnation.is_some_and(|i| i != incarnation) {
+            self.start_over(FailReason::Restarted);
+            self.events
+                .push_back(SessionEvent::Restarted { incarnation });
+        }
+        self.incarnation = Some(incarnation);
+        self.state = PeerState::Connecting;
+        self.down_reason = None;
+        true
+    }
+
     /// The peer's incarnation if its current connection was heard within `peer_timeout`
     /// (a live node holds the name: another incarnation claiming it is refused).
     pub fn live_incarnation(&self, now: Instant) -> Option<u64> {

@@ -222,3 +222,36 @@ fn the_full_mesh_dials_every_member_when_it_joins_and_keeps_it() {
     assert_eq!(a.connected_peers(), ["b", "c"]);
     assert_eq!(peer_stat(&b, "c").connects, 1, "b-c dialled once, by b");
 }
+
+#[test]
+fn a_member_that_left_and_came_back_is_sent_to_without_a_failure() {
+    // b joins through c, so a learns of it only from the membership (no connection).
+    let a = node("a", None);
+    let c = node("c", Some(a.local_addr()));
+    let b = node("b", Some(c.local_addr()));
+    assert!(a.wait_for_members(T, |v| live(v) == 2));
+    let out = a.mailbox("out").unwrap();
+    // a talked to b once: b's session at a is up.
+    let inbox = b.mailbox("inbox").unwrap();
+    out.send(&to("b", "inbox"), 0u64.to_le_bytes().to_vec())
+        .unwrap();
+    expect_seq(&inbox, 0, 1);
+    let b_addr = b.local_addr();
+    drop(inbox);
+    drop(b);
+    assert!(a.wait_for_members(T, |v| live(v) == 1), "b left");
+    assert!(out.send(&to("b", "inbox"), vec![0]).is_err(), "b is down");
+    // b again, same name and address, a new incarnation, through c.
+    let cfg = NodeConfig::new("b", b_addr, SECRET)
+        .idle_close(Some(IDLE))
+        .join(c.local_addr());
+    let b = Node::start(cfg).unwrap();
+    assert!(a.wait_for_members(T, |v| live(v) == 2), "b is back");
+    let inbox = b.mailbox("inbox").unwrap();
+    // Not refused as down: it is queued, dialled, delivered.
+    for i in 0..10u64 {
+        out.send(&to("b", "inbox"), i.to_le_bytes().to_vec())
+            .unwrap();
+    }
+    expect_seq(&inbox, 0, 10);
+}

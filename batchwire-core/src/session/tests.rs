@@ -298,6 +298,43 @@ fn a_session_with_deliveries_unacknowledged_does_not_park_and_a_connect_unparks(
 }
 
 #[test]
+fn a_member_back_in_the_cluster_takes_sends_again_until_it_connects() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    assert!(!s.handle_member_back(2), "not down: nothing to do");
+    s.handle_disconnect(t0, id);
+    assert!(s.handle_declared_down(t0, 2));
+    assert_eq!(s.holdable(), Err(FailReason::Down(DownReason::Membership)));
+    events(&mut s);
+    assert!(s.handle_member_back(9));
+    assert_eq!(s.state(), PeerState::Connecting);
+    assert!(matches!(
+        events(&mut s)[..],
+        [SessionEvent::Restarted { incarnation: 9 }]
+    ));
+    assert_eq!(s.holdable(), Ok(()));
+    // Waits for a connection as a never-connected peer does: no timer declares it down.
+    hold(&mut s, 0..2);
+    s.handle_timeout(t0 + 100 * 600 * MS);
+    assert_eq!(s.state(), PeerState::Connecting);
+    // The restarted peer connects: nothing held for it fails (it is the incarnation they
+    // were sent to), fresh numbering, up.
+    let (id, _) = s.handle_connect(t0, 9);
+    assert!(events(&mut s).is_empty());
+    s.handle_resume(t0, id, Resume::FRESH).unwrap();
+    assert_eq!(s.state(), PeerState::Up);
+    assert_eq!(s.window_messages(), 2, "still held, to be written");
+    // Shutting down: it stays down.
+    s.handle_disconnect(t0, id);
+    s.handle_declared_down(t0, 9);
+    s.begin_close(t0 + 1000 * MS);
+    assert!(!s.handle_member_back(10));
+    assert_eq!(s.state(), PeerState::Down);
+}
+
+#[test]
 fn a_peer_whose_connections_keep_coming_back_is_never_declared_down() {
     // peer_timeout is 600 ms: connections that live 150 ms and come back 50 ms later, for
     // 10 s, never leave the peer unreachable or silent for that long.

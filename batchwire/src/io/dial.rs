@@ -67,8 +67,9 @@ impl Dialers {
     /// A member is at `addr`. In the mesh: dial it if that is this node's job (its name
     /// sorts after ours) and no dialer runs for it; a running one dials `addr` from its
     /// next attempt on. On demand: remember the address, and dial if a connection to it
-    /// is wanted already.
-    pub fn ensure(&self, name: &Name, addr: SocketAddr) {
+    /// is wanted already, and let a session held down take sends again (it is back, as
+    /// `incarnation`).
+    pub fn ensure(&self, name: &Name, addr: SocketAddr, incarnation: u64) {
         let inner = &self.0;
         if inner.on_demand && !inner.fixed.contains(name) {
             let mut map = inner.map.lock().unwrap_or_else(|p| p.into_inner());
@@ -89,14 +90,17 @@ impl Dialers {
                 }
             }
             drop(map);
-            // Wanted already; or down (it is back, perhaps restarted): reconnect now, so a
-            // send after its return finds it up, as the mesh's dialer would.
+            // Down here and back in the cluster (a restart, a healed partition, a false
+            // suspicion): its session takes sends again, and the first one dials (not
+            // now: in a large cluster under load, dialing every member that comes back
+            // would open connections nobody asked for). A connection already wanted is
+            // dialled.
             if let Some(p) = inner.setup.peers.get(name.as_bytes())
                 && !p.is_connected()
             {
-                let down = p.state() == batchwire_core::session::PeerState::Down;
-                if down || p.wants_connection() {
-                    p.want_connection(down);
+                p.member_back(incarnation);
+                if p.wants_connection() {
+                    p.want_connection(false);
                 }
             }
             return;

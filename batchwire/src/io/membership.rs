@@ -191,7 +191,7 @@ fn act_on(e: MemberEvent, ctx: &MembersCtx) -> Option<Event> {
         MemberEvent::Joined(id) => {
             info!(%node, member = %id.name, addr = %id.addr, "member joined");
             if ctx.peers.get_or_insert_learnt(&id.name).is_ok() {
-                ctx.dialers.ensure(&id.name, id.addr);
+                ctx.dialers.ensure(&id.name, id.addr, id.started);
             }
             Some(Event::MemberJoined {
                 member: member(&id, MemberState::Alive),

@@ -285,7 +285,7 @@ impl Runtime {
         }
         for (pn, addr) in &peer_names {
             if name.as_str() < pn.as_str() {
-                dialers.ensure(pn, *addr);
+                dialers.ensure(pn, *addr, 0);
             } else {
                 debug!(node = %name, peer = %pn, "waiting for the peer to dial (the name that sorts first dials)");
             }

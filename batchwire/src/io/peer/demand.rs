@@ -153,6 +153,15 @@ impl Peer {
             && self.session(|s, _| s.is_quiet())
     }
 
+    /// The membership says the peer is back: if its session held it down, sends are taken
+    /// again (see `Session::handle_member_back`).
+    pub fn member_back(&self, incarnation: u64) {
+        if self.state() == PeerState::Down && self.session(|s, _| s.handle_member_back(incarnation))
+        {
+            self.lane.set_down(false);
+        }
+    }
+
     /// A connection ended with connections on demand: park the session if the peer is
     /// quiet (nobody holds it unreachable meanwhile), else ask for a connection back.
     /// Returns whether it parked.
