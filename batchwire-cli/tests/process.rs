@@ -359,7 +359,13 @@ fn check_report(v: &serde_json::Value, scenario: &str) -> Vec<serde_json::Value>
             "{r}"
         );
         assert_eq!(r["runs"].as_array().unwrap().len(), 1, "{r}");
-        assert!(r["median"].as_f64().unwrap() > 0.0, "{r}");
+        // With connections on demand a membership cluster at rest sends nothing but
+        // membership: its "all bytes" row may be 0, and so may its idle CPU (counted in
+        // 10 ms ticks).
+        let may_be_zero = r["bundler"].as_str().is_some_and(|b| {
+            b.starts_with("all-bytes-per-sec-at-rest") || b.starts_with("idle-cpu-per-node")
+        });
+        assert!(may_be_zero || r["median"].as_f64().unwrap() > 0.0, "{r}");
         if scenario != "rpc" {
             assert!(r["p50_us"].is_null(), "{r}");
         }
@@ -1484,9 +1490,10 @@ fn bench_membership_runs_sixty_four_node_processes() {
     assert!(stdout.contains("killed node down at all"), "{stdout}");
     // The figures themselves, against the protocol's rules (defaults: probe 1 s,
     // suspicion 3 s) and the thousand-nodes issue's targets: a killed node is declared
-    // down no sooner than the suspicion timeout and seen down by all within 10 s (here
-    // 3.3 s); membership at rest sends under 1 KB/s per node (here 100 B/s); the cluster
-    // converged within 15 s (here 0.8 s) and the restarted node was seen again. (Their lost/duplicated/reordered say nothing: no
+    // down no sooner than the suspicion timeout and seen down by all within 10 s (SWIM's
+    // probes alone: no connection to it at rest); membership at rest sends under 1 KB/s
+    // per node (here 100 B/s); the cluster converged within 15 s (here 0.7 s) and the
+    // restarted node was seen again. (Their lost/duplicated/reordered say nothing: no
     // messages are counted in this scenario.)
     let value = |what: &str| {
         rows.iter()
@@ -1505,6 +1512,18 @@ fn bench_membership_runs_sixty_four_node_processes() {
         let v = value(what);
         assert!(v > 0.0 && v < 15.0, "{what}: {v} s");
     }
+    // Connections on demand (the bench's idle close is 2 s): at rest no member has a
+    // connection, so no data bytes flow and each node runs its fixed threads (the issue's
+    // target: at most 8 threads and 32 MiB per idle node; here 7 and about 8 MiB). In the
+    // mesh each ran 131.
+    assert_eq!(value("all-bytes-per-sec-at-rest/64-nodes"), 0.0);
+    let threads = value("threads-max/64-nodes");
+    assert!(
+        threads <= 8.0,
+        "{threads} threads on the busiest node at rest"
+    );
+    let rss = value("rss-per-node/64-nodes");
+    assert!(rss < 32.0, "{rss} MiB per node at rest");
 }
 
 /// The soak's CI version (`bench soak`, 60 s on loopback): three nodes stream to each other
