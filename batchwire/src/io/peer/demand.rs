@@ -36,8 +36,10 @@ pub(crate) struct Hooks {
     pub dial: Option<DialHook>,
 }
 
-/// A peer's flags for the above.
+/// A peer's flags for the above. Read by every send (`after_push`) and written rarely: on
+/// a cache line of their own, away from the counters the writer bumps every batch.
 #[derive(Default)]
+#[repr(align(128))]
 pub(crate) struct Demand {
     writer_running: AtomicBool,
     /// A live connection is installed (mirror of `Peer::conn`, for the send path).
