@@ -665,6 +665,23 @@ impl Membership {
                     MemberState::Left => Some(MemberEvent::Left(id.clone())),
                 },
             };
+            // A suspicion heard of (from gossip, or raised here): this node keeps its own
+            // deadline for it, as SWIM's paper has every member do (foca declares down only
+            // what its own probes suspected, and then the verdict still has to spread;
+            // with no connection to feed the detector, that doubled the time until every
+            // member saw a killed node down). A refutation (a newer incarnation) before the
+            // deadline voids it.
+            if matches!(event, Some(MemberEvent::Suspected(_)))
+                && m.state() == State::Suspect
+                && !self.hinted.iter().any(|h| h.1 == *id)
+                && self.hinted.len() < self.cfg.max_members
+            {
+                self.hinted.push((
+                    now + self.cfg.suspicion_timeout,
+                    id.clone(),
+                    m.incarnation(),
+                ));
+            }
             if let Some(e) = event {
                 if self.bootstrap > 0 && matches!(e, MemberEvent::Joined(_)) {
                     self.bootstrap -= 1;

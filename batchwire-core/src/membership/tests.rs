@@ -261,6 +261,42 @@ fn a_crashed_node_is_declared_down_by_every_survivor() {
     }
 }
 
+/// Every member that hears of a suspicion keeps its own deadline (SWIM's paper): the
+/// survivors declare a crashed node down within the suspicion timeout of hearing of the
+/// suspicion, not after the first one's verdict spread too.
+#[test]
+fn every_member_that_hears_of_a_suspicion_declares_down_at_its_own_deadline() {
+    let c = cfg();
+    let n = 24;
+    let mut net = Net::new(n, c.clone());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(20), Net::converged)
+        .unwrap();
+    let victim = net.node(7).me().name.clone();
+    net.nodes[7] = None;
+    net.run_until(Duration::from_secs(30), |n| {
+        n.all_running_see(&victim, MemberState::Down)
+    })
+    .expect("every survivor sees the crash");
+    // For each survivor: when it first heard of the suspicion and when it said down.
+    let mut late = Vec::new();
+    for i in (0..n).filter(|i| *i != 7) {
+        let suspected = net.log[i].iter().find_map(|(t, e)| {
+            matches!(e, MemberEvent::Suspected(m) if m.name == victim).then_some(*t)
+        });
+        let down = net.log[i]
+            .iter()
+            .find_map(|(t, e)| matches!(e, MemberEvent::Down(m) if m.name == victim).then_some(*t));
+        if let (Some(s), Some(d)) = (suspected, down) {
+            // At its own deadline (a step of slack), not later.
+            if d > s + c.suspicion_timeout + STEP {
+                late.push((i, d - s));
+            }
+        }
+    }
+    assert!(late.is_empty(), "declared down late: {late:?}");
+}
+
 #[test]
 fn the_transports_hint_makes_detection_take_the_suspicion_timeout() {
     let c = cfg();
