@@ -255,3 +255,122 @@ fn a_member_that_left_and_came_back_is_sent_to_without_a_failure() {
     }
     expect_seq(&inbox, 0, 10);
 }
+
+/// Traffic at scale: 64 nodes in one process, each sending to 8 others chosen at random
+/// (seeded) and one node sending to everyone with `send_others`, in two bursts with an idle
+/// close between them: connections open with the first burst, close while idle, open again
+/// with the second. Every receiver gets each sender's messages exactly once, in order.
+#[test]
+fn sixty_four_members_each_talking_to_eight_get_everything_once_in_order() {
+    const N: usize = 64;
+    const PER_BURST: u64 = 50;
+    let first = node("s00", None);
+    let seed = first.local_addr();
+    let mut nodes = vec![first];
+    for i in 1..N {
+        nodes.push(node(&format!("s{i:02}"), Some(seed)));
+    }
+    for n in &nodes {
+        assert!(
+            n.wait_for_members(Duration::from_secs(60), |v| live(v) == N - 1),
+            "{} sees {} members",
+            n.name(),
+            live(&n.members())
+        );
+    }
+    let inboxes: Vec<_> = nodes.iter().map(|n| n.mailbox("inbox").unwrap()).collect();
+    let outs: Vec<_> = nodes.iter().map(|n| n.mailbox("out").unwrap()).collect();
+    // Each node's 8 targets, from a seeded xorshift.
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let targets: Vec<Vec<usize>> = (0..N)
+        .map(|i| {
+            let mut t = Vec::new();
+            while t.len() < 8 {
+                let j = (next() % N as u64) as usize;
+                if j != i && !t.contains(&j) {
+                    t.push(j);
+                }
+            }
+            t
+        })
+        .collect();
+    // What each receiver expects from each sender: a count (messages are numbered per
+    // sender and receiver; the broadcast is numbered on its own, tagged).
+    let burst = |round: u64| {
+        for (i, t) in targets.iter().enumerate() {
+            for &j in t {
+                for k in 0..PER_BURST {
+                    let seq = round * PER_BURST + k;
+                    let mut p = vec![0u8];
+                    p.extend_from_slice(&seq.to_le_bytes());
+                    outs[i].send(&to(&format!("s{j:02}"), "inbox"), p).unwrap();
+                }
+            }
+        }
+        for k in 0..PER_BURST {
+            let seq = round * PER_BURST + k;
+            let mut p = vec![1u8];
+            p.extend_from_slice(&seq.to_le_bytes());
+            nodes[0].send_others("inbox", p).unwrap();
+        }
+    };
+    let expected: Vec<usize> = (0..N)
+        .map(|j| {
+            let direct = targets.iter().filter(|t| t.contains(&j)).count();
+            direct * PER_BURST as usize + if j == 0 { 0 } else { PER_BURST as usize }
+        })
+        .collect();
+    // Per receiver: (sender, broadcast?) -> next sequence number expected.
+    let mut next_seq: Vec<std::collections::HashMap<(String, u8), u64>> =
+        vec![Default::default(); N];
+    let mut take = |round: u64| {
+        for (j, mb) in inboxes.iter().enumerate() {
+            for _ in 0..expected[j] {
+                let e = mb
+                    .recv_timeout(T)
+                    .unwrap_or_else(|e| panic!("s{j:02}, round {round}: {e:?}"));
+                let kind = e.payload[0];
+                let seq = u64::from_le_bytes(e.payload[1..9].try_into().unwrap());
+                let from = e.from.node().to_string();
+                let want = next_seq[j].entry((from.clone(), kind)).or_insert(0);
+                assert_eq!(
+                    seq, *want,
+                    "s{j:02} from {from} (kind {kind}): once, in order"
+                );
+                *want += 1;
+            }
+        }
+    };
+    burst(0);
+    take(0);
+    let connected: usize = nodes.iter().map(|n| n.connected_peers().len()).sum();
+    assert!(connected > 0);
+    // Idle: every connection closes.
+    for n in &nodes {
+        assert!(idles_out(n), "{}: {:?}", n.name(), n.connected_peers());
+    }
+    burst(1);
+    take(1);
+    for (j, mb) in inboxes.iter().enumerate() {
+        assert!(
+            mb.recv_timeout(Duration::from_millis(20)).is_err(),
+            "s{j:02}: a message more"
+        );
+    }
+    // Every count complete: two bursts from every sender that had this receiver.
+    for (j, m) in next_seq.iter().enumerate() {
+        assert!(m.values().all(|&v| v == 2 * PER_BURST), "s{j:02}: {m:?}");
+    }
+    let failed: u64 = nodes
+        .iter()
+        .flat_map(|n| n.stats().peers)
+        .map(|p| p.send_failed)
+        .sum();
+    assert_eq!(failed, 0);
+}
