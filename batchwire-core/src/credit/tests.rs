@@ -27,6 +27,34 @@ fn a_sender_is_held_back_at_the_window_and_one_large_message_passes_alone() {
     assert!(c.admits(b"x"));
 }
 
+/// Settled (what lets a connection close for idleness): nothing charged and not given back
+/// on the sender; nothing held, owed or a SYNC due on the receiver.
+#[test]
+fn accounts_are_settled_only_when_everything_came_back() {
+    let mut s = SendCredit::default();
+    assert!(s.is_settled());
+    assert!(s.try_charge(&n("x"), 100));
+    assert!(s.try_charge(&n("y"), 5));
+    assert!(!s.is_settled());
+    s.grant(b"x", 100);
+    assert!(!s.is_settled(), "y still charged");
+    s.grant(b"y", 5);
+    assert!(s.is_settled());
+
+    let mut r = RecvCredit::new(1 << 16, 1 << 16);
+    assert!(r.is_settled());
+    r.charge(&n("x"), 100).unwrap();
+    assert!(!r.is_settled(), "held");
+    r.release(b"x", 100);
+    assert!(!r.is_settled(), "owed back");
+    while r.take_grants().is_some() {}
+    assert!(r.is_settled());
+    r.request_sync();
+    assert!(!r.is_settled(), "a SYNC due");
+    r.snapshot(0, 1 << 16);
+    assert!(r.is_settled());
+}
+
 #[test]
 fn grants_beyond_the_charge_are_clamped_and_counted() {
     let mut c = SendCredit::default();

@@ -151,13 +151,18 @@ impl Dialers {
 
     /// Stop dialing every member `keep` rejects (forgotten by the membership), static
     /// peers excepted.
+    /// Entries of members gone whose dialer has ended are dropped, so the table holds at
+    /// most the members of the view plus the dialers still winding down (members that come
+    /// and go, or that a member with the secret invents, do not pile up here).
     pub fn retain(&self, keep: impl Fn(&Name) -> bool) {
-        let map = self.0.map.lock().unwrap_or_else(|p| p.into_inner());
-        for (n, t) in map.iter() {
-            if !keep(n) && !self.0.fixed.contains(n) {
-                t.keep.store(false, Ordering::Release);
+        let mut map = self.0.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|n, t| {
+            if keep(n) || self.0.fixed.contains(n) {
+                return true;
             }
-        }
+            t.keep.store(false, Ordering::Release);
+            t.running.load(Ordering::Acquire)
+        });
     }
 }
 

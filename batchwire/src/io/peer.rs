@@ -535,7 +535,6 @@ impl Peer {
             .unwrap_or_else(|p| p.into_inner())
             .replace(conn);
         self.set_connected(true);
-        self.ensure_writer();
         self.lane.poke();
         self.ctx.conns.changed();
         old

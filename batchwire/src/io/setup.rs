@@ -324,6 +324,9 @@ impl Setup {
             }
         };
         let (conn, buf) = conn;
+        // Its writer runs while it is connected (started here, outside the session turn in
+        // which the connection was installed).
+        peer.ensure_writer();
         if peer.is_removed() {
             conn.close();
             peer.uninstall(&conn);

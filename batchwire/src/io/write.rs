@@ -136,7 +136,9 @@ pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
 /// How long a connection carried no message either way.
 #[derive(Default)]
 struct Idle {
-    /// Messages and pieces sent and received when last looked at, and since when.
+    /// Messages and pieces sent and received when last looked at, and since when they
+    /// have not moved (the first round that found them unchanged: a writer that streams
+    /// reads no clock for this; an idle one wakes at least every heartbeat).
     seen: u64,
     since: Option<Instant>,
 }
@@ -155,12 +157,13 @@ impl Idle {
         .iter()
         .map(|c| c.load(Relaxed))
         .sum();
-        let now = Instant::now();
-        if self.since.is_none() || seen != self.seen {
-            (self.seen, self.since) = (seen, Some(now));
+        if seen != self.seen {
+            (self.seen, self.since) = (seen, None);
             return false;
         }
-        self.since.is_some_and(|t| now >= t + after) && peer.is_quiet()
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        now >= since + after && peer.is_quiet()
     }
 }
 

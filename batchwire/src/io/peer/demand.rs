@@ -2,8 +2,8 @@
 //! demand ([`crate::NodeConfig::idle_close`]), its connection.
 //!
 //! - **The writer** runs while the peer has a connection or something queued: it is started
-//!   when a connection is installed or a message is queued with none running, and ends when
-//!   neither holds (see `write::run_writer`). Both sides of that hand-off store their flag
+//!   when a connection is up (`Setup::run`, after RESUME) or a message is queued with none
+//!   running, and ends when neither holds (see `write::run_writer`). Both sides of that hand-off store their flag
 //!   and then look at the other's state (the lane under its lock), so one of them always
 //!   sees the other: a message is never left queued with no writer.
 //! - **The connection**, on demand: a send to a peer with no connection asks the node's
