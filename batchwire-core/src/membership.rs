@@ -42,6 +42,9 @@ const TAG_LEAVE: u8 = 1;
 const TAG_STATE_ASK: u8 = 2;
 /// The tag of a MEMBER body with (part of) the answer: foca-encoded members.
 const TAG_STATE: u8 = 3;
+/// Most random members asked for the full state, a probe period apart, after the first
+/// ask when joining (see `Membership::sync_tries`).
+const SYNC_TRIES: u8 = 8;
 /// Largest SWIM packet (foca's `max_packet_size`); a MEMBER body adds one tag byte.
 pub const MAX_PACKET: usize = 1400;
 
@@ -123,6 +126,13 @@ pub struct Membership {
     seq: u64,
     /// What this node reported of each member (the view).
     view: HashMap<Name, (MemberId, MemberState), NameHash>,
+    /// What SWIM held of each member of the view at the end of the last input: its id,
+    /// incarnation and state. A member found as it was is skipped by `after`, and an
+    /// update that repeats it is old news that `handle_frame` takes out before foca sees
+    /// it (foca finds a member by a walk of its whole list, so at a thousand members the
+    /// dozen copies of every update that SWIM's dissemination brings cost most of a node's
+    /// work).
+    swim: HashMap<Name, (MemberId, foca::Incarnation, State), NameHash>,
     /// Members that sent a leave notice (name → start and bump), so their going down is
     /// reported as a leave.
     left: HashMap<Name, (u64, u16), NameHash>,
@@ -153,6 +163,15 @@ pub struct Membership {
     /// it asks a random member next.
     synced: bool,
     sync_at: Instant,
+    /// Asks left while joining. The seed answers at most a few a second, and a member
+    /// that answers may not know everyone yet either: of 512 nodes joining at once, a few
+    /// missed some members for the 30 s until the periodic sync (nobody gossiped them any
+    /// more, and a given member probes a given other once in 500 s). So a random member is
+    /// asked each probe period until a round's answer brings nothing new (or none came
+    /// and the tries ran out).
+    sync_tries: u8,
+    /// Of the current round: whether an answer came, and whether it told anything new.
+    sync_round: (bool, bool),
     /// When each asker was last answered (at most 2 x `max_members`), and the node-wide
     /// budget of answers.
     answered: HashMap<Name, Instant, NameHash>,
@@ -198,6 +217,7 @@ impl Membership {
             timers: BTreeMap::new(),
             seq: 0,
             view: HashMap::default(),
+            swim: HashMap::default(),
             left: HashMap::default(),
             events: VecDeque::new(),
             buckets: HashMap::default(),
@@ -210,6 +230,8 @@ impl Membership {
             bootstrap: 0,
             synced: false,
             sync_at: now + announce_period,
+            sync_tries: 0,
+            sync_round: (false, false),
             answered: HashMap::default(),
             answers: Bucket {
                 tokens: sync::ANSWERS_PER_SECOND,
@@ -219,7 +241,7 @@ impl Membership {
             seeds: Vec::new(),
             rejoin_at: None,
         };
-        m.after(now);
+        m.after(now, true);
         Ok(m)
     }
 
@@ -286,7 +308,7 @@ impl Membership {
         self.bootstrap = BOOTSTRAP_ANNOUNCES;
         // Still alone a probe period from now: announce again (see `handle_timeout`).
         self.rejoin_at = Some(now + self.cfg.probe_period);
-        self.after(now);
+        self.after(now, true);
     }
 
     /// A MEMBER body from `from` (its datagram opened with the cluster key and was sealed
@@ -312,6 +334,8 @@ impl Membership {
         }
         self.counters.packets_in += 1;
         self.counters.bytes_in += body.len() as u64;
+        // Whether SWIM's member list may have changed (see `after`).
+        let mut walk = true;
         match tag {
             TAG_SWIM => {
                 // The sender field must be the connection's peer: no member speaks for
@@ -327,6 +351,9 @@ impl Membership {
                 }
                 // A packet from the member itself is direct evidence that it is alive.
                 self.note_heard(now, from, header.src.started);
+                let (fresh, news) = self.without_old_news(packet, &header);
+                walk = news;
+                let packet = fresh.as_deref().unwrap_or(packet);
                 match self.foca.handle_data(packet, &mut self.out) {
                     Ok(()) => {}
                     Err(foca::Error::MalformedPacket | foca::Error::Decode(_)) => {
@@ -365,10 +392,10 @@ impl Membership {
             TAG_STATE_ASK => {
                 return Err(MemberError::Malformed("state ask with a body".to_string()));
             }
-            TAG_STATE => self.handle_state(packet)?,
+            TAG_STATE => walk = self.handle_state(packet)?,
             other => return Err(MemberError::UnknownTag(other)),
         }
-        self.after(now);
+        self.after(now, walk);
         Ok(())
     }
 
@@ -401,7 +428,7 @@ impl Membership {
                 .foca
                 .apply_many(std::iter::once(m), true, &mut self.out);
             self.result(r);
-            self.after(now);
+            self.after(now, true);
         }
     }
 
@@ -423,29 +450,54 @@ impl Membership {
         }
         let r = self.foca.leave_cluster(&mut self.out);
         self.result(r);
-        self.after(now);
+        self.after(now, true);
         self.timers.clear();
         self.hinted.clear();
     }
 
     /// Fire every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
+        // Whether SWIM's member list may have changed: gossip, announces and the send of
+        // an indirect probe change nothing; the end of a probe (which may suspect), a
+        // suspicion's end and forgetting do.
+        let mut walk = false;
         while let Some(entry) = self.timers.first_entry() {
             if entry.key().0 > now {
                 break;
             }
             let timer = entry.remove();
+            walk |= !matches!(
+                timer,
+                Timer::PeriodicGossip(_)
+                    | Timer::PeriodicAnnounce(_)
+                    | Timer::PeriodicAnnounceDown(_)
+                    | Timer::SendIndirectProbe { .. }
+            );
             let r = self.foca.handle_timer(timer, &mut self.out);
             self.result(r);
         }
         let (due, later): (Vec<_>, Vec<_>) =
             self.hinted.drain(..).partition(|(at, _, _)| *at <= now);
         self.hinted = later;
+        walk |= !due.is_empty();
         // Held downs whose time came are looked at again by `after`.
+        let held = self.held.len();
         self.held.retain(|(_, at)| *at > now);
+        walk |= self.held.len() < held;
         // Anti-entropy: a full state from a random member every announce period.
         if self.sync_at <= now {
-            self.sync_at = now + self.cfg.announce_period;
+            // Joining: again unless the last round's answer had nothing new.
+            if self.sync_round == (true, false) {
+                self.sync_tries = 0;
+            }
+            self.sync_round = (false, false);
+            self.sync_at = now
+                + if self.sync_tries > 0 {
+                    self.sync_tries -= 1;
+                    self.cfg.probe_period
+                } else {
+                    self.cfg.announce_period
+                };
             if !self.left_cluster {
                 self.ask_random();
             }
@@ -476,7 +528,7 @@ impl Membership {
                 self.result(r);
             }
         }
-        self.after(now);
+        self.after(now, walk);
     }
 
     // ---- outputs ----
@@ -549,6 +601,83 @@ impl Membership {
         }
     }
 
+    /// `packet` without the updates that repeat what SWIM holds (see `swim`), or `None`
+    /// when it has none (or does not decode: foca then says why). Such an update is a no-op
+    /// in foca: a member's state only moves forward (a higher incarnation, alive to suspect
+    /// to down, or a newer identity that wins), so what it held once it never takes back.
+    /// Updates about this node are always left in.
+    ///
+    /// Also says whether the packet may change SWIM's member list at all: not when every
+    /// update was old news and its sender is live here under the same id and incarnation
+    /// (foca takes a packet's sender as alive; a down sender is looked at again, as what
+    /// is reported of it depends on when it was last heard).
+    fn without_old_news(
+        &mut self,
+        packet: &[u8],
+        header: &foca::Header<MemberId>,
+    ) -> (Option<Vec<u8>>, bool) {
+        let src_known = self
+            .swim
+            .get(&header.src.name)
+            .is_some_and(|(id, inc, state)| {
+                *id == header.src && *inc == header.src_incarnation && *state != State::Down
+            });
+        match self.take_old_news(packet) {
+            Some((fresh, kept)) => (fresh, kept > 0 || !src_known),
+            None => (None, true),
+        }
+    }
+
+    /// `without_old_news`'s work: the packet without its old news (None: there was none)
+    /// and how many updates were kept; None if it does not decode.
+    fn take_old_news(&mut self, packet: &[u8]) -> Option<(Option<Vec<u8>>, usize)> {
+        let mut rest = packet;
+        let header: foca::Header<MemberId> = PostcardCodec.decode_header(&mut rest).ok()?;
+        // Only these carry updates (an announce has no body; a broadcast carries none).
+        if matches!(
+            header.message,
+            foca::Message::Announce | foca::Message::Broadcast
+        ) || rest.len() < 2
+        {
+            return rest.is_empty().then_some((None, 0));
+        }
+        let head = packet.len() - rest.len();
+        let count = u16::from_be_bytes([rest[0], rest[1]]);
+        rest = &rest[2..];
+        let mut kept: Vec<&[u8]> = Vec::with_capacity(count as usize);
+        let mut old = 0;
+        for _ in 0..count {
+            let before = rest;
+            let m: Member<MemberId> = PostcardCodec.decode_member(&mut rest).ok()?;
+            if self.is_old_news(&m) {
+                old += 1;
+            } else {
+                kept.push(&before[..before.len() - rest.len()]);
+            }
+        }
+        if old == 0 {
+            return Some((None, kept.len()));
+        }
+        self.counters.old_news += old;
+        let n = kept.len();
+        let mut out = Vec::with_capacity(packet.len());
+        out.extend_from_slice(&packet[..head]);
+        out.extend_from_slice(&(kept.len() as u16).to_be_bytes());
+        for k in kept {
+            out.extend_from_slice(k);
+        }
+        out.extend_from_slice(rest);
+        Some((Some(out), n))
+    }
+
+    /// Whether `m` is exactly what SWIM holds of that member (never so for this node).
+    fn is_old_news(&self, m: &Member<MemberId>) -> bool {
+        m.id().name != self.foca.identity().name
+            && self.swim.get(&m.id().name).is_some_and(|(id, inc, state)| {
+                id == m.id() && *inc == m.incarnation() && *state == m.state()
+            })
+    }
+
     fn result(&mut self, r: Result<(), foca::Error>) {
         if r.is_err() {
             self.counters.ignored += 1;
@@ -557,7 +686,7 @@ impl Membership {
 
     /// After any input: turn foca's timer requests into deadlines, and compare the member
     /// list with the view to report what changed.
-    fn after(&mut self, now: Instant) {
+    fn after(&mut self, now: Instant, walk: bool) {
         for (t, d) in self.out.timers.drain(..) {
             self.seq += 1;
             self.timers.insert((now + d, self.seq), t);
@@ -570,13 +699,29 @@ impl Membership {
             .sends
             .retain(|s| !s.down_notice || !foca.iter_members().any(|m| *m.id() == s.to));
         self.counters.stale_down_notices += (before - self.out.sends.len()) as u64;
-        let mut seen: HashSet<Name, NameHash> = HashSet::default();
+        if !walk {
+            return;
+        }
         let mut announce = Vec::new();
         let mut sync_from = None;
+        // Of the members SWIM lists, those in the view once this pass is done.
+        let mut listed = 0;
         let me = self.foca.identity().name.clone();
         for m in self.foca.iter_membership_state() {
             let id = m.id();
             if id.name == me {
+                continue;
+            }
+            // Most members are as this node last reported them: one lookup each. This runs
+            // after every input, and at a thousand members comparing each in full (four
+            // lookups and a set of every name) was most of a node's work.
+            // (Down ones are looked at each time: what is reported depends on the clock.)
+            if m.state() != State::Down
+                && self.swim.get(&id.name).is_some_and(|(old, inc, state)| {
+                    old == id && *inc == m.incarnation() && *state == m.state()
+                })
+            {
+                listed += 1;
                 continue;
             }
             let state = match m.state() {
@@ -592,7 +737,6 @@ impl Membership {
                 }
                 State::Down => MemberState::Down,
             };
-            seen.insert(id.name.clone());
             // Down in SWIM, but heard from directly since the suspicion could have begun:
             // still reported live (as suspect) until `suspicion_timeout` after it was last
             // heard. It is told it is down, and comes back under a renewed identity.
@@ -705,14 +849,30 @@ impl Membership {
                     self.view.insert(id.name.detached(), (id.clone(), state));
                 }
             }
+            match self.swim.get_mut(&id.name) {
+                Some(v) => *v = (id.clone(), m.incarnation(), m.state()),
+                None => {
+                    self.swim
+                        .insert(id.name.detached(), (id.clone(), m.incarnation(), m.state()));
+                }
+            }
+            listed += 1;
         }
-        // Forgotten by SWIM (down for `forget_down_after`): forgotten here too.
-        if seen.len() < self.view.len() {
-            self.view.retain(|n, _| seen.contains(n));
-            let view = &self.view;
-            self.heard.retain(|n, _| view.contains_key(n));
-        }
-        if !self.refused.is_empty() {
+        // Forgotten by SWIM (down for `forget_down_after`): forgotten here too. Every name
+        // SWIM lists is in the view or refused, so only then is a set of them needed.
+        if listed < self.view.len() || !self.refused.is_empty() {
+            let seen: HashSet<Name, NameHash> = self
+                .foca
+                .iter_membership_state()
+                .map(|m| m.id().name.clone())
+                .filter(|n| *n != me)
+                .collect();
+            if listed < self.view.len() {
+                self.view.retain(|n, _| seen.contains(n));
+                let view = &self.view;
+                self.heard.retain(|n, _| view.contains_key(n));
+                self.swim.retain(|n, _| view.contains_key(n));
+            }
             self.refused.retain(|n| seen.contains(n));
         }
         // Their answers come back as input, whose `after` finds nothing more to announce.
@@ -722,6 +882,9 @@ impl Membership {
         }
         if let Some(id) = sync_from {
             self.ask_state(id);
+            self.sync_tries = SYNC_TRIES;
+            self.sync_round = (false, false);
+            self.sync_at = now + self.cfg.probe_period;
         }
     }
 }

@@ -5,8 +5,10 @@
 //! only as they happen to probe it: a node restarted into 255 others still saw 195 of them
 //! after a minute. With it, one exchange brings them all.
 //!
-//! - **When**: once a joining node is no longer alone (from the member that answered it),
-//!   and every `announce_period` from a random live member (anti-entropy: two groups that
+//! - **When**: once a joining node is no longer alone (from the member that answered it,
+//!   then from a random live member each probe period until an answer brings nothing new,
+//!   at most 8 more), and
+//!   every `announce_period` from a random live member (anti-entropy: two groups that
 //!   formed apart, or an update gossip lost, heal within a period).
 //! - **The answer**: the live members (alive or suspect) the answerer knows, itself and the
 //!   asker excepted, as foca's own member encoding, split over as many MEMBER bodies as
@@ -114,7 +116,10 @@ impl Membership {
     }
 
     /// Part of an answer from `from`: apply each member as a SWIM update.
-    pub(super) fn handle_state(&mut self, packet: &[u8]) -> Result<(), MemberError> {
+    /// Returns whether it told anything SWIM did not hold (old news is left out, as in
+    /// `without_old_news`: a sync at a thousand members would otherwise cost a walk of
+    /// foca's list per member).
+    pub(super) fn handle_state(&mut self, packet: &[u8]) -> Result<bool, MemberError> {
         let mut codec = foca::PostcardCodec;
         let mut buf = packet;
         let mut members = Vec::new();
@@ -131,11 +136,20 @@ impl Membership {
             members.push(m);
         }
         self.counters.sync_members += members.len() as u64;
+        let told = members.len();
+        members.retain(|m| !self.is_old_news(m));
+        self.counters.old_news += (told - members.len()) as u64;
+        // For the joining rounds (see `sync_tries`).
+        self.sync_round.0 = true;
+        self.sync_round.1 |= !members.is_empty();
+        if members.is_empty() {
+            return Ok(false);
+        }
         let r = self
             .foca
             .apply_many(members.into_iter(), false, &mut self.out);
         self.result(r);
-        Ok(())
+        Ok(true)
     }
 
     /// Whether an ask from `from` is answered now: once a probe period per asker, and at

@@ -90,9 +90,13 @@ impl Net {
     }
 
     fn index(&self, name: &Name) -> Option<usize> {
+        // Every name is `id(i)`'s: n and the index (no search, for the large clusters).
+        let i: usize = name.as_str().strip_prefix('n')?.parse().ok()?;
         self.nodes
-            .iter()
-            .position(|n| n.as_ref().is_some_and(|m| m.me().name == *name))
+            .get(i)?
+            .as_ref()
+            .is_some_and(|m| m.me().name == *name)
+            .then_some(i)
     }
 
     /// Take every node's packets and events.
@@ -228,6 +232,11 @@ fn eight_nodes_join_through_one_seed_and_converge() {
             "node {i} suspected someone at rest: {:?}",
             net.events_of(i)
         );
+    }
+    // Each update reached each node more than once; the copies were taken out before foca
+    // saw them (see `Membership::without_old_news`).
+    for i in 0..8 {
+        assert!(net.node(i).counters().old_news > 0, "node {i}");
     }
 }
 
@@ -1326,6 +1335,66 @@ fn a_node_joining_a_cluster_at_rest_gets_the_full_state_from_its_seed() {
     assert_eq!(net.node(0).counters().syncs_answered, asked_before + 1);
 }
 
+/// Eight nodes join a cluster of 100 at rest through one seed at once: the seed answers
+/// only a few full-state asks a second, and those it turned away ask random members each
+/// probe period, so every newcomer sees everyone within a few periods (not at the periodic
+/// sync, 30 s on).
+#[test]
+fn newcomers_the_seed_turned_away_get_the_state_from_others() {
+    let (old, new) = (250, 8);
+    let n = old + new;
+    let mut net = Net::new(
+        n,
+        MembershipConfig {
+            announce_period: Duration::from_secs(30),
+            ..cfg()
+        },
+    );
+    let seed = net.node(0).me().clone();
+    let now = net.now;
+    for i in 1..old {
+        net.node(i).handle_join(now, seed.clone());
+    }
+    net.collect();
+    let alive = |net: &Net, i: usize| {
+        net.nodes[i]
+            .as_ref()
+            .unwrap()
+            .members()
+            .iter()
+            .filter(|m| m.1 == MemberState::Alive)
+            .count()
+    };
+    net.run_until(Duration::from_secs(60), |net| {
+        (0..old).all(|i| alive(net, i) == old - 1)
+    })
+    .expect("the first 100 converge");
+    // At rest: nothing left to gossip about them.
+    net.run_until(Duration::from_secs(20), |_| false);
+    let now = net.now;
+    for i in old..n {
+        net.node(i).handle_join(now, seed.clone());
+    }
+    net.collect();
+    let took = net
+        .run_until(Duration::from_secs(20), |net| {
+            (old..n).all(|i| alive(net, i) == n - 1)
+        })
+        .expect("every newcomer sees everyone");
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    let asked: Vec<u64> = (old..n)
+        .map(|i| net.node(i).counters().syncs_asked)
+        .collect();
+    assert!(
+        asked.iter().any(|a| *a > 1),
+        "nobody asked again: {asked:?}"
+    );
+    assert!(
+        asked.iter().all(|a| *a <= 1 + SYNC_TRIES as u64),
+        "{asked:?}"
+    );
+}
+
 /// Asks are answered at most once a probe period per asker, and the answer's bodies are
 /// each within the bound; an answer listing a down member, or a state ask with a body, is
 /// malformed.
@@ -1405,4 +1474,49 @@ fn state_asks_are_rate_limited_and_answers_checked() {
         m.handle_frame(t, &from, &[TAG_STATE, 0xff, 0xff]),
         Err(MemberError::Malformed(_))
     ));
+}
+
+/// Not a test of behaviour: how much CPU the machines of a large cluster take to join
+/// and at rest (run it by hand, in release, with `--ignored --nocapture`; N from
+/// BW_SCALE_N, default 512).
+#[test]
+#[ignore]
+fn cost_at_scale() {
+    let n: usize = std::env::var("BW_SCALE_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512);
+    let mut net = Net::new(n, cfg());
+    let t = std::time::Instant::now();
+    net.join_all_through_0();
+    let took = net.run_until(Duration::from_secs(120), |net| {
+        let live = |i: usize| {
+            net.nodes[i]
+                .as_ref()
+                .unwrap()
+                .members()
+                .iter()
+                .filter(|m| m.1 == MemberState::Alive)
+                .count()
+        };
+        live(0) == n - 1 && live(n / 2) == n - 1 && live(n - 1) == n - 1
+    });
+    let cpu_join = t.elapsed();
+    eprintln!("{n} nodes: simulated converge {took:?}, CPU {cpu_join:?}");
+    let t = std::time::Instant::now();
+    let rest = Duration::from_secs(10);
+    net.run_until(rest, |_| false);
+    let cpu = t.elapsed();
+    eprintln!(
+        "at rest: CPU {cpu:?} for {rest:?} simulated: {:.3} % of a core per node",
+        cpu.as_secs_f64() / rest.as_secs_f64() / n as f64 * 100.0
+    );
+    let c: Vec<MemberCounters> = net.nodes.iter().flatten().map(|m| m.counters()).collect();
+    let sum = |f: fn(&MemberCounters) -> u64| c.iter().map(f).sum::<u64>() / n as u64;
+    eprintln!(
+        "per node: {} packets in, {} updates of old news, {} syncs answered",
+        sum(|c| c.packets_in),
+        sum(|c| c.old_news),
+        sum(|c| c.syncs_answered)
+    );
 }

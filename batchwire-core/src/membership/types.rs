@@ -55,18 +55,38 @@ impl serde::Serialize for MemberId {
 
 impl<'de> serde::Deserialize<'de> for MemberId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let (name, addr, started, bump) = <(String, SocketAddr, u64, u16)>::deserialize(d)?;
-        // A member's name follows the rules of a node name: 1 to 255 bytes.
-        let name = (!name.is_empty())
-            .then(|| Name::new(&name))
-            .flatten()
-            .ok_or_else(|| serde::de::Error::custom("member name must be 1 to 255 bytes"))?;
+        let (MemberName(name), addr, started, bump) =
+            <(MemberName, SocketAddr, u64, u16)>::deserialize(d)?;
         Ok(MemberId {
             name,
             addr,
             started,
             bump,
         })
+    }
+}
+
+/// A member's name as decoded: the rules of a node name (1 to 255 bytes), taken from the
+/// packet's bytes with no `String` in between (every update of every packet has one).
+struct MemberName(Name);
+
+impl<'de> serde::Deserialize<'de> for MemberName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = MemberName;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a member name of 1 to 255 bytes")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<MemberName, E> {
+                (!v.is_empty())
+                    .then(|| Name::new(v))
+                    .flatten()
+                    .map(MemberName)
+                    .ok_or_else(|| E::custom("member name must be 1 to 255 bytes"))
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 
@@ -264,4 +284,7 @@ pub struct MemberCounters {
     pub syncs_asked: u64,
     pub syncs_answered: u64,
     pub sync_members: u64,
+    /// Updates taken out of packets before SWIM saw them because they repeated what it
+    /// held (each update reaches a member about a dozen times as it spreads).
+    pub old_news: u64,
 }
