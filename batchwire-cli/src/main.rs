@@ -88,6 +88,10 @@ enum Cmd {
         /// Print the counters as one JSON object a line (`NodeStats`), not as text.
         #[arg(long)]
         stats_json: bool,
+        /// Print only the node's own counters (membership, totals), not every peer's:
+        /// for clusters of hundreds of members.
+        #[arg(long)]
+        stats_brief: bool,
         /// Serve the node's counters for Prometheus at http://ADDR/metrics: a port (on
         /// 127.0.0.1) or an address (0.0.0.0:9100 to serve other hosts too)
         #[arg(long, value_parser = metrics_http::parse_addr)]
@@ -619,6 +623,7 @@ fn main() -> ExitCode {
             tls_ca,
             stats_every,
             stats_json,
+            stats_brief,
             metrics_listen,
             run_for,
             handshake_timeout_ms,
@@ -670,6 +675,7 @@ fn main() -> ExitCode {
                 });
             built.and_then(|(cfg, mut extras)| {
                 extras.stats_json = stats_json;
+                extras.stats_brief = stats_brief;
                 run_node(cfg, &extras, run_for)
             })
         }
@@ -812,7 +818,7 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
             echo,
             stop,
             &metrics,
-            (stats_every, extras.stats_json),
+            (stats_every, extras.stats_json, extras.stats_brief),
             run_for,
             started,
             &mut last_published,
@@ -821,20 +827,25 @@ fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<
         let _ = answering.join();
         r
     })?;
-    print_stats(&node, extras.stats_json);
+    print_stats(&node, extras.stats_json, extras.stats_brief);
     node.shutdown();
     Ok(())
 }
 
 /// The node's counters on stdout: text, or one JSON object on one line.
-fn print_stats(node: &Node, json: bool) {
+fn print_stats(node: &Node, json: bool, brief: bool) {
+    let stats = if brief {
+        node.stats_brief()
+    } else {
+        node.stats()
+    };
     if json {
-        match serde_json::to_string(&node.stats()) {
+        match serde_json::to_string(&stats) {
             Ok(j) => outln!("{j}"),
             Err(e) => tracing::warn!(error = %e, "cannot print the counters as JSON"),
         }
     } else {
-        out!("{}", node.stats());
+        out!("{stats}");
     }
 }
 
@@ -866,7 +877,7 @@ fn echo_loop(
     echo: batchwire::Mailbox,
     stop: &AtomicBool,
     metrics: &Option<metrics_http::Served>,
-    (stats_every, stats_json): (u64, bool),
+    (stats_every, stats_json, stats_brief): (u64, bool, bool),
     run_for: u64,
     started: Instant,
     last_published: &mut Option<Instant>,
@@ -947,7 +958,7 @@ fn echo_loop(
             *last_published = Some(Instant::now());
         }
         if stats_every > 0 && last_stats.elapsed() >= Duration::from_secs(stats_every) {
-            print_stats(node, stats_json);
+            print_stats(node, stats_json, stats_brief);
             last_stats = Instant::now();
         }
         if run_for > 0 && start.elapsed() >= Duration::from_secs(run_for) {

@@ -192,6 +192,8 @@ pub struct Extras {
     pub stats_every: u64,
     /// ...as JSON.
     pub stats_json: bool,
+    /// `--stats-brief`: only the node's own counters.
+    pub stats_brief: bool,
     /// Serve metrics for Prometheus here.
     pub metrics_listen: Option<SocketAddr>,
     /// The TLS files, to check at start that the certificate names the node (every peer
@@ -265,6 +267,7 @@ pub fn build(flags: Flags, file: CliFile) -> Result<(NodeConfig, Extras), String
         stats_every: flags.stats_every.or(file.stats_every_secs).unwrap_or(10),
         metrics_listen: flags.metrics_listen.or(file.metrics_listen),
         stats_json: false,
+        stats_brief: false,
         tls,
     };
     Ok((cfg, extras))

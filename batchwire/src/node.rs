@@ -330,6 +330,14 @@ impl Node {
         self.rt.stats()
     }
 
+    /// The node's own counters without every peer's: `peers` is empty and `bytes_sent`
+    /// is their sum. Cheap at any cluster size (`stats` builds a snapshot of each peer,
+    /// which for a thousand members is most of what an idle node does if printed every
+    /// second).
+    pub fn stats_brief(&self) -> NodeStats {
+        self.rt.stats_brief()
+    }
+
     /// Flush what is queued (up to `shutdown_timeout`), say goodbye to every peer, close
     /// every connection and mailbox, and join every thread the node started. Messages that
     /// could not be delivered in time are reported as `SendFailed` and logged.

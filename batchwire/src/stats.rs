@@ -136,6 +136,19 @@ pub struct PeerStats {
 }
 
 impl PeerStats {
+    /// Never connected, nothing sent, received, queued or failed: a member known only
+    /// through membership (with connections on demand, nobody talked to it).
+    pub fn is_untouched(&self) -> bool {
+        !self.connected
+            && self.connects == 0
+            && self.frames_sent == 0
+            && self.frames_received == 0
+            && self.send_failed == 0
+            && self.protocol_violations == 0
+            && self.queued == 0
+            && self.unacked_bytes == 0
+    }
+
     /// Mean messages per write.
     pub fn messages_per_write(&self) -> f64 {
         if self.writes == 0 {
@@ -217,6 +230,9 @@ pub struct NodeStats {
     /// Bytes of messages in pieces the node holds room for now, every peer's (their
     /// announced lengths; bounded by `reassembly_bytes`).
     pub reassembly_bytes: u64,
+    /// Bytes written to all peers (the sum of `peers`' `bytes_sent`; also filled in by
+    /// [`crate::Node::stats_brief`], which leaves `peers` empty).
+    pub bytes_sent: u64,
 }
 
 /// Requests made from this node, and the replies that came back.
@@ -372,7 +388,7 @@ impl std::fmt::Display for NodeStats {
             )?;
         }
         let m = &self.membership;
-        let sent: u64 = self.peers.iter().map(|p| p.bytes_sent).sum();
+        let sent = self.bytes_sent;
         writeln!(
             f,
             "  membership: in {} packets / {} B, out {} packets / {} B, rate-limited {}, violations {}, dropped {}, members refused {}, datagrams refused {}, unsent {}; all peers: sent {} B",
@@ -404,7 +420,16 @@ impl std::fmt::Display for NodeStats {
                 r.stray_replies,
             )?;
         }
-        for p in &self.peers {
+        // A member never talked to (connections on demand) is one line of zeros: a
+        // thousand of them would bury the few that carry traffic, so they are counted.
+        let untouched = self.peers.iter().filter(|p| p.is_untouched()).count();
+        if untouched > 0 {
+            writeln!(
+                f,
+                "  {untouched} more peer(s) never connected and never sent to (not listed)"
+            )?;
+        }
+        for p in self.peers.iter().filter(|p| !p.is_untouched()) {
             writeln!(
                 f,
                 "  {:<12} {:<4} sent {} msgs / {} B in {} frames, {} writes ({} through; {:.1} msgs/write; flushes drained {} size {} timer {} single {}), recv {} msgs / {} B in {} frames ({} reads led), queue high-water {} B, senders blocked {} us, failed {}, undeliverable at peer {}, protocol violations {}",
@@ -440,5 +465,40 @@ impl std::fmt::Display for NodeStats {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(name: &str) -> PeerStats {
+        PeerStats {
+            peer: name.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn members_never_talked_to_are_counted_not_listed() {
+        let mut s = NodeStats {
+            node: "a".into(),
+            ..Default::default()
+        };
+        s.peers = (0..1000).map(|i| peer(&format!("m{i}"))).collect();
+        s.peers[7].connected = true;
+        s.peers[9].frames_received = 1;
+        s.peers[11].send_failed = 1;
+        let text = s.to_string();
+        assert!(text.contains("997 more peer(s) never connected"), "{text}");
+        let listed: Vec<&str> = text
+            .lines()
+            .filter(|l| l.trim_start().starts_with("m") && !l.contains("membership:"))
+            .map(|l| l.split_whitespace().next().unwrap())
+            .collect();
+        assert_eq!(listed, ["m7", "m9", "m11"]);
+        // A node with nothing untouched says nothing about it.
+        s.peers.retain(|p| !p.is_untouched());
+        assert!(!s.to_string().contains("more peer(s)"));
     }
 }

@@ -57,6 +57,15 @@ fn messages_arrive_complete_and_in_order_per_sender() {
     let st = nodes[0].stats();
     let b = st.peers.iter().find(|p| p.peer == "b").unwrap();
     assert_eq!(b.messages_sent, N);
+    // The brief counters: no peers, the same total sent (nothing moves any more).
+    let brief = nodes[0].stats_brief();
+    assert!(brief.peers.is_empty());
+    assert_eq!(brief.bytes_sent, st.bytes_sent);
+    assert_eq!(
+        st.bytes_sent,
+        st.peers.iter().map(|p| p.bytes_sent).sum::<u64>()
+    );
+    assert!(st.bytes_sent >= b.bytes_sent && b.bytes_sent > 0);
     // A stream sent as fast as one thread can is bundled: at least two messages a write on
     // average (one a write would mean no bundling at all).
     assert!(

@@ -148,7 +148,7 @@ fn spawn(
     cmd.args(["node", "--name", name, "--listen", &addr.to_string()])
         .arg("--secret-file")
         .arg(dir.join("secret"))
-        .args(["--stats-every", "1"])
+        .args(["--stats-every", "1", "--stats-brief"])
         .args(["--idle-close-ms", &opts.idle_close_ms.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped());

@@ -139,17 +139,20 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
         // Forgotten members (down for `forget_down_after`) no longer need a dialer, nor,
         // if they hold nothing, a peer (configured peers stay). Only members that were in
         // the view: a node joining right now is not in it yet.
-        ctx.dialers
-            .retain(|n| view.iter().any(|v| v.name == n.as_str()));
+        // By a set of the names: each of these was a walk of the view per member, and
+        // with a change per member joining, a thousand members made the join quadratic
+        // per change and cubic in all.
+        let names: std::collections::HashSet<&str> = view.iter().map(|v| v.name.as_str()).collect();
+        ctx.dialers.retain(|n| names.contains(n.as_str()));
         let old = ctx.members.view();
         for o in old.iter() {
-            if !view.iter().any(|v| v.name == o.name)
+            if !names.contains(o.name.as_str())
                 && let Some(n) = Name::new(&o.name)
             {
                 forgotten.insert(n);
             }
         }
-        forgotten.retain(|n| !view.iter().any(|v| v.name == n.as_str()));
+        forgotten.retain(|n| !names.contains(n.as_str()));
         *ctx.members.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::from(view);
     }
     // The view is published before its events go out: whoever subscribes to the events

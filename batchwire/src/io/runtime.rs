@@ -860,9 +860,24 @@ impl Runtime {
             }
         }
         peers.sort_by(|a, b| a.peer.cmp(&b.peer));
+        let mut s = self.stats_brief();
+        s.bytes_sent = peers.iter().map(|p| p.bytes_sent).sum();
+        s.peers = peers;
+        s
+    }
+
+    /// `stats` without the peers' counters (`peers` empty, `bytes_sent` their sum): a
+    /// few loads a peer, where `stats` builds each peer's whole snapshot.
+    pub fn stats_brief(&self) -> NodeStats {
         NodeStats {
             node: self.name.to_string(),
-            peers,
+            peers: Vec::new(),
+            bytes_sent: self
+                .peers
+                .all()
+                .iter()
+                .map(|p| p.stats.bytes_sent.load(Ordering::Relaxed))
+                .sum(),
             undeliverable: self.mailboxes.missing(),
             local_messages: self.local_messages.load(Ordering::Relaxed),
             handshakes: self.setup.security.snapshot(),
