@@ -265,6 +265,11 @@ impl Membership {
 
     /// The view: every member this node knows of (itself not included), with its state.
     /// Down and left members stay listed for `forget_down_after`.
+    /// The view in no order (what `members` sorts).
+    pub fn view_unsorted(&self) -> Vec<(MemberId, MemberState)> {
+        self.view.values().cloned().collect()
+    }
+
     pub fn members(&self) -> Vec<(MemberId, MemberState)> {
         let mut v: Vec<_> = self.view.values().cloned().collect();
         v.sort_by(|a, b| a.0.name.cmp(&b.0.name));

@@ -20,7 +20,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use batchwire_core::codec::Name;
-use batchwire_core::membership::MemberId;
+use batchwire_core::membership::{MemberId, MemberState};
 use bytes::Bytes;
 
 use crate::event::Member;
@@ -42,12 +42,30 @@ pub(crate) enum Input {
     Wake,
 }
 
+/// The published view: the members as the membership machine reports them, and their
+/// public form once someone asked for it.
+#[derive(Default)]
+struct View {
+    ids: Vec<(MemberId, MemberState)>,
+    built: Option<Arc<[Member]>>,
+}
+
+/// The public form of a member.
+pub(crate) fn member(id: &MemberId, state: MemberState) -> Member {
+    Member {
+        name: id.name.to_string(),
+        addr: id.addr,
+        incarnation: id.started,
+        state,
+    }
+}
+
 /// A cheap handle: how the rest of the node talks to the membership thread, and the view.
 #[derive(Clone)]
 pub(crate) struct Members {
     tx: SyncSender<Input>,
     /// Written by the membership thread only.
-    pub(crate) view: Arc<RwLock<Arc<[Member]>>>,
+    view: Arc<RwLock<View>>,
     dropped: Arc<AtomicU64>,
 }
 
@@ -57,7 +75,7 @@ impl Members {
         let (tx, rx) = sync_channel(INBOX);
         let m = Members {
             tx,
-            view: Arc::new(RwLock::new(Arc::from(Vec::new()))),
+            view: Arc::new(RwLock::new(View::default())),
             dropped: Arc::default(),
         };
         (m, rx)
@@ -121,9 +139,44 @@ impl Members {
         let _ = self.tx.try_send(Input::Wake);
     }
 
-    /// The current view (other members, with their states).
+    /// The current view (other members, with their states), sorted by name.
     pub fn view(&self) -> Arc<[Member]> {
-        self.view.read().unwrap_or_else(|p| p.into_inner()).clone()
+        if let Some(v) = &self.view.read().unwrap_or_else(|p| p.into_inner()).built {
+            return v.clone();
+        }
+        let mut w = self.view.write().unwrap_or_else(|p| p.into_inner());
+        let View { ids, built } = &mut *w;
+        built
+            .get_or_insert_with(|| {
+                let mut v: Vec<Member> = ids.iter().map(|(id, st)| member(id, *st)).collect();
+                v.sort_by(|a, b| a.name.cmp(&b.name));
+                Arc::from(v)
+            })
+            .clone()
+    }
+
+    /// Publish a new view (the membership thread, after a change): the public form is
+    /// built when first read. A thousand members joining at once change the view at
+    /// nearly every packet, and building it each time (a `String` a member, sorted) was
+    /// most of what each node did during the join.
+    pub(crate) fn publish(&self, ids: Vec<(MemberId, MemberState)>) {
+        *self.view.write().unwrap_or_else(|p| p.into_inner()) = View { ids, built: None };
+    }
+
+    /// Members in the published view.
+    pub(crate) fn len(&self) -> usize {
+        self.view
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids
+            .len()
+    }
+
+    /// Call `f` with each name in the published view.
+    pub(crate) fn for_each_name(&self, mut f: impl FnMut(&Name)) {
+        for (id, _) in &self.view.read().unwrap_or_else(|p| p.into_inner()).ids {
+            f(&id.name);
+        }
     }
 
     /// Whether `name` is a live member (alive or suspect).

@@ -13,11 +13,11 @@ use batchwire_core::codec::Name;
 use batchwire_core::membership::{MemberEvent, MemberId, MemberState, Membership};
 use tracing::{debug, info, warn};
 
-use crate::event::{Event, Member};
+use crate::event::Event;
 use crate::io::datagrams::Sender;
 use crate::io::dial::Dialers;
 use crate::io::events::Events;
-use crate::io::members::{Input, MemberStats, Members};
+use crate::io::members::{Input, MemberStats, Members, member};
 use crate::io::peers::Peers;
 use crate::io::shutdown::Shutdown;
 
@@ -124,7 +124,7 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
         events.extend(act_on(e, ctx));
     }
     // Members forgotten (down for `forget_down_after`) leave the view without an event.
-    changed |= m.view_len() != ctx.members.view().len();
+    changed |= m.view_len() != ctx.members.len();
     let c = m.counters();
     let s = &ctx.counters;
     s.bytes_in.store(c.bytes_in, Relaxed);
@@ -135,25 +135,24 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
     s.members_refused.store(c.members_refused, Relaxed);
     let mut forgotten = ctx.forgotten.borrow_mut();
     if changed {
-        let view: Vec<Member> = m.members().iter().map(|(id, st)| member(id, *st)).collect();
+        let view = m.view_unsorted();
         // Forgotten members (down for `forget_down_after`) no longer need a dialer, nor,
         // if they hold nothing, a peer (configured peers stay). Only members that were in
         // the view: a node joining right now is not in it yet.
         // By a set of the names: each of these was a walk of the view per member, and
         // with a change per member joining, a thousand members made the join quadratic
         // per change and cubic in all.
-        let names: std::collections::HashSet<&str> = view.iter().map(|v| v.name.as_str()).collect();
-        ctx.dialers.retain(|n| names.contains(n.as_str()));
-        let old = ctx.members.view();
-        for o in old.iter() {
-            if !names.contains(o.name.as_str())
-                && let Some(n) = Name::new(&o.name)
-            {
-                forgotten.insert(n);
+        let names: std::collections::HashSet<&[u8]> =
+            view.iter().map(|(id, _)| id.name.as_bytes()).collect();
+        ctx.dialers.retain(|n| names.contains(n.as_bytes()));
+        ctx.members.for_each_name(|o| {
+            if !names.contains(o.as_bytes()) {
+                forgotten.insert(o.clone());
             }
-        }
-        forgotten.retain(|n| !names.contains(n.as_str()));
-        *ctx.members.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::from(view);
+        });
+        forgotten.retain(|n| !names.contains(n.as_bytes()));
+        drop(names);
+        ctx.members.publish(view);
     }
     // The view is published before its events go out: whoever subscribes to the events
     // and then reads the view (as the API tells them to) misses nothing, even when the
@@ -175,15 +174,6 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
         if removed > 0 {
             debug!(node = %ctx.node, removed, "peers of forgotten members removed");
         }
-    }
-}
-
-fn member(id: &MemberId, state: MemberState) -> Member {
-    Member {
-        name: id.name.to_string(),
-        addr: id.addr,
-        incarnation: id.started,
-        state,
     }
 }
 
