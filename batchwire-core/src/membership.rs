@@ -865,6 +865,7 @@ impl Membership {
         }
         // Forgotten by SWIM (down for `forget_down_after`): forgotten here too. Every name
         // SWIM lists is in the view or refused, so only then is a set of them needed.
+        let mut again = false;
         if listed < self.view.len() || !self.refused.is_empty() {
             let seen: HashSet<Name, NameHash> = self
                 .foca
@@ -872,13 +873,15 @@ impl Membership {
                 .map(|m| m.id().name.clone())
                 .filter(|n| *n != me)
                 .collect();
-            if listed < self.view.len() {
+            let shrank = listed < self.view.len();
+            if shrank {
                 self.view.retain(|n, _| seen.contains(n));
                 let view = &self.view;
                 self.heard.retain(|n, _| view.contains_key(n));
                 self.swim.retain(|n, _| view.contains_key(n));
             }
             self.refused.retain(|n| seen.contains(n));
+            again = shrank && !self.refused.is_empty();
         }
         // Their answers come back as input, whose `after` finds nothing more to announce.
         for id in announce {
@@ -890,6 +893,12 @@ impl Membership {
             self.sync_tries = SYNC_TRIES;
             self.sync_round = (false, false);
             self.sync_at = now + self.cfg.probe_period;
+        }
+        // Room was made: members refused in this pass are looked at again now, as every
+        // input used to (the next one may not walk the list). Once: the view now holds
+        // only what SWIM lists, so that pass cannot shrink it.
+        if again {
+            self.after(now, true);
         }
     }
 }

@@ -201,6 +201,27 @@ impl Net {
             .all(|i| self.sees(i, j, state))
     }
 
+    /// How many members node `i` sees alive.
+    fn alive_seen_by(&self, i: usize) -> usize {
+        self.nodes[i]
+            .as_ref()
+            .expect("node is running")
+            .members()
+            .iter()
+            .filter(|m| m.1 == MemberState::Alive)
+            .count()
+    }
+
+    /// Nodes `from..to` join through node 0, now.
+    fn join_through_0(&mut self, from: usize, to: usize) {
+        let seed = self.node(0).me().clone();
+        let now = self.now;
+        for i in from..to {
+            self.node(i).handle_join(now, seed.clone());
+        }
+        self.collect();
+    }
+
     fn events_of(&self, i: usize) -> Vec<MemberEvent> {
         self.log[i].iter().map(|(_, e)| e.clone()).collect()
     }
@@ -1299,31 +1320,16 @@ fn the_rate_table_is_bounded_and_starts_over() {
 fn a_node_joining_a_cluster_at_rest_gets_the_full_state_from_its_seed() {
     let n = 121;
     let mut net = Net::new(n, cfg());
-    let seed = net.node(0).me().clone();
-    let now = net.now;
-    for i in 1..n - 1 {
-        net.node(i).handle_join(now, seed.clone());
-    }
-    net.collect();
+    net.join_through_0(1, n - 1);
     // The others converge (node 0 and node 60 see all 119 others alive), then rest.
-    let all = |net: &Net, i: usize| {
-        net.nodes[i]
-            .as_ref()
-            .unwrap()
-            .members()
-            .iter()
-            .filter(|m| m.1 == MemberState::Alive)
-            .count()
-    };
+    let all = |net: &Net, i: usize| net.alive_seen_by(i);
     net.run_until(Duration::from_secs(60), |net| {
         all(net, 0) == n - 2 && all(net, 60) == n - 2
     })
     .expect("the first 120 converge");
     net.run_until(Duration::from_secs(5), |_| false);
     let asked_before = net.node(0).counters().syncs_answered;
-    let now = net.now;
-    net.node(n - 1).handle_join(now, seed);
-    net.collect();
+    net.join_through_0(n - 1, n);
     let took = net
         .run_until(Duration::from_secs(30), |net| all(net, n - 1) == n - 1)
         .expect("the newcomer sees everyone");
@@ -1350,32 +1356,15 @@ fn newcomers_the_seed_turned_away_get_the_state_from_others() {
             ..cfg()
         },
     );
-    let seed = net.node(0).me().clone();
-    let now = net.now;
-    for i in 1..old {
-        net.node(i).handle_join(now, seed.clone());
-    }
-    net.collect();
-    let alive = |net: &Net, i: usize| {
-        net.nodes[i]
-            .as_ref()
-            .unwrap()
-            .members()
-            .iter()
-            .filter(|m| m.1 == MemberState::Alive)
-            .count()
-    };
+    net.join_through_0(1, old);
+    let alive = |net: &Net, i: usize| net.alive_seen_by(i);
     net.run_until(Duration::from_secs(60), |net| {
         (0..old).all(|i| alive(net, i) == old - 1)
     })
     .expect("the first 100 converge");
     // At rest: nothing left to gossip about them.
     net.run_until(Duration::from_secs(20), |_| false);
-    let now = net.now;
-    for i in old..n {
-        net.node(i).handle_join(now, seed.clone());
-    }
-    net.collect();
+    net.join_through_0(old, n);
     let took = net
         .run_until(Duration::from_secs(20), |net| {
             (old..n).all(|i| alive(net, i) == n - 1)
@@ -1490,16 +1479,9 @@ fn cost_at_scale() {
     let t = std::time::Instant::now();
     net.join_all_through_0();
     let took = net.run_until(Duration::from_secs(120), |net| {
-        let live = |i: usize| {
-            net.nodes[i]
-                .as_ref()
-                .unwrap()
-                .members()
-                .iter()
-                .filter(|m| m.1 == MemberState::Alive)
-                .count()
-        };
-        live(0) == n - 1 && live(n / 2) == n - 1 && live(n - 1) == n - 1
+        [0, n / 2, n - 1]
+            .iter()
+            .all(|i| net.alive_seen_by(*i) == n - 1)
     });
     let cpu_join = t.elapsed();
     eprintln!("{n} nodes: simulated converge {took:?}, CPU {cpu_join:?}");
