@@ -265,15 +265,15 @@ impl Membership {
 
     /// The view: every member this node knows of (itself not included), with its state.
     /// Down and left members stay listed for `forget_down_after`.
-    /// The view in no order (what `members` sorts).
-    pub fn view_unsorted(&self) -> Vec<(MemberId, MemberState)> {
-        self.view.values().cloned().collect()
-    }
-
     pub fn members(&self) -> Vec<(MemberId, MemberState)> {
-        let mut v: Vec<_> = self.view.values().cloned().collect();
+        let mut v = self.view_unsorted();
         v.sort_by(|a, b| a.0.name.cmp(&b.0.name));
         v
+    }
+
+    /// `members` in no order.
+    pub fn view_unsorted(&self) -> Vec<(MemberId, MemberState)> {
+        self.view.values().cloned().collect()
     }
 
     /// The state of the member called `name`, if it is in the view.
@@ -345,8 +345,9 @@ impl Membership {
             TAG_SWIM => {
                 // The sender field must be the connection's peer: no member speaks for
                 // another.
+                let mut body = packet;
                 let header: foca::Header<MemberId> = PostcardCodec
-                    .decode_header(packet)
+                    .decode_header(&mut body)
                     .map_err(|e| MemberError::Malformed(e.to_string()))?;
                 if header.src.name != *from {
                     return Err(MemberError::Impersonation {
@@ -356,7 +357,7 @@ impl Membership {
                 }
                 // A packet from the member itself is direct evidence that it is alive.
                 self.note_heard(now, from, header.src.started);
-                let (fresh, news) = self.without_old_news(packet, &header);
+                let (fresh, news) = self.without_old_news(packet, &header, body);
                 walk = news;
                 let packet = fresh.as_deref().unwrap_or(packet);
                 match self.foca.handle_data(packet, &mut self.out) {
@@ -606,11 +607,11 @@ impl Membership {
         }
     }
 
-    /// `packet` without the updates that repeat what SWIM holds (see `swim`), or `None`
-    /// when it has none (or does not decode: foca then says why). Such an update is a no-op
-    /// in foca: a member's state only moves forward (a higher incarnation, alive to suspect
-    /// to down, or a newer identity that wins), so what it held once it never takes back.
-    /// Updates about this node are always left in.
+    /// `packet` (`header`, then `body`) without the updates that repeat what SWIM holds
+    /// (see `swim`), or `None` when it has none (or does not decode: foca then says why).
+    /// Such an update is a no-op in foca: a member's state only moves forward (a higher
+    /// incarnation, alive to suspect to down, or a newer identity that wins), so what it
+    /// held once it never takes back. Updates about this node are always left in.
     ///
     /// Also says whether the packet may change SWIM's member list at all: not when every
     /// update was old news and its sender is live here under the same id and incarnation
@@ -620,6 +621,7 @@ impl Membership {
         &mut self,
         packet: &[u8],
         header: &foca::Header<MemberId>,
+        body: &[u8],
     ) -> (Option<Vec<u8>>, bool) {
         let src_known = self
             .swim
@@ -627,52 +629,43 @@ impl Membership {
             .is_some_and(|(id, inc, state)| {
                 *id == header.src && *inc == header.src_incarnation && *state != State::Down
             });
-        match self.take_old_news(packet) {
-            Some((fresh, kept)) => (fresh, kept > 0 || !src_known),
-            None => (None, true),
-        }
-    }
-
-    /// `without_old_news`'s work: the packet without its old news (None: there was none)
-    /// and how many updates were kept; None if it does not decode.
-    fn take_old_news(&mut self, packet: &[u8]) -> Option<(Option<Vec<u8>>, usize)> {
-        let mut rest = packet;
-        let header: foca::Header<MemberId> = PostcardCodec.decode_header(&mut rest).ok()?;
         // Only these carry updates (an announce has no body; a broadcast carries none).
-        if matches!(
+        let updates = !matches!(
             header.message,
             foca::Message::Announce | foca::Message::Broadcast
-        ) || rest.len() < 2
-        {
-            return rest.is_empty().then_some((None, 0));
+        );
+        if !updates || body.len() < 2 {
+            return (None, !(src_known && body.is_empty()));
         }
-        let head = packet.len() - rest.len();
-        let count = u16::from_be_bytes([rest[0], rest[1]]);
-        rest = &rest[2..];
-        let mut kept: Vec<&[u8]> = Vec::with_capacity(count as usize);
+        let count = u16::from_be_bytes([body[0], body[1]]);
+        let mut rest = &body[2..];
+        // The count is the sender's word: room for what a packet can hold at most.
+        let mut kept: Vec<&[u8]> = Vec::with_capacity(usize::from(count).min(MAX_PACKET / 16));
         let mut old = 0;
         for _ in 0..count {
             let before = rest;
-            let m: Member<MemberId> = PostcardCodec.decode_member(&mut rest).ok()?;
+            let Ok(m): Result<Member<MemberId>, _> = PostcardCodec.decode_member(&mut rest) else {
+                return (None, true);
+            };
             if self.is_old_news(&m) {
                 old += 1;
             } else {
                 kept.push(&before[..before.len() - rest.len()]);
             }
         }
+        let news = !kept.is_empty() || !src_known;
         if old == 0 {
-            return Some((None, kept.len()));
+            return (None, news);
         }
         self.counters.old_news += old;
-        let n = kept.len();
         let mut out = Vec::with_capacity(packet.len());
-        out.extend_from_slice(&packet[..head]);
+        out.extend_from_slice(&packet[..packet.len() - body.len()]);
         out.extend_from_slice(&(kept.len() as u16).to_be_bytes());
         for k in kept {
             out.extend_from_slice(k);
         }
         out.extend_from_slice(rest);
-        Some((Some(out), n))
+        (Some(out), news)
     }
 
     /// Whether `m` is exactly what SWIM holds of that member (never so for this node).

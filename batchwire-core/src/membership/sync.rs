@@ -5,11 +5,11 @@
 //! only as they happen to probe it: a node restarted into 255 others still saw 195 of them
 //! after a minute. With it, one exchange brings them all.
 //!
-//! - **When**: once a joining node is no longer alone (from the member that answered it,
-//!   then from a random live member each probe period until an answer brings nothing new,
-//!   at most 8 more), and
-//!   every `announce_period` from a random live member (anti-entropy: two groups that
-//!   formed apart, or an update gossip lost, heal within a period).
+//! - **When**: once a joining node is no longer alone, from the member that answered it,
+//!   then from a random live member each probe period until an answer brings nothing new
+//!   (at most 8 more); and every `announce_period` from a random live member
+//!   (anti-entropy: two groups that formed apart, or an update gossip lost, heal within a
+//!   period).
 //! - **The answer**: the live members (alive or suspect) the answerer knows, itself and the
 //!   asker excepted, as foca's own member encoding, split over as many MEMBER bodies as
 //!   needed (each at most `MAX_PACKET`), sent to the asker's address in the view.

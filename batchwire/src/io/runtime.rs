@@ -860,24 +860,28 @@ impl Runtime {
             }
         }
         peers.sort_by(|a, b| a.peer.cmp(&b.peer));
-        let mut s = self.stats_brief();
-        s.bytes_sent = peers.iter().map(|p| p.bytes_sent).sum();
-        s.peers = peers;
-        s
+        let sent = peers.iter().map(|p| p.bytes_sent).sum();
+        self.node_stats(peers, sent)
     }
 
     /// `stats` without the peers' counters (`peers` empty, `bytes_sent` their sum): a
-    /// few loads a peer, where `stats` builds each peer's whole snapshot.
+    /// load a peer, where `stats` builds each peer's whole snapshot.
     pub fn stats_brief(&self) -> NodeStats {
+        let sent = self
+            .peers
+            .all()
+            .iter()
+            .map(|p| p.stats.bytes_sent.load(Ordering::Relaxed))
+            .sum();
+        self.node_stats(Vec::new(), sent)
+    }
+
+    /// The node's own counters around `peers`.
+    fn node_stats(&self, peers: Vec<PeerStats>, bytes_sent: u64) -> NodeStats {
         NodeStats {
             node: self.name.to_string(),
-            peers: Vec::new(),
-            bytes_sent: self
-                .peers
-                .all()
-                .iter()
-                .map(|p| p.stats.bytes_sent.load(Ordering::Relaxed))
-                .sum(),
+            peers,
+            bytes_sent,
             undeliverable: self.mailboxes.missing(),
             local_messages: self.local_messages.load(Ordering::Relaxed),
             handshakes: self.setup.security.snapshot(),
