@@ -50,7 +50,7 @@ pub const MAX_PACKET: usize = 1400;
 
 pub use types::{
     MAX_MEMBERS_LIMIT, MemberCounters, MemberError, MemberEvent, MemberId, MemberState,
-    MembershipConfig,
+    MembershipConfig, ViewDelta,
 };
 
 /// A packet foca asked to send.
@@ -126,6 +126,10 @@ pub struct Membership {
     seq: u64,
     /// What this node reported of each member (the view).
     view: HashMap<Name, (MemberId, MemberState), NameHash>,
+    /// Names whose view entry changed since `take_view_delta` (with repeats; cleared past
+    /// `max_members`, and then `view_whole` is set), and whether a member left the view.
+    view_changed: Vec<Name>,
+    view_whole: bool,
     /// What SWIM held of each member of the view at the end of the last input: its id,
     /// incarnation and state. A member found as it was is skipped by `after`, and an
     /// update that repeats it is old news that `handle_frame` takes out before foca sees
@@ -133,6 +137,15 @@ pub struct Membership {
     /// dozen copies of every update that SWIM's dissemination brings cost most of a node's
     /// work).
     swim: HashMap<Name, (MemberId, foca::Incarnation, State), NameHash>,
+    /// Updates given to SWIM since the list was last compared (`handle_frames` compares
+    /// once a batch): the same update from another sender in the batch is old news too.
+    /// At most twice `max_members`; emptied by each compare.
+    fed: HashMap<Name, (MemberId, foca::Incarnation, State), NameHash>,
+    /// `swim` again, in the order of SWIM's list at the last compare (which moves only
+    /// when members come or go, or a probe round ends): entry i is what `swim` holds of
+    /// the member then at place i, `None` for this node, a down or refused member, or a
+    /// place not compared since the list last shrank.
+    order: Vec<Option<(MemberId, foca::Incarnation, State)>>,
     /// Members that sent a leave notice (name → start and bump), so their going down is
     /// reported as a leave.
     left: HashMap<Name, (u64, u16), NameHash>,
@@ -217,6 +230,10 @@ impl Membership {
             timers: BTreeMap::new(),
             seq: 0,
             view: HashMap::default(),
+            view_changed: Vec::new(),
+            view_whole: true,
+            fed: HashMap::default(),
+            order: Vec::new(),
             swim: HashMap::default(),
             left: HashMap::default(),
             events: VecDeque::new(),
@@ -276,6 +293,44 @@ impl Membership {
         self.view.values().cloned().collect()
     }
 
+    /// What changed in the view since the last call (the first call says `Whole`). The
+    /// IO layer keeps its published copy with this: at a thousand members joining, a
+    /// copy of the whole view at each change (the view changes at nearly every packet)
+    /// made each node's join quadratic.
+    pub fn take_view_delta(&mut self) -> ViewDelta {
+        if std::mem::take(&mut self.view_whole) {
+            self.view_changed.clear();
+            return ViewDelta::Whole;
+        }
+        if self.view_changed.is_empty() {
+            return ViewDelta::Unchanged;
+        }
+        let mut names = std::mem::take(&mut self.view_changed);
+        names.sort_unstable();
+        names.dedup();
+        let entries = names
+            .iter()
+            .filter_map(|n| self.view.get(n).cloned())
+            .collect();
+        names.clear();
+        self.view_changed = names;
+        ViewDelta::Changed(entries)
+    }
+
+    /// Note that `name`'s view entry changed (fields apart: called while foca's list is
+    /// borrowed).
+    fn view_touched(changed: &mut Vec<Name>, whole: &mut bool, max: usize, name: &Name) {
+        if *whole {
+            return;
+        }
+        if changed.len() >= max {
+            changed.clear();
+            *whole = true;
+            return;
+        }
+        changed.push(name.detached());
+    }
+
     /// The state of the member called `name`, if it is in the view.
     pub fn state_of(&self, name: &[u8]) -> Option<(MemberId, MemberState)> {
         self.view.get(name).cloned()
@@ -324,6 +379,40 @@ impl Membership {
         from: &Name,
         body: &[u8],
     ) -> Result<(), MemberError> {
+        let walk = self.frame_in(now, from, body)?;
+        self.after(now, walk);
+        Ok(())
+    }
+
+    /// MEMBER bodies read together (a socket's backlog), as `handle_frame` each, except
+    /// that SWIM's member list is compared with the view once, after the last. That walk
+    /// looks at every member; after each packet, at a thousand members joining (nearly
+    /// every packet has news then), it was most of a node's work, and a node that falls
+    /// behind reads larger batches. A body that breaks the rules goes to `refused` with
+    /// the reason, and the others are taken.
+    pub fn handle_frames<'a>(
+        &mut self,
+        now: Instant,
+        frames: impl IntoIterator<Item = (&'a Name, &'a [u8])>,
+        mut refused: impl FnMut(&'a Name, MemberError),
+    ) {
+        let (mut walk, mut any) = (false, false);
+        for (from, body) in frames {
+            match self.frame_in(now, from, body) {
+                Ok(w) => {
+                    walk |= w;
+                    any = true;
+                }
+                Err(e) => refused(from, e),
+            }
+        }
+        if any {
+            self.after(now, walk);
+        }
+    }
+
+    /// One MEMBER body into SWIM; returns whether SWIM's list may have changed.
+    fn frame_in(&mut self, now: Instant, from: &Name, body: &[u8]) -> Result<bool, MemberError> {
         let Some((&tag, packet)) = body.split_first() else {
             return Err(MemberError::Empty);
         };
@@ -335,7 +424,7 @@ impl Membership {
         }
         if !self.admit(now, from) {
             self.counters.rate_limited += 1;
-            return Ok(());
+            return Ok(false);
         }
         self.counters.packets_in += 1;
         self.counters.bytes_in += body.len() as u64;
@@ -401,8 +490,7 @@ impl Membership {
             TAG_STATE => walk = self.handle_state(packet)?,
             other => return Err(MemberError::UnknownTag(other)),
         }
-        self.after(now, walk);
-        Ok(())
+        Ok(walk)
     }
 
     /// The transport completed a handshake with the node `name` whose process started at
@@ -563,7 +651,15 @@ impl Membership {
             .chain(self.rejoin_at)
             .chain(std::iter::once(self.sync_at))
             .min();
-        let t = self.timers.keys().next().map(|k| k.0);
+        // Periodic gossip only re-arms itself while there is nothing to gossip: that timer
+        // waits for news (it fires at the first turn after some come) instead of waking
+        // the thread five times a second at rest for nothing.
+        let quiet = self.foca.updates_backlog() == 0 && self.foca.custom_broadcast_backlog() == 0;
+        let t = self
+            .timers
+            .iter()
+            .find(|(_, t)| !(quiet && matches!(t, Timer::PeriodicGossip(_))))
+            .map(|(k, _)| k.0);
         match (t, hinted) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -651,6 +747,10 @@ impl Membership {
                 old += 1;
             } else {
                 kept.push(&before[..before.len() - rest.len()]);
+                if self.fed.len() < self.cfg.max_members.saturating_mul(2) {
+                    let (id, inc, state) = (m.id().clone(), m.incarnation(), m.state());
+                    self.fed.insert(id.name.detached(), (id, inc, state));
+                }
             }
         }
         let news = !kept.is_empty() || !src_known;
@@ -668,12 +768,16 @@ impl Membership {
         (Some(out), news)
     }
 
-    /// Whether `m` is exactly what SWIM holds of that member (never so for this node).
+    /// Whether `m` is exactly what SWIM holds of that member, or an update SWIM was
+    /// given since the list was last compared (never so for this node). Applied again,
+    /// SWIM would find it no newer than what it holds: a no-op.
     fn is_old_news(&self, m: &Member<MemberId>) -> bool {
+        let same = |(id, inc, state): &(MemberId, foca::Incarnation, State)| {
+            id == m.id() && *inc == m.incarnation() && *state == m.state()
+        };
         m.id().name != self.foca.identity().name
-            && self.swim.get(&m.id().name).is_some_and(|(id, inc, state)| {
-                id == m.id() && *inc == m.incarnation() && *state == m.state()
-            })
+            && (self.swim.get(&m.id().name).is_some_and(same)
+                || self.fed.get(&m.id().name).is_some_and(same))
     }
 
     fn result(&mut self, r: Result<(), foca::Error>) {
@@ -700,28 +804,45 @@ impl Membership {
         if !walk {
             return;
         }
+        self.fed.clear();
         let mut announce = Vec::new();
         let mut sync_from = None;
         // Of the members SWIM lists, those in the view once this pass is done.
         let mut listed = 0;
         let me = self.foca.identity().name.clone();
+        let mut pos = 0;
         for m in self.foca.iter_membership_state() {
             let id = m.id();
+            let at = pos;
+            pos += 1;
+            if self.order.len() < pos {
+                self.order.push(None);
+            }
             if id.name == me {
                 continue;
             }
-            // Most members are as this node last reported them: one lookup each. This runs
-            // after every input, and at a thousand members comparing each in full (four
-            // lookups and a set of every name) was most of a node's work.
+            // Most members are as this node last reported them: found as they were at the
+            // same place of SWIM's list (a comparison, in order), else by one lookup. This
+            // runs after inputs, and at a thousand members comparing each in full (four
+            // lookups and a set of every name) was most of a node's work; then the lookup
+            // alone was (a cache miss a member, with a thousand processes on two CPUs).
             // (Down ones are looked at each time: what is reported depends on the clock.)
-            if m.state() != State::Down
-                && self.swim.get(&id.name).is_some_and(|(old, inc, state)| {
-                    old == id && *inc == m.incarnation() && *state == m.state()
-                })
-            {
-                listed += 1;
-                continue;
+            let same = |(old, inc, state): &(MemberId, foca::Incarnation, State)| {
+                old == id && *inc == m.incarnation() && *state == m.state()
+            };
+            if m.state() != State::Down {
+                if self.order[at].as_ref().is_some_and(same) {
+                    listed += 1;
+                    continue;
+                }
+                if self.swim.get(&id.name).is_some_and(same) {
+                    self.order[at] = Some((id.clone(), m.incarnation(), m.state()));
+                    listed += 1;
+                    continue;
+                }
             }
+            // Set again below once the member is taken as it is now.
+            self.order[at] = None;
             let state = match m.state() {
                 State::Alive => MemberState::Alive,
                 State::Suspect => MemberState::Suspect,
@@ -841,10 +962,25 @@ impl Membership {
                 self.events.push_back(e);
             }
             match self.view.get_mut(&id.name) {
-                Some(v) => *v = (id.clone(), state),
+                Some(v) if v.0 == *id && v.1 == state => {}
+                Some(v) => {
+                    *v = (id.clone(), state);
+                    Self::view_touched(
+                        &mut self.view_changed,
+                        &mut self.view_whole,
+                        self.cfg.max_members,
+                        &id.name,
+                    );
+                }
                 None => {
                     self.refused.remove(&id.name);
                     self.view.insert(id.name.detached(), (id.clone(), state));
+                    Self::view_touched(
+                        &mut self.view_changed,
+                        &mut self.view_whole,
+                        self.cfg.max_members,
+                        &id.name,
+                    );
                 }
             }
             match self.swim.get_mut(&id.name) {
@@ -854,8 +990,12 @@ impl Membership {
                         .insert(id.name.detached(), (id.clone(), m.incarnation(), m.state()));
                 }
             }
+            if m.state() != State::Down {
+                self.order[at] = Some((id.clone(), m.incarnation(), m.state()));
+            }
             listed += 1;
         }
+        self.order.truncate(pos);
         // Forgotten by SWIM (down for `forget_down_after`): forgotten here too. Every name
         // SWIM lists is in the view or refused, so only then is a set of them needed.
         let mut again = false;
@@ -869,9 +1009,13 @@ impl Membership {
             let shrank = listed < self.view.len();
             if shrank {
                 self.view.retain(|n, _| seen.contains(n));
+                self.view_whole = true;
+                self.view_changed.clear();
                 let view = &self.view;
                 self.heard.retain(|n, _| view.contains_key(n));
                 self.swim.retain(|n, _| view.contains_key(n));
+                // Only what `swim` still holds may be found in order.
+                self.order.clear();
             }
             self.refused.retain(|n| seen.contains(n));
             again = shrank && !self.refused.is_empty();

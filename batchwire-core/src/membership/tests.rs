@@ -24,6 +24,11 @@ struct Net {
     rng: SmallRng,
     /// Packets the lossy network dropped.
     lost: u64,
+    /// Times each node's timers were due (what wakes its thread when nothing comes).
+    timeouts: Vec<u64>,
+    /// Packets that arrive in the same step reach a node as one batch
+    /// (`handle_frames`, as the IO layer reads a socket's backlog).
+    batched: bool,
 }
 
 const LATENCY: Duration = Duration::from_millis(1);
@@ -62,6 +67,8 @@ impl Net {
             lossy: None,
             rng: SmallRng::seed_from_u64(0),
             lost: 0,
+            timeouts: vec![0; n],
+            batched: false,
         }
     }
 
@@ -137,6 +144,7 @@ impl Net {
         let now = self.now;
         let (due, later): (Vec<_>, Vec<_>) = self.wire.drain(..).partition(|w| w.0 <= now);
         self.wire = later;
+        let mut batches: Vec<Vec<(Name, Bytes)>> = vec![Vec::new(); self.nodes.len()];
         for (_, from, to, body) in due {
             if self.cut.contains(&(from, to)) || self.cut.contains(&(to, from)) {
                 continue;
@@ -144,12 +152,23 @@ impl Net {
             let Some(name) = self.nodes[from].as_ref().map(|m| m.me().name.clone()) else {
                 continue;
             };
-            if let Some(m) = self.nodes[to].as_mut() {
+            if self.batched {
+                batches[to].push((name, body));
+            } else if let Some(m) = self.nodes[to].as_mut() {
                 m.handle_frame(now, &name, &body).expect("valid packet");
             }
         }
-        for m in self.nodes.iter_mut().flatten() {
-            if m.poll_timeout().is_some_and(|t| t <= now) {
+        for (to, batch) in batches.iter().enumerate() {
+            if let Some(m) = self.nodes[to].as_mut().filter(|_| !batch.is_empty()) {
+                let frames = batch.iter().map(|(n, b)| (n, &b[..]));
+                m.handle_frames(now, frames, |from, e| panic!("{from}: {e}"));
+            }
+        }
+        for (m, n) in self.nodes.iter_mut().zip(&mut self.timeouts) {
+            if let Some(m) = m
+                && m.poll_timeout().is_some_and(|t| t <= now)
+            {
+                *n += 1;
                 m.handle_timeout(now);
             }
         }
@@ -258,6 +277,52 @@ fn eight_nodes_join_through_one_seed_and_converge() {
     // saw them (see `Membership::without_old_news`).
     for i in 0..8 {
         assert!(net.node(i).counters().old_news > 0, "node {i}");
+    }
+}
+
+#[test]
+fn batched_reads_converge_report_each_change_once_and_detect_a_crash() {
+    // Packets of a step reach a node together: SWIM's list is compared once per batch,
+    // and the same update from several senders in a batch is old news after the first.
+    // Sixteen nodes with a 5 ms step make batches of several packets during the join.
+    let c = cfg();
+    let n = 16;
+    let mut net = Net::new(n, c.clone());
+    net.batched = true;
+    net.join_all_through_0();
+    let t = net
+        .run_until(Duration::from_secs(10), Net::converged)
+        .expect("converged");
+    assert!(t < Duration::from_secs(3), "converged in {t:?}");
+    for i in 0..n {
+        let joined = net
+            .events_of(i)
+            .iter()
+            .filter(|e| matches!(e, MemberEvent::Joined(_)))
+            .count();
+        assert_eq!(joined, n - 1, "node {i}: {:?}", net.events_of(i));
+        let mut view = net.node(i).members();
+        assert_eq!(view.len(), n - 1);
+        view.retain(|m| m.1 != MemberState::Alive);
+        assert!(view.is_empty(), "node {i}: {view:?}");
+        assert!(net.node(i).counters().old_news > 0, "node {i}");
+    }
+    let victim = net.node(7).me().name.clone();
+    net.nodes[7] = None;
+    let t = net
+        .run_until(Duration::from_secs(30), |n| {
+            n.all_running_see(&victim, MemberState::Down)
+        })
+        .expect("every survivor sees the crash");
+    // As unbatched (8 s with this seed): sixteen members take a few rounds to probe it.
+    assert!(t <= c.suspicion_timeout + 6 * c.probe_period, "{t:?}");
+    for i in (0..n).filter(|i| *i != 7) {
+        let ev = net.events_of(i);
+        let about = |e: &&MemberEvent| match e {
+            MemberEvent::Suspected(m) | MemberEvent::Down(m) => m.name != victim,
+            _ => false,
+        };
+        assert!(!ev.iter().any(|e| about(&e)), "node {i}: {ev:?}");
     }
 }
 
@@ -731,9 +796,12 @@ fn an_absurd_member_limit_is_refused_not_overflowed() {
 #[test]
 fn under_random_loss_and_delay_no_live_member_is_declared_down_and_a_dead_one_is() {
     let c = cfg();
-    for seed in 0..8 {
+    // Each seed twice: packets one at a time, and as batches (`handle_frames`; with up
+    // to 40 ms of jitter, a suspicion and its refutation can come in one batch).
+    for (seed, batched) in (0..8).flat_map(|s| [(s, false), (s, true)]) {
         let loss = if seed % 2 == 0 { 0.10 } else { 0.25 };
         let mut net = Net::new(8, c.clone()).lossy(seed, loss, Duration::from_millis(40));
+        net.batched = batched;
         net.join_all_through_0();
         if net
             .run_until(Duration::from_secs(20), Net::converged)
@@ -1007,6 +1075,96 @@ fn a_lonely_node_announces_to_each_seed_once_a_round() {
 }
 
 /// A timer due exactly now fires now.
+#[test]
+fn at_rest_a_member_wakes_for_its_probes_not_for_gossip_it_has_not_got() {
+    // Periodic gossip re-arms itself every `gossip_period` (200 ms) even with nothing to
+    // say; a thread woken for each was most of an idle member's CPU across 1000 processes.
+    let c = cfg();
+    let mut net = Net::new(12, c.clone());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .expect("converged");
+    // Until every update has been gossiped its number of times.
+    net.run_until(Duration::from_secs(30), |n| {
+        n.nodes
+            .iter()
+            .flatten()
+            .all(|m| m.foca.updates_backlog() == 0)
+    })
+    .expect("gossip drained");
+    let before = net.timeouts.clone();
+    let rest = Duration::from_secs(10);
+    net.run_until(rest, |_| false);
+    let periods = (rest.as_millis() / c.probe_period.as_millis()) as u64;
+    for (i, (a, b)) in before.iter().zip(&net.timeouts).enumerate() {
+        let wakes = b - a;
+        // Each probe period: the probe and its indirect-probe deadline; and a state sync
+        // each announce period (2 s here). Gossip alone would add five a second.
+        assert!(
+            (periods..=2 * periods + periods / 2 + 1).contains(&wakes),
+            "node {i} woke {wakes} times in {rest:?} at rest"
+        );
+    }
+    // News still goes out at once, by gossip: a member that crashed and that one node
+    // suspects (on its transport's hint) is suspected by all within a probe period,
+    // before their own probes would find it (each probes it once in eleven periods).
+    let gone = net.node(4).me().name.clone();
+    net.nodes[4] = None;
+    let now = net.now;
+    net.node(1).handle_unreachable(now, gone.as_bytes());
+    net.collect();
+    let t = net
+        .run_until(c.probe_period, |n| {
+            (0..n.nodes.len())
+                .filter(|i| n.nodes[*i].is_some())
+                .all(|i| n.sees(i, &gone, MemberState::Suspect))
+        })
+        .expect("the suspicion reached every member by gossip");
+    assert!(t <= c.gossip_period * 4, "{t:?}");
+}
+
+#[test]
+fn the_view_delta_lists_what_changed_and_asks_for_a_whole_read_when_members_leave() {
+    let c = MembershipConfig {
+        forget_down_after: Duration::from_secs(5),
+        ..cfg()
+    };
+    let mut net = Net::new(4, c.clone());
+    // Never asked: read it whole.
+    assert_eq!(net.node(0).take_view_delta(), ViewDelta::Whole);
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .expect("converged");
+    // Each member once, as the view has it.
+    let ViewDelta::Changed(mut got) = net.node(0).take_view_delta() else {
+        panic!("the joins are a change");
+    };
+    got.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    assert_eq!(got, net.node(0).members());
+    assert_eq!(net.node(0).take_view_delta(), ViewDelta::Unchanged);
+    // A crash: only that member's entry, each time it changes.
+    let gone = net.node(3).me().name.clone();
+    net.nodes[3] = None;
+    net.run_until(c.suspicion_timeout + c.probe_period * 3, |n| {
+        n.all_running_see(&gone, MemberState::Down)
+    })
+    .expect("seen down");
+    match net.node(0).take_view_delta() {
+        ViewDelta::Changed(v) => {
+            assert_eq!(v.len(), 1, "{v:?}");
+            assert_eq!((&v[0].0.name, v[0].1), (&gone, MemberState::Down));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Forgotten: it leaves the view, and the delta says read it whole.
+    net.run_until(c.forget_down_after + c.probe_period * 3, |n| {
+        n.nodes[0].as_ref().unwrap().view_len() == 2
+    })
+    .expect("forgotten");
+    assert_eq!(net.node(0).take_view_delta(), ViewDelta::Whole);
+    assert_eq!(net.node(0).take_view_delta(), ViewDelta::Unchanged);
+}
+
 #[test]
 fn a_timer_fires_at_its_instant() {
     let mut net = Net::new(2, cfg());

@@ -222,6 +222,19 @@ impl MemberState {
     }
 }
 
+/// What changed in the view since it was last asked (`Membership::take_view_delta`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ViewDelta {
+    /// Nothing.
+    Unchanged,
+    /// These members' entries are new or changed (their current entry each, a member at
+    /// most once); no member left the view.
+    Changed(Vec<(MemberId, MemberState)>),
+    /// Members left the view (forgotten), or too much changed to list: read it whole.
+    Whole,
+}
+
 /// A change of this node's view.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
