@@ -3,9 +3,8 @@
 //! is in `membership.rs`.
 //!
 //! What the thread does: it owns the SWIM state machine (`core::membership::Membership`) and nothing
-//! else touches it. It takes inputs from a bounded channel: MEMBER bodies (from the
-//! datagram reader, which never waits: a full channel drops the body and counts it, SWIM
-//! tolerates loss),
+//! else touches it. It reads the membership datagrams itself (`datagrams::DatagramReader`), and
+//! takes the other inputs from a bounded channel, each followed by a wake-up datagram:
 //! joins (from `Setup`, once a connection to a seed or a static peer is up), the dialers'
 //! "unreachable" hints, and the leave at shutdown. It acts on what the machine says:
 //! packets go out as sealed datagrams (`datagrams.rs`), never on a data connection; new
@@ -19,20 +18,16 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use batchwire_core::codec::Name;
+use batchwire_core::codec::{Name, NameMap};
 use batchwire_core::membership::{MemberId, MemberState};
-use bytes::Bytes;
 
 use crate::event::Member;
+use crate::io::datagrams::DatagramWaker;
 
-/// Inputs waiting for the thread, at most this many (then frames are dropped).
+/// Inputs waiting for the thread, at most this many (then they are dropped and counted).
 const INBOX: usize = 4096;
 
 pub(crate) enum Input {
-    Frame {
-        from: Name,
-        body: Bytes,
-    },
     Join(MemberId),
     /// A handshake completed with this node (its name, its incarnation).
     Heard(Name, u64),
@@ -46,7 +41,7 @@ pub(crate) enum Input {
 /// public form once someone asked for it.
 #[derive(Default)]
 struct View {
-    ids: Vec<(MemberId, MemberState)>,
+    ids: NameMap<(MemberId, MemberState)>,
     built: Option<Arc<[Member]>>,
 }
 
@@ -67,6 +62,8 @@ pub(crate) struct Members {
     /// Written by the membership thread only.
     view: Arc<RwLock<View>>,
     dropped: Arc<AtomicU64>,
+    /// Wakes the thread, which waits on its socket (set once the socket is bound).
+    waker: Arc<std::sync::OnceLock<DatagramWaker>>,
 }
 
 impl Members {
@@ -77,25 +74,31 @@ impl Members {
             tx,
             view: Arc::new(RwLock::new(View::default())),
             dropped: Arc::default(),
+            waker: Arc::default(),
         };
         (m, rx)
     }
 
+    /// How the thread is woken from now on (once; see `datagrams::DatagramWaker`).
+    pub fn set_waker(&self, w: DatagramWaker) {
+        let _ = self.waker.set(w);
+        self.kick();
+    }
+
+    fn kick(&self) {
+        if let Some(w) = self.waker.get() {
+            w.wake();
+        }
+    }
+
     fn offer(&self, i: Input) {
         match self.tx.try_send(i) {
-            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+            Ok(()) => self.kick(),
+            Err(TrySendError::Disconnected(_)) => {}
             Err(TrySendError::Full(_)) => {
                 self.dropped.fetch_add(1, Relaxed);
             }
         }
-    }
-
-    /// A MEMBER body from `from` (its datagram opened with the cluster key; never waits).
-    pub fn frame(&self, from: &Name, body: Bytes) {
-        self.offer(Input::Frame {
-            from: from.detached(),
-            body,
-        });
     }
 
     /// A connection to `seed` is up: announce ourselves to it.
@@ -125,6 +128,7 @@ impl Members {
             match self.tx.try_send(leave) {
                 Ok(()) => break,
                 Err(TrySendError::Full(back)) if std::time::Instant::now() < deadline => {
+                    self.kick();
                     leave = back;
                     std::thread::sleep(Duration::from_millis(1));
                 }
@@ -137,6 +141,7 @@ impl Members {
     /// Wake the thread (it then sees the node stopped).
     pub fn wake(&self) {
         let _ = self.tx.try_send(Input::Wake);
+        self.kick();
     }
 
     /// The current view (other members, with their states), sorted by name.
@@ -148,19 +153,30 @@ impl Members {
         let View { ids, built } = &mut *w;
         built
             .get_or_insert_with(|| {
-                let mut v: Vec<Member> = ids.iter().map(|(id, st)| member(id, *st)).collect();
+                let mut v: Vec<Member> = ids.values().map(|(id, st)| member(id, *st)).collect();
                 v.sort_by(|a, b| a.name.cmp(&b.name));
                 Arc::from(v)
             })
             .clone()
     }
 
-    /// Publish a new view (the membership thread, after a change): the public form is
-    /// built when first read. A thousand members joining at once change the view at
-    /// nearly every packet, and building it each time (a `String` a member, sorted) was
-    /// most of what each node did during the join.
-    pub(crate) fn publish(&self, ids: Vec<(MemberId, MemberState)>) {
+    /// Publish a new view, whole (the membership thread, when members left it): the
+    /// public form is built when first read.
+    pub(crate) fn publish(&self, view: Vec<(MemberId, MemberState)>) {
+        let ids = view.into_iter().map(|e| (e.0.name.detached(), e)).collect();
         *self.view.write().unwrap_or_else(|p| p.into_inner()) = View { ids, built: None };
+    }
+
+    /// Publish changed entries (the membership thread, after a change with no member
+    /// leaving). A thousand members joining at once change the view at nearly every
+    /// packet: a copy of the whole view each time, or its public form (a `String` a
+    /// member, sorted), was most of what each node did during the join.
+    pub(crate) fn update(&self, changed: Vec<(MemberId, MemberState)>) {
+        let mut w = self.view.write().unwrap_or_else(|p| p.into_inner());
+        w.built = None;
+        for e in changed {
+            w.ids.insert(e.0.name.detached(), e);
+        }
     }
 
     /// Members in the published view.
@@ -174,16 +190,25 @@ impl Members {
 
     /// Call `f` with each name in the published view.
     pub(crate) fn for_each_name(&self, mut f: impl FnMut(&Name)) {
-        for (id, _) in &self.view.read().unwrap_or_else(|p| p.into_inner()).ids {
-            f(&id.name);
+        for name in self
+            .view
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids
+            .keys()
+        {
+            f(name);
         }
     }
 
     /// Whether `name` is a live member (alive or suspect).
     pub fn is_live(&self, name: &str) -> bool {
-        self.view()
-            .iter()
-            .any(|m| m.name == name && m.state.is_live())
+        self.view
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids
+            .get(name.as_bytes())
+            .is_some_and(|(_, s)| s.is_live())
     }
 
     /// Inputs dropped because the thread was behind.

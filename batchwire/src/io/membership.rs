@@ -1,20 +1,20 @@
 //! The membership thread: it owns the SWIM state machine (`core::membership`) and nothing
-//! else touches it. It takes its inputs from the handle's channel (see `members.rs`),
-//! fires its timers, and acts on what the machine says: packets as sealed datagrams
+//! else touches it. It reads its datagrams itself, takes its other inputs from the
+//! handle's channel (see `members.rs`), fires its timers, and acts on what the machine says: packets as sealed datagrams
 //! (`datagrams.rs`), members to the dialers, departures to the sessions, events, the view.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use crate::io::logs::warn_limited;
 use batchwire_core::codec::Name;
-use batchwire_core::membership::{MemberEvent, MemberId, MemberState, Membership};
+use batchwire_core::membership::{MemberEvent, MemberId, MemberState, Membership, ViewDelta};
 use tracing::{debug, info, warn};
 
 use crate::event::Event;
-use crate::io::datagrams::Sender;
+use crate::io::datagrams::{DatagramReader, Sender};
 use crate::io::dial::Dialers;
 use crate::io::events::Events;
 use crate::io::members::{Input, MemberStats, Members, member};
@@ -23,9 +23,11 @@ use crate::io::shutdown::Shutdown;
 
 /// Inputs taken in one turn, at most.
 const TURN: usize = 4096;
+/// Datagrams read in one turn, at most (each up to 1.4 KB, held until the turn is done).
+const BATCH: usize = 1024;
 /// How often peers of forgotten members are looked for, at least.
 const SWEEP: Duration = Duration::from_secs(1);
-/// Longest sleep of the thread (it is woken by every input).
+/// Longest sleep of the thread (it is woken by every datagram and input).
 const IDLE: Duration = Duration::from_secs(1);
 
 /// What the thread acts on.
@@ -47,38 +49,33 @@ pub(crate) struct MembersCtx {
     pub udp: std::cell::RefCell<Sender>,
 }
 
-/// The thread body: until the node stops, take inputs and timers, act on the outputs.
-pub(crate) fn run_members(mut m: Membership, rx: Receiver<Input>, ctx: MembersCtx) {
+/// The thread body: until the node stops, take datagrams, inputs and timers, act on the
+/// outputs.
+pub(crate) fn run_members(
+    mut m: Membership,
+    rx: Receiver<Input>,
+    mut reader: DatagramReader,
+    ctx: MembersCtx,
+) {
     let mut left = false;
+    let mut batch: Vec<(Name, Vec<u8>)> = Vec::new();
     loop {
         let now = Instant::now();
         let wait = m
             .poll_timeout()
             .map_or(IDLE, |t| t.saturating_duration_since(now))
             .min(IDLE);
-        let first = match rx.recv_timeout(wait) {
-            Ok(i) => Some(i),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => return,
-        };
+        reader.wait(wait);
         if ctx.shutdown.is_stopped() {
             return;
         }
-        // Everything that is waiting, in one turn (bounded by the channel).
+        // Everything that is waiting, in one turn (bounded), and before the timers: an
+        // ack that came while this thread waited for a CPU is taken before the probe it
+        // answers times out (on a loaded machine, the other order suspected live members).
         let mut acks = Vec::new();
-        for input in first.into_iter().chain(rx.try_iter().take(TURN)) {
+        for input in rx.try_iter().take(TURN) {
             let now = Instant::now();
             match input {
-                Input::Frame { from, body } if !left => {
-                    // The datagram opened with the cluster key: a body that breaks the
-                    // rules (a sender field that is not the datagram's sender, a packet
-                    // that does not decode) is dropped and counted.
-                    if let Err(e) = m.handle_frame(now, &from, &body) {
-                        ctx.counters.violations.fetch_add(1, Relaxed);
-                        warn_limited!(node = %ctx.node, member = %from, error = %e, "membership protocol violation; packet dropped");
-                    }
-                }
-                Input::Frame { .. } => {}
                 Input::Join(seed) if !left => {
                     debug!(node = %ctx.node, seed = %seed.name, addr = %seed.addr, "announcing to a seed");
                     m.handle_join(now, seed);
@@ -93,6 +90,23 @@ pub(crate) fn run_members(mut m: Membership, rx: Receiver<Input>, ctx: MembersCt
                     acks.push(ack);
                 }
             }
+        }
+        // Every datagram waiting, taken as one batch (see `Membership::handle_frames`).
+        reader.drain(BATCH, |from, body| {
+            if !left {
+                batch.push((from, body));
+            }
+        });
+        if !batch.is_empty() {
+            // The datagram opened with the cluster key: a body that breaks the rules (a
+            // sender field that is not the datagram's sender, a packet that does not
+            // decode) is dropped and counted.
+            let frames = batch.iter().map(|(f, b)| (f, b.as_slice()));
+            m.handle_frames(Instant::now(), frames, |from, e| {
+                ctx.counters.violations.fetch_add(1, Relaxed);
+                warn_limited!(node = %ctx.node, member = %from, error = %e, "membership protocol violation; packet dropped");
+            });
+            batch.clear();
         }
         let now = Instant::now();
         if !left && m.poll_timeout().is_some_and(|t| t <= now) {
@@ -118,13 +132,9 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
     // What each change does (peers, dialers, sessions) first, then the view, then the
     // events (see below).
     let mut events = Vec::new();
-    let mut changed = false;
     while let Some(e) = m.poll_event() {
-        changed = true;
         events.extend(act_on(e, ctx));
     }
-    // Members forgotten (down for `forget_down_after`) leave the view without an event.
-    changed |= m.view_len() != ctx.members.len();
     let c = m.counters();
     let s = &ctx.counters;
     s.bytes_in.store(c.bytes_in, Relaxed);
@@ -134,14 +144,32 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
     s.rate_limited.store(c.rate_limited, Relaxed);
     s.members_refused.store(c.members_refused, Relaxed);
     let mut forgotten = ctx.forgotten.borrow_mut();
-    if changed {
+    // Only what changed is published, unless members left the view (or the copy
+    // disagrees on the count, which should not happen: then it is rebuilt).
+    let mut changed = false;
+    let mut whole = false;
+    match m.take_view_delta() {
+        ViewDelta::Unchanged => {}
+        ViewDelta::Changed(entries) => {
+            changed = true;
+            for (id, _) in &entries {
+                forgotten.remove(id.name.as_bytes());
+            }
+            ctx.members.update(entries);
+        }
+        _ => whole = true,
+    }
+    if !whole && m.view_len() != ctx.members.len() {
+        warn_limited!(node = %ctx.node, "membership: the published view had drifted; rebuilt");
+        whole = true;
+    }
+    if whole {
+        changed = true;
         let view = m.view_unsorted();
         // Forgotten members (down for `forget_down_after`) no longer need a dialer, nor,
         // if they hold nothing, a peer (configured peers stay). Only members that were in
         // the view: a node joining right now is not in it yet.
-        // By a set of the names: each of these was a walk of the view per member, and
-        // with a change per member joining, a thousand members made the join quadratic
-        // per change and cubic in all.
+        // By a set of the names: each of these was a walk of the view per member.
         let names: std::collections::HashSet<&[u8]> =
             view.iter().map(|(id, _)| id.name.as_bytes()).collect();
         ctx.dialers.retain(|n| names.contains(n.as_bytes()));

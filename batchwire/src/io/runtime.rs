@@ -36,7 +36,7 @@ use crate::error::Error;
 use crate::event::Event;
 use crate::io::bundle::run_bundler;
 use crate::io::calls::{Calls, Waiter, run_timer};
-use crate::io::datagrams::{Sender, run_reader};
+use crate::io::datagrams::{DatagramReader, DatagramWaker, Sender};
 use crate::io::dial::Dialers;
 use crate::io::events::Events;
 use crate::io::join::{run_joiner, system_lookup};
@@ -312,13 +312,28 @@ impl Runtime {
                 incarnation,
                 member_stats.clone(),
             );
-            {
-                let (m, st, sd) = (m.clone(), member_stats.clone(), rt.shutdown.clone());
-                let (me, max) = (name.clone(), cfg.max_members.saturating_mul(2));
-                threads.spawn(format!("bw-udp-{name}"), move || {
-                    run_reader(udp, key, me, m, st, sd, max)
-                })?;
-            }
+            // Other threads wake the membership thread with an empty datagram from its
+            // own socket; without that (no descriptor to spare) it still looks at its
+            // inbox every `IDLE` and at every datagram.
+            let waker = match DatagramWaker::new(&udp, local_addr) {
+                Ok(w) => {
+                    let from = w.addr();
+                    m.set_waker(w);
+                    Some(from)
+                }
+                Err(e) => {
+                    warn!(node = %name, error = %e, "membership: no wake-up socket; inputs wait up to a second");
+                    None
+                }
+            };
+            let reader = DatagramReader::new(
+                udp,
+                key,
+                name.clone(),
+                member_stats.clone(),
+                cfg.max_members.saturating_mul(2),
+                waker,
+            )?;
             let ctx = MembersCtx {
                 udp: std::cell::RefCell::new(sender),
                 members: m.clone(),
@@ -332,7 +347,7 @@ impl Runtime {
                 forgotten: Default::default(),
             };
             threads.spawn(format!("bw-members-{name}"), move || {
-                run_members(machine, rx, ctx)
+                run_members(machine, rx, reader, ctx)
             })?;
             // Seeds that are this node itself are skipped (a shared seed list is fine).
             if !rt.config.seeds.is_empty() {
