@@ -41,6 +41,8 @@ struct Seen {
     live: usize,
     /// (when, membership bytes sent, all bytes sent) from its latest counters.
     sent: Option<(Instant, u64, u64)>,
+    /// When it first saw every other node live.
+    full_at: Option<Instant>,
 }
 
 fn is_live(state: &str) -> bool {
@@ -58,6 +60,23 @@ struct Lines {
     tx: Sender<(usize, Instant, String)>,
     rx: Receiver<(usize, Instant, String)>,
     seen: Vec<Seen>,
+    /// How many nodes the run has.
+    nodes: usize,
+}
+
+/// When the median node and the 90th-percentile node first saw every other node live, in
+/// seconds since `t0` (infinite if one never did).
+fn spread(seen: &[Seen], t0: Instant) -> (f64, f64) {
+    let mut t: Vec<f64> = seen
+        .iter()
+        .map(|s| {
+            s.full_at
+                .map_or(f64::INFINITY, |at| (at - t0).as_secs_f64())
+        })
+        .collect();
+    t.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| t[((t.len() as f64 - 1.0) * q).round() as usize];
+    (at(0.5), at(0.9))
 }
 
 impl Lines {
@@ -74,6 +93,9 @@ impl Lines {
                 (false, true) => s.live += 1,
                 (true, false) => s.live -= 1,
                 _ => {}
+            }
+            if s.full_at.is_none() && s.live + 1 == self.nodes {
+                s.full_at = Some(at);
             }
         } else if let Some(rest) = line.trim().strip_prefix("membership: ") {
             // "in P packets / B B, out P packets / B B, ...; all peers: sent S B"
@@ -205,6 +227,14 @@ fn usage(pid: u32) -> (u64, u64, f64) {
 #[derive(Debug, Clone, Default)]
 struct RunFigures {
     converge_s: f64,
+    /// When the last node process was started (the bench starts them one by one).
+    spawned_s: f64,
+    /// When the median and the 90th-percentile node first saw all others.
+    converge_p50_s: f64,
+    converge_p90_s: f64,
+    /// CPU per node (ms, median and largest) and of all nodes (s) from their start to rest.
+    join_cpu_ms: (f64, f64),
+    join_cpu_total_s: f64,
     down_all_s: f64,
     down_median_s: f64,
     rejoin_s: f64,
@@ -238,6 +268,7 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
         tx,
         rx,
         seen: vec![Seen::default(); n],
+        nodes: n,
     };
     let names: Vec<String> = (0..n).map(|i| format!("m{i:03}")).collect();
     let mut procs: Vec<Proc> = Vec::with_capacity(n);
@@ -248,6 +279,7 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
             let seed = (i > 0).then_some(addrs[0]);
             procs.push(spawn(&dir, i, &names[i], addrs[i], seed, &lines.tx, opts)?);
         }
+        let spawned_s = t0.elapsed().as_secs_f64();
         let all = |s: &[Seen]| s.iter().all(|x| x.live() == n - 1);
         let limit = Duration::from_secs(60).max(Duration::from_millis(120 * n as u64));
         let done = lines.until(limit, all).ok_or_else(|| {
@@ -259,6 +291,7 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
             )
         })?;
         let converge_s = (done - t0).as_secs_f64();
+        let (converge_p50_s, converge_p90_s) = spread(&lines.seen, t0);
         // 2. At rest: after the join connections closed for idleness (on demand), for
         //    `rest`.
         let settle = Duration::from_millis(1500 + opts.idle_close_ms);
@@ -268,6 +301,9 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
         }
         let before: Vec<_> = lines.seen.iter().map(|s| s.sent).collect();
         let cpu0: Vec<f64> = procs.iter().map(|p| usage(p.child.id()).2).collect();
+        // What the join cost: each node's CPU from its start until now (the settle included).
+        let join_cpu_ms = med_max(cpu0.clone());
+        let join_cpu_total_s = cpu0.iter().sum::<f64>() / 1000.0;
         let tc = Instant::now();
         lines.until(rest, |_| false);
         let used: Vec<(u64, u64, f64)> = procs.iter().map(|p| usage(p.child.id())).collect();
@@ -354,6 +390,11 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
             })?;
         Ok(RunFigures {
             converge_s,
+            spawned_s,
+            converge_p50_s,
+            converge_p90_s,
+            join_cpu_ms,
+            join_cpu_total_s,
             down_all_s: (all_down - tk).as_secs_f64(),
             down_median_s: median(&mut each),
             rejoin_s: (rejoined - tr).as_secs_f64(),
@@ -393,8 +434,17 @@ pub fn run(
             progress.running(format!("membership: {n} nodes, run {}", r + 1));
             let f = one_run(n, rest, opts)?;
             progress.done(format!(
-                "  {n} nodes: converged {:.2} s, down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
-                f.converge_s, f.down_all_s, f.rejoin_s, f.member_bps_median
+                "  {n} nodes: converged {:.2} s (all started by {:.2} s; median node {:.2} s, 90th percentile {:.2} s; CPU to rest {:.0} ms per node, largest {:.0}, {:.1} s in all), down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
+                f.converge_s,
+                f.spawned_s,
+                f.converge_p50_s,
+                f.converge_p90_s,
+                f.join_cpu_ms.0,
+                f.join_cpu_ms.1,
+                f.join_cpu_total_s,
+                f.down_all_s,
+                f.rejoin_s,
+                f.member_bps_median
             ));
             figs.push(f);
         }
