@@ -214,15 +214,27 @@ pub fn membership(data: &[u8]) {
     }
     while a.poll_transmit().is_some() {}
     let (from_b, from_c) = (Name::from_static("b"), Name::from_static("c"));
+    // Frames whose op has the top bit set wait and go in as one batch (`handle_frames`)
+    // before the next other input.
+    let mut batch: Vec<(&Name, &[u8])> = Vec::new();
+    // The view as the IO layer keeps it, from the deltas: always the machine's view.
+    let mut mirror = std::collections::HashMap::new();
     let mut rest = data;
     while let Some((&op, tail)) = rest.split_first() {
         rest = tail;
+        if op % 4 > 1 || rest.is_empty() {
+            a.handle_frames(now, batch.drain(..), |_, _| {});
+        }
         match op % 4 {
             0 | 1 => {
                 let n = rest.first().map_or(0, |&n| n as usize * 8);
                 let body = &rest[1.min(rest.len())..(1 + n).min(rest.len())];
                 rest = &rest[(1 + n).min(rest.len())..];
                 let from = if op % 4 == 0 { &from_b } else { &from_c };
+                if op & 0x80 != 0 && !rest.is_empty() {
+                    batch.push((from, body));
+                    continue;
+                }
                 let _ = a.handle_frame(now, from, body);
             }
             2 => {
@@ -240,7 +252,26 @@ pub fn membership(data: &[u8]) {
         assert!(sent <= 64, "{sent} packets for one input");
         while a.poll_event().is_some() {}
         assert!(a.members().len() <= 8, "the view outgrew its bound");
+        match a.take_view_delta() {
+            super::membership::ViewDelta::Changed(v) => {
+                for e in v {
+                    mirror.insert(e.0.name.clone(), e);
+                }
+            }
+            super::membership::ViewDelta::Whole => {
+                mirror = a
+                    .view_unsorted()
+                    .into_iter()
+                    .map(|e| (e.0.name.clone(), e))
+                    .collect();
+            }
+            _ => {}
+        }
+        let mut kept: Vec<_> = mirror.values().cloned().collect();
+        kept.sort_by(|x, y| x.0.name.cmp(&y.0.name));
+        assert_eq!(kept, a.members(), "the view's deltas missed a change");
     }
+    a.handle_frames(now, batch.drain(..), |_, _| {});
 }
 
 /// Inputs for [`membership`] made of real packets: b's announce, a ping, a leave notice,
