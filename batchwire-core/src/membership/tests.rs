@@ -1074,7 +1074,6 @@ fn a_lonely_node_announces_to_each_seed_once_a_round() {
     assert_eq!(to, [s0.name, s1.name]);
 }
 
-/// A timer due exactly now fires now.
 #[test]
 fn at_rest_a_member_wakes_for_its_probes_not_for_gossip_it_has_not_got() {
     // Periodic gossip re-arms itself every `gossip_period` (200 ms) even with nothing to
@@ -1165,6 +1164,7 @@ fn the_view_delta_lists_what_changed_and_asks_for_a_whole_read_when_members_leav
     assert_eq!(net.node(0).take_view_delta(), ViewDelta::Unchanged);
 }
 
+/// A timer due exactly now fires now.
 #[test]
 fn a_timer_fires_at_its_instant() {
     let mut net = Net::new(2, cfg());
