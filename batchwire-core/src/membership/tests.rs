@@ -326,6 +326,73 @@ fn batched_reads_converge_report_each_change_once_and_detect_a_crash() {
     }
 }
 
+/// A SWIM gossip packet from `from` to `to` carrying `updates`, as foca lays one out.
+fn gossip(from: &Membership, to: &Membership, updates: &[Member<MemberId>]) -> Vec<u8> {
+    let mut b = vec![TAG_SWIM];
+    let h = foca::Header {
+        src: from.me().clone(),
+        // What the receiver holds of the sender's incarnation.
+        src_incarnation: to.swim.get(&from.me().name).map_or(0, |s| s.1),
+        dst: to.me().clone(),
+        message: foca::Message::Gossip,
+    };
+    PostcardCodec.encode_header(&h, &mut b).unwrap();
+    b.extend_from_slice(&(updates.len() as u16).to_be_bytes());
+    for u in updates {
+        PostcardCodec.encode_member(u, &mut b).unwrap();
+    }
+    b
+}
+
+#[test]
+fn in_a_batch_a_repeated_update_is_old_news_and_a_newer_one_is_not() {
+    let mut net = Net::new(4, cfg());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .expect("converged");
+    net.run_until(Duration::from_secs(30), |n| {
+        n.nodes
+            .iter()
+            .flatten()
+            .all(|m| m.foca.updates_backlog() == 0)
+    })
+    .expect("gossip drained");
+    let x = net.node(3).me().clone();
+    let inc = net.node(0).swim.get(&x.name).expect("known").1;
+    let suspect = Member::new(x.clone(), inc, State::Suspect);
+    let refuted = Member::new(x.clone(), inc + 1, State::Alive);
+    let (n1, n2) = (net.node(1).me().name.clone(), net.node(2).me().name.clone());
+    let (a, b, c) = (
+        net.nodes[0].as_ref().unwrap(),
+        net.nodes[1].as_ref().unwrap(),
+        net.nodes[2].as_ref().unwrap(),
+    );
+    // The same suspicion from two members, then its refutation, in one batch.
+    let f1 = gossip(b, a, std::slice::from_ref(&suspect));
+    let f2 = gossip(c, a, std::slice::from_ref(&suspect));
+    let f3 = gossip(b, a, std::slice::from_ref(&refuted));
+    let now = net.now;
+    let a = net.node(0);
+    let old = a.counters().old_news;
+    let frames = [(&n1, &f1[..]), (&n2, &f2[..]), (&n1, &f3[..])];
+    a.handle_frames(now, frames, |from, e| panic!("{from}: {e}"));
+    assert_eq!(
+        a.counters().old_news - old,
+        1,
+        "the second copy of the suspicion"
+    );
+    // The refutation was news: SWIM holds the member alive at its new incarnation.
+    assert_eq!(
+        a.swim.get(&x.name),
+        Some(&(x.clone(), inc + 1, State::Alive)),
+        "the refutation in the same batch was dropped"
+    );
+    assert_eq!(
+        a.state_of(x.name.as_bytes()).map(|v| v.1),
+        Some(MemberState::Alive)
+    );
+}
+
 #[test]
 fn a_crashed_node_is_declared_down_by_every_survivor() {
     let c = cfg();
