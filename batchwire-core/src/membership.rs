@@ -961,27 +961,25 @@ impl Membership {
                 }
                 self.events.push_back(e);
             }
-            match self.view.get_mut(&id.name) {
-                Some(v) if v.0 == *id && v.1 == state => {}
+            let touched = match self.view.get_mut(&id.name) {
+                Some(v) if v.0 == *id && v.1 == state => false,
                 Some(v) => {
                     *v = (id.clone(), state);
-                    Self::view_touched(
-                        &mut self.view_changed,
-                        &mut self.view_whole,
-                        self.cfg.max_members,
-                        &id.name,
-                    );
+                    true
                 }
                 None => {
                     self.refused.remove(&id.name);
                     self.view.insert(id.name.detached(), (id.clone(), state));
-                    Self::view_touched(
-                        &mut self.view_changed,
-                        &mut self.view_whole,
-                        self.cfg.max_members,
-                        &id.name,
-                    );
+                    true
                 }
+            };
+            if touched {
+                Self::view_touched(
+                    &mut self.view_changed,
+                    &mut self.view_whole,
+                    self.cfg.max_members,
+                    &id.name,
+                );
             }
             match self.swim.get_mut(&id.name) {
                 Some(v) => *v = (id.clone(), m.incarnation(), m.state()),

@@ -72,6 +72,23 @@ impl Net {
         }
     }
 
+    /// `n` nodes joined through node 0, converged, with every update gossiped its number
+    /// of times (nothing left to gossip).
+    fn at_rest(n: usize, cfg: MembershipConfig) -> Net {
+        let mut net = Net::new(n, cfg);
+        net.join_all_through_0();
+        net.run_until(Duration::from_secs(10), Net::converged)
+            .expect("converged");
+        net.run_until(Duration::from_secs(30), |n| {
+            n.nodes
+                .iter()
+                .flatten()
+                .all(|m| m.foca.updates_backlog() == 0)
+        })
+        .expect("gossip drained");
+        net
+    }
+
     /// From now on every packet is lost with probability `loss`, and the others take
     /// `LATENCY` plus a uniform random delay up to `jitter` (so they may overtake each
     /// other); seeded.
@@ -346,17 +363,7 @@ fn gossip(from: &Membership, to: &Membership, updates: &[Member<MemberId>]) -> V
 
 #[test]
 fn in_a_batch_a_repeated_update_is_old_news_and_a_newer_one_is_not() {
-    let mut net = Net::new(4, cfg());
-    net.join_all_through_0();
-    net.run_until(Duration::from_secs(10), Net::converged)
-        .expect("converged");
-    net.run_until(Duration::from_secs(30), |n| {
-        n.nodes
-            .iter()
-            .flatten()
-            .all(|m| m.foca.updates_backlog() == 0)
-    })
-    .expect("gossip drained");
+    let mut net = Net::at_rest(4, cfg());
     let x = net.node(3).me().clone();
     let inc = net.node(0).swim.get(&x.name).expect("known").1;
     let suspect = Member::new(x.clone(), inc, State::Suspect);
@@ -1146,18 +1153,7 @@ fn at_rest_a_member_wakes_for_its_probes_not_for_gossip_it_has_not_got() {
     // Periodic gossip re-arms itself every `gossip_period` (200 ms) even with nothing to
     // say; a thread woken for each was most of an idle member's CPU across 1000 processes.
     let c = cfg();
-    let mut net = Net::new(12, c.clone());
-    net.join_all_through_0();
-    net.run_until(Duration::from_secs(10), Net::converged)
-        .expect("converged");
-    // Until every update has been gossiped its number of times.
-    net.run_until(Duration::from_secs(30), |n| {
-        n.nodes
-            .iter()
-            .flatten()
-            .all(|m| m.foca.updates_backlog() == 0)
-    })
-    .expect("gossip drained");
+    let mut net = Net::at_rest(12, c.clone());
     let before = net.timeouts.clone();
     let rest = Duration::from_secs(10);
     net.run_until(rest, |_| false);

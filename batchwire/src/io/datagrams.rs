@@ -5,10 +5,10 @@
 //!
 //! Every datagram is sealed (`core::membership::datagram`: ChaCha20-Poly1305 under a key
 //! derived from the cluster secret, bound to its receiver, numbered against replays). The
-//! membership thread owns both ends: it reads and opens each datagram (`DatagramReader`), refuses
-//! (and counts) what is not ours, forged, damaged, meant for another member or replayed,
-//! and hands the rest to SWIM; it seals and sends (`Sender`). Other threads wake it with
-//! an empty datagram of their own (`DatagramWaker`).
+//! membership thread owns both ends: it reads and opens each datagram (`DatagramReader`),
+//! refuses (and counts) what is not ours, forged, damaged, meant for another member or
+//! replayed, and hands the rest to SWIM; it seals and sends (`Sender`). Other threads wake
+//! it with an empty datagram from its own socket (`DatagramWaker`).
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -95,8 +95,8 @@ pub(crate) struct DatagramReader {
     buf: Vec<u8>,
     me: Name,
     stats: Arc<MemberStats>,
-    /// Where the node's own wake-ups come from (`DatagramWaker`): empty datagrams from there only
-    /// make the thread look at its inbox.
+    /// Where the node's own wake-ups come from (`DatagramWaker`): empty datagrams from
+    /// there only make the thread look at its inbox.
     waker: Option<SocketAddr>,
 }
 
@@ -216,19 +216,6 @@ impl DatagramWaker {
     /// wake-up already on its way is enough).
     pub fn wake(&self) {
         let _ = self.sock.send_to(&[], self.to);
-    }
-}
-
-/// Wake a reader bound to `addr` (a wildcard address is reached on loopback).
-pub(crate) fn wake(addr: SocketAddr) {
-    let to = crate::io::reachable(addr);
-    let any: SocketAddr = if to.is_ipv4() {
-        "0.0.0.0:0".parse().expect("an address")
-    } else {
-        "[::]:0".parse().expect("an address")
-    };
-    if let Ok(s) = UdpSocket::bind(any) {
-        let _ = s.send_to(&[], to);
     }
 }
 

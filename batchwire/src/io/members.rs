@@ -2,9 +2,10 @@
 //! thread (a bounded channel that never blocks them) and read its view. The thread itself
 //! is in `membership.rs`.
 //!
-//! What the thread does: it owns the SWIM state machine (`core::membership::Membership`) and nothing
-//! else touches it. It reads the membership datagrams itself (`datagrams::DatagramReader`), and
-//! takes the other inputs from a bounded channel, each followed by a wake-up datagram:
+//! What the thread does: it owns the SWIM state machine (`core::membership::Membership`)
+//! and nothing else touches it. It reads the membership datagrams itself
+//! (`datagrams::DatagramReader`), and takes the other inputs from a bounded channel, each
+//! followed by a wake-up datagram:
 //! joins (from `Setup`, once a connection to a seed or a static peer is up), the dialers'
 //! "unreachable" hints, and the leave at shutdown. It acts on what the machine says:
 //! packets go out as sealed datagrams (`datagrams.rs`), never on a data connection; new

@@ -1,7 +1,8 @@
 //! The membership thread: it owns the SWIM state machine (`core::membership`) and nothing
 //! else touches it. It reads its datagrams itself, takes its other inputs from the
-//! handle's channel (see `members.rs`), fires its timers, and acts on what the machine says: packets as sealed datagrams
-//! (`datagrams.rs`), members to the dialers, departures to the sessions, events, the view.
+//! handle's channel (see `members.rs`), fires its timers, and acts on what the machine
+//! says: packets as sealed datagrams (`datagrams.rs`), members to the dialers, departures
+//! to the sessions, events, the view.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;

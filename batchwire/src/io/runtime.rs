@@ -1000,14 +1000,12 @@ impl Runtime {
         self.timer.wake();
         // Requests still waiting fail now (their replies can no longer come).
         self.ctx.calls.stop();
+        // The membership thread by a datagram from its own socket (`DatagramWaker`).
         if let Some(m) = &self.members {
             m.wake();
         }
         let wake = crate::io::reachable(self.local_addr);
         let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
-        if self.members.is_some() {
-            crate::io::datagrams::wake(self.local_addr);
-        }
         // 3. Give peers a moment to answer our goodbye by closing; then close the rest.
         let peers = self.peers.all();
         self.ctx
