@@ -43,6 +43,10 @@ struct Seen {
     sent: Option<(Instant, u64, u64)>,
     /// When it first saw every other node live.
     full_at: Option<Instant>,
+    /// Suspicions and downs it reported (false alarms while nobody failed).
+    alarms: u64,
+    /// The member whose news completed its view (at `full_at`).
+    completed_by: String,
 }
 
 fn is_live(state: &str) -> bool {
@@ -89,6 +93,9 @@ impl Lines {
                 .members
                 .insert(name.to_string(), (what.to_string(), inc, at));
             let was = old.is_some_and(|o| is_live(&o.0));
+            if what == "suspected" || what == "down" {
+                s.alarms += 1;
+            }
             match (was, is_live(what)) {
                 (false, true) => s.live += 1,
                 (true, false) => s.live -= 1,
@@ -96,6 +103,7 @@ impl Lines {
             }
             if s.full_at.is_none() && s.live + 1 == self.nodes {
                 s.full_at = Some(at);
+                s.completed_by = name.to_string();
             }
         } else if let Some(rest) = line.trim().strip_prefix("membership: ") {
             // "in P packets / B B, out P packets / B B, ...; all peers: sent S B"
@@ -235,6 +243,10 @@ struct RunFigures {
     /// CPU per node (ms, median and largest) and of all nodes (s) from their start to rest.
     join_cpu_ms: (f64, f64),
     join_cpu_total_s: f64,
+    /// Suspicions and downs all nodes reported until converged (no node had failed).
+    join_alarms: u64,
+    /// The node that saw all last, and the member it learnt last.
+    slowest: String,
     down_all_s: f64,
     down_median_s: f64,
     rejoin_s: f64,
@@ -292,6 +304,14 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
         })?;
         let converge_s = (done - t0).as_secs_f64();
         let (converge_p50_s, converge_p90_s) = spread(&lines.seen, t0);
+        let join_alarms = lines.seen.iter().map(|s| s.alarms).sum();
+        let slowest = lines
+            .seen
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, s)| s.full_at)
+            .map(|(i, s)| format!("{} (it learnt {} last)", names[i], s.completed_by))
+            .unwrap_or_default();
         // 2. At rest: after the join connections closed for idleness (on demand), for
         //    `rest`.
         let settle = Duration::from_millis(1500 + opts.idle_close_ms);
@@ -395,6 +415,8 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
             converge_p90_s,
             join_cpu_ms,
             join_cpu_total_s,
+            join_alarms,
+            slowest,
             down_all_s: (all_down - tk).as_secs_f64(),
             down_median_s: median(&mut each),
             rejoin_s: (rejoined - tr).as_secs_f64(),
@@ -434,14 +456,16 @@ pub fn run(
             progress.running(format!("membership: {n} nodes, run {}", r + 1));
             let f = one_run(n, rest, opts)?;
             progress.done(format!(
-                "  {n} nodes: converged {:.2} s (all started by {:.2} s; median node {:.2} s, 90th percentile {:.2} s; CPU to rest {:.0} ms per node, largest {:.0}, {:.1} s in all), down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
+                "  {n} nodes: converged {:.2} s (all started by {:.2} s; median node {:.2} s, 90th percentile {:.2} s, last {}; CPU to rest {:.0} ms per node, largest {:.0}, {:.1} s in all; {} false suspicions or downs reported), down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
                 f.converge_s,
                 f.spawned_s,
                 f.converge_p50_s,
                 f.converge_p90_s,
+                f.slowest,
                 f.join_cpu_ms.0,
                 f.join_cpu_ms.1,
                 f.join_cpu_total_s,
+                f.join_alarms,
                 f.down_all_s,
                 f.rejoin_s,
                 f.member_bps_median
