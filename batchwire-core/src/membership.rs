@@ -185,6 +185,11 @@ pub struct Membership {
     sync_tries: u8,
     /// Of the current round: whether an answer came, and whether it told anything new.
     sync_round: (bool, bool),
+    /// After the joining rounds, the wait between periodic syncs: twice the probe period
+    /// after the view last changed, doubling while it does not, up to `announce_period`
+    /// (see [`sync`]). When the last one was asked.
+    sync_every: Duration,
+    synced_at: Instant,
     /// When each asker was last answered (at most 2 x `max_members`), and the node-wide
     /// budget of answers.
     answered: HashMap<Name, Instant, NameHash>,
@@ -249,6 +254,8 @@ impl Membership {
             sync_at: now + announce_period,
             sync_tries: 0,
             sync_round: (false, false),
+            sync_every: announce_period,
+            synced_at: now,
             answered: HashMap::default(),
             answers: Bucket {
                 tokens: sync::ANSWERS_PER_SECOND,
@@ -483,9 +490,16 @@ impl Membership {
                     self.result(r);
                 }
             }
-            TAG_STATE_ASK if packet.is_empty() => self.handle_state_ask(now, from)?,
+            TAG_STATE_ASK if packet.is_empty() => self.handle_state_ask(now, from, None)?,
+            TAG_STATE_ASK if packet.len() == sync::DIGEST_LEN => {
+                self.handle_state_ask(now, from, Some(packet))?
+            }
             TAG_STATE_ASK => {
-                return Err(MemberError::Malformed("state ask with a body".to_string()));
+                return Err(MemberError::Malformed(format!(
+                    "state ask with a body of {} bytes (allowed: 0 or {})",
+                    packet.len(),
+                    sync::DIGEST_LEN
+                )));
             }
             TAG_STATE => walk = self.handle_state(packet)?,
             other => return Err(MemberError::UnknownTag(other)),
@@ -578,22 +592,27 @@ impl Membership {
         let held = self.held.len();
         self.held.retain(|(_, at)| *at > now);
         walk |= self.held.len() < held;
-        // Anti-entropy: a full state from a random member every announce period.
+        // Anti-entropy: while joining, a full state from a random member each probe period;
+        // then a comparison with a random member (see [`sync`]).
         if self.sync_at <= now {
             // Joining: again unless the last round's answer had nothing new.
             if self.sync_round == (true, false) {
                 self.sync_tries = 0;
             }
             self.sync_round = (false, false);
+            let joining = self.sync_tries > 0;
             self.sync_at = now
-                + if self.sync_tries > 0 {
+                + if joining {
                     self.sync_tries -= 1;
                     self.cfg.probe_period
                 } else {
-                    self.cfg.announce_period
+                    let every = self.sync_every;
+                    self.sync_every = (every * 2).min(self.cfg.announce_period);
+                    every
                 };
+            self.synced_at = now;
             if !self.left_cluster {
-                self.ask_random();
+                self.ask_random(!joining);
             }
         }
         // Joining and still alone: the announce or its answer was lost; again, to every
@@ -780,6 +799,19 @@ impl Membership {
                 || self.fed.get(&m.id().name).is_some_and(same))
     }
 
+    /// The view changed: compare with a random member once it has been quiet for two
+    /// probe periods (each change moves that on; never past `announce_period` after the
+    /// last sync), then less and less often while nothing changes. Gossip misses a few of
+    /// a million (member, update) pairs when a thousand nodes join at once; this finds
+    /// them seconds after the storm instead of an announce period later.
+    fn sync_soon(&mut self, now: Instant) {
+        if self.sync_tries > 0 {
+            return;
+        }
+        self.sync_every = self.cfg.probe_period * 2;
+        self.sync_at = (now + self.sync_every).min(self.synced_at + self.cfg.announce_period);
+    }
+
     fn result(&mut self, r: Result<(), foca::Error>) {
         if r.is_err() {
             self.counters.ignored += 1;
@@ -811,6 +843,7 @@ impl Membership {
         let mut listed = 0;
         let me = self.foca.identity().name.clone();
         let mut pos = 0;
+        let mut view_moved = false;
         for m in self.foca.iter_membership_state() {
             let id = m.id();
             let at = pos;
@@ -974,6 +1007,7 @@ impl Membership {
                 }
             };
             if touched {
+                view_moved = true;
                 Self::view_touched(
                     &mut self.view_changed,
                     &mut self.view_whole,
@@ -1005,6 +1039,7 @@ impl Membership {
                 .filter(|n| *n != me)
                 .collect();
             let shrank = listed < self.view.len();
+            view_moved |= shrank;
             if shrank {
                 self.view.retain(|n, _| seen.contains(n));
                 self.view_whole = true;
@@ -1017,6 +1052,9 @@ impl Membership {
             }
             self.refused.retain(|n| seen.contains(n));
             again = shrank && !self.refused.is_empty();
+        }
+        if view_moved {
+            self.sync_soon(now);
         }
         // Their answers come back as input, whose `after` finds nothing more to announce.
         for id in announce {

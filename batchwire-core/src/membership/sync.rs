@@ -7,9 +7,17 @@
 //!
 //! - **When**: once a joining node is no longer alone, from the member that answered it,
 //!   then from a random live member each probe period until an answer brings nothing new
-//!   (at most 8 more); and every `announce_period` from a random live member
-//!   (anti-entropy: two groups that formed apart, or an update gossip lost, heal within a
-//!   period).
+//!   (at most 8 more). After that, anti-entropy (two groups that formed apart, or an
+//!   update gossip lost): the node compares with a random live member two probe periods
+//!   after its view last changed (each change moves that on), then after 4, 8, ... up to
+//!   `announce_period` while nothing changes, and at least every `announce_period`.
+//!   Gossip misses a few of the million (member, update) pairs of a thousand nodes joining
+//!   at once; this repairs them seconds after the storm, not an announce period later.
+//! - **The comparison**: the periodic ask carries a digest of the asker's live members
+//!   (itself included): their count and the xor of a hash of each identity. An answerer
+//!   whose own digest is the same sends nothing (so at rest a sync is two tiny datagrams
+//!   a period); otherwise it answers in full. A digest that lies costs the liar a full
+//!   answer or none, as any ask does.
 //! - **The answer**: the live members (alive or suspect) the answerer knows, itself and the
 //!   asker excepted, as foca's own member encoding, split over as many MEMBER bodies as
 //!   needed (each at most `MAX_PACKET`), sent to the asker's address in the view.
@@ -32,6 +40,33 @@ use crate::codec::Name;
 /// Most sync asks a node answers a second, from all members together.
 pub const ANSWERS_PER_SECOND: f64 = 4.0;
 
+/// The body of a periodic ask: the count of live members (u32) and the xor of their
+/// identities' hashes (u64), little-endian.
+pub(super) const DIGEST_LEN: usize = 12;
+
+/// `(count, xor of hashes)` of the members SWIM holds live (alive or suspect), this node
+/// included, over name, start and bump (not the incarnation: a refuted suspicion is no
+/// difference worth a full answer).
+fn digest<'a>(members: impl Iterator<Item = &'a Member<MemberId>>, me: &MemberId) -> [u8; 12] {
+    use std::hash::{BuildHasher, Hasher};
+    let hash = |id: &MemberId| {
+        let mut h = crate::codec::NameHash.build_hasher();
+        h.write(id.name.as_bytes());
+        h.write_u64(id.started);
+        h.write_u16(id.bump);
+        h.finish()
+    };
+    let (mut count, mut xor) = (1u32, hash(me));
+    for m in members.filter(|m| m.state() != State::Down && m.id() != me) {
+        count = count.wrapping_add(1);
+        xor ^= hash(m.id());
+    }
+    let mut out = [0; DIGEST_LEN];
+    out[..4].copy_from_slice(&count.to_le_bytes());
+    out[4..].copy_from_slice(&xor.to_le_bytes());
+    out
+}
+
 impl Membership {
     /// Ask `to` for its members.
     pub(super) fn ask_state(&mut self, to: MemberId) {
@@ -43,8 +78,14 @@ impl Membership {
         });
     }
 
-    /// Ask a random live member for its members (the periodic sync).
-    pub(super) fn ask_random(&mut self) {
+    /// This node's digest of its live members (see [`digest`]).
+    pub(super) fn digest(&self) -> [u8; DIGEST_LEN] {
+        digest(self.foca.iter_members(), self.foca.identity())
+    }
+
+    /// Ask a random live member for its members (the periodic sync): with this node's
+    /// digest when `compare` (an answer comes only if the member's differs).
+    pub(super) fn ask_random(&mut self, compare: bool) {
         let live: Vec<MemberId> = self
             .foca
             .iter_members()
@@ -55,14 +96,27 @@ impl Membership {
             return;
         }
         let i = (self.rng.next_u64() % live.len() as u64) as usize;
-        self.ask_state(live[i].clone());
+        if !compare {
+            self.ask_state(live[i].clone());
+            return;
+        }
+        self.counters.syncs_asked += 1;
+        let mut body = BytesMut::with_capacity(1 + DIGEST_LEN);
+        body.put_u8(TAG_STATE_ASK);
+        body.put_slice(&self.digest());
+        self.out.sends.push_back(Send {
+            to: live[i].clone(),
+            body: body.freeze(),
+            down_notice: false,
+        });
     }
 
-    /// `from` asks for our members.
+    /// `from` asks for our members; with its `digest`, only if ours differs.
     pub(super) fn handle_state_ask(
         &mut self,
         now: Instant,
         from: &Name,
+        digest: Option<&[u8]>,
     ) -> Result<(), MemberError> {
         let Some(to) = self
             .foca
@@ -76,6 +130,10 @@ impl Membership {
         };
         if !self.may_answer(now, from) {
             self.counters.rate_limited += 1;
+            return Ok(());
+        }
+        if digest.is_some_and(|d| d == self.digest()) {
+            self.counters.syncs_agreed += 1;
             return Ok(());
         }
         self.counters.syncs_answered += 1;

@@ -1686,6 +1686,105 @@ fn state_asks_are_rate_limited_and_answers_checked() {
     ));
 }
 
+/// At rest the periodic sync is a comparison: each ask carries the asker's digest, and a
+/// member that holds the same members sends nothing back (no full answer of every member
+/// each period); the asks back off to `announce_period` while nothing changes.
+#[test]
+fn at_rest_a_sync_is_a_digest_and_an_agreeing_member_sends_nothing() {
+    let period = Duration::from_secs(8);
+    let mut net = Net::at_rest(
+        12,
+        MembershipConfig {
+            announce_period: period,
+            ..cfg()
+        },
+    );
+    let sum = |net: &Net, f: fn(&MemberCounters) -> u64| -> u64 {
+        net.nodes.iter().flatten().map(|m| f(&m.counters())).sum()
+    };
+    // Past the backoff (2, 4, 8 s after the last change), then four periods.
+    net.run_until(Duration::from_secs(20), |_| false);
+    let (asked, answered, agreed) = (
+        sum(&net, |c| c.syncs_asked),
+        sum(&net, |c| c.syncs_answered),
+        sum(&net, |c| c.syncs_agreed),
+    );
+    net.run_until(period * 4, |_| false);
+    let asked = sum(&net, |c| c.syncs_asked) - asked;
+    let agreed = sum(&net, |c| c.syncs_agreed) - agreed;
+    assert!(
+        (36..=60).contains(&asked),
+        "12 nodes, 4 periods: {asked} asks"
+    );
+    assert_eq!(agreed, asked, "every ask agreed");
+    assert_eq!(
+        sum(&net, |c| c.syncs_answered),
+        answered,
+        "nothing answered"
+    );
+    // An ask whose digest differs is answered in full.
+    let now = net.now + Duration::from_secs(1);
+    let from = net.node(1).me().name.clone();
+    let mut ask = vec![TAG_STATE_ASK];
+    ask.extend_from_slice(&[0; sync::DIGEST_LEN]);
+    let m = net.node(0);
+    while m.poll_transmit().is_some() {}
+    m.handle_frame(now, &from, &ask).unwrap();
+    let (to, body) = m.poll_transmit().expect("a full answer");
+    assert_eq!((to.name, body[0]), (from, TAG_STATE));
+}
+
+/// A member that gossip missed (a node heard nothing while a newcomer's join spread) is
+/// found by the comparison soon after the node's view settles, not an announce period
+/// (here a minute) later, nor when the newcomer's probes come round to it (40 members,
+/// one probe a second).
+#[test]
+fn a_join_gossip_missed_is_found_by_comparing_soon_after() {
+    let n = 41;
+    let late = n - 1;
+    let mut net = Net::new(
+        n,
+        MembershipConfig {
+            announce_period: Duration::from_secs(60),
+            suspicion_timeout: Duration::from_secs(20),
+            ..cfg()
+        },
+    );
+    net.join_through_0(1, late);
+    net.run_until(Duration::from_secs(60), |net| {
+        (0..late).all(|i| net.alive_seen_by(i) == late - 1)
+    })
+    .expect("the first 40 converge");
+    net.run_until(Duration::from_secs(20), |_| false);
+    // Node 1 hears nothing (and is heard by nobody) while the newcomer joins and its news
+    // is gossiped until no member has it left to send (8 s; the suspicion timeout is long
+    // enough that node 1 is not declared down meanwhile). Without the comparison it took
+    // 13.5 s more (the newcomer's probe came round to it).
+    for k in 0..n {
+        if k != 1 {
+            net.cut.insert((1, k));
+        }
+    }
+    net.join_through_0(late, n);
+    let newcomer = net.node(late).me().name.clone();
+    net.run_until(Duration::from_secs(8), |_| false);
+    assert!(
+        !net.sees(1, &newcomer, MemberState::Alive),
+        "node 1 heard of it"
+    );
+    assert!(
+        (2..late).all(|i| net.sees(i, &newcomer, MemberState::Alive)),
+        "the others know the newcomer"
+    );
+    net.cut.clear();
+    let took = net
+        .run_until(Duration::from_secs(60), |net| {
+            net.sees(1, &newcomer, MemberState::Alive)
+        })
+        .expect("node 1 learns of the newcomer");
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+}
+
 /// Not a test of behaviour: how much CPU the machines of a large cluster take to join
 /// and at rest (run it by hand, in release, with `--ignored --nocapture`; N from
 /// BW_SCALE_N, default 512).

@@ -296,6 +296,8 @@ pub struct MemberCounters {
     /// of in answers (see `Membership`'s `sync`).
     pub syncs_asked: u64,
     pub syncs_answered: u64,
+    /// Periodic asks not answered because the asker's digest matched this node's.
+    pub syncs_agreed: u64,
     pub sync_members: u64,
     /// Updates taken out of packets before SWIM saw them because they repeated what it
     /// held (each update reaches a member about a dozen times as it spreads).
