@@ -44,7 +44,7 @@ struct Seen {
     /// When it first saw every other node live.
     full_at: Option<Instant>,
     /// Suspicions and downs it reported (false alarms while nobody failed).
-    alarms: u64,
+    alarms: (u64, u64),
     /// The member whose news completed its view (at `full_at`).
     completed_by: String,
 }
@@ -93,8 +93,10 @@ impl Lines {
                 .members
                 .insert(name.to_string(), (what.to_string(), inc, at));
             let was = old.is_some_and(|o| is_live(&o.0));
-            if what == "suspected" || what == "down" {
-                s.alarms += 1;
+            match what {
+                "suspected" => s.alarms.0 += 1,
+                "down" => s.alarms.1 += 1,
+                _ => {}
             }
             match (was, is_live(what)) {
                 (false, true) => s.live += 1,
@@ -244,7 +246,7 @@ struct RunFigures {
     join_cpu_ms: (f64, f64),
     join_cpu_total_s: f64,
     /// Suspicions and downs all nodes reported until converged (no node had failed).
-    join_alarms: u64,
+    join_alarms: (u64, u64),
     /// The node that saw all last, and the member it learnt last.
     slowest: String,
     down_all_s: f64,
@@ -304,7 +306,10 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
         })?;
         let converge_s = (done - t0).as_secs_f64();
         let (converge_p50_s, converge_p90_s) = spread(&lines.seen, t0);
-        let join_alarms = lines.seen.iter().map(|s| s.alarms).sum();
+        let join_alarms = lines
+            .seen
+            .iter()
+            .fold((0, 0), |a, s| (a.0 + s.alarms.0, a.1 + s.alarms.1));
         let slowest = lines
             .seen
             .iter()
@@ -456,7 +461,7 @@ pub fn run(
             progress.running(format!("membership: {n} nodes, run {}", r + 1));
             let f = one_run(n, rest, opts)?;
             progress.done(format!(
-                "  {n} nodes: converged {:.2} s (all started by {:.2} s; median node {:.2} s, 90th percentile {:.2} s, last {}; CPU to rest {:.0} ms per node, largest {:.0}, {:.1} s in all; {} false suspicions or downs reported), down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
+                "  {n} nodes: converged {:.2} s (all started by {:.2} s; median node {:.2} s, 90th percentile {:.2} s, last {}; CPU to rest {:.0} ms per node, largest {:.0}, {:.1} s in all; false alarms: {} suspected, {} down), down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
                 f.converge_s,
                 f.spawned_s,
                 f.converge_p50_s,
@@ -465,7 +470,8 @@ pub fn run(
                 f.join_cpu_ms.0,
                 f.join_cpu_ms.1,
                 f.join_cpu_total_s,
-                f.join_alarms,
+                f.join_alarms.0,
+                f.join_alarms.1,
                 f.down_all_s,
                 f.rejoin_s,
                 f.member_bps_median
