@@ -45,6 +45,8 @@ const TAG_STATE: u8 = 3;
 /// Most random members asked for the full state, a probe period apart, after the first
 /// ask when joining (see `Membership::sync_tries`).
 const SYNC_TRIES: u8 = 8;
+/// Most a starved node stretches its probes: `1 + MAX_SLOWNESS` times (Lifeguard's 8).
+const MAX_SLOWNESS: u32 = 8;
 /// Largest SWIM packet (foca's `max_packet_size`); a MEMBER body adds one tag byte.
 pub const MAX_PACKET: usize = 1400;
 
@@ -190,6 +192,12 @@ pub struct Membership {
     /// (see [`sync`]). When the last one was asked.
     sync_every: Duration,
     synced_at: Instant,
+    /// Local health (Lifeguard's multiplier): 0 while this node's timers run on time, up
+    /// to [`MAX_SLOWNESS`] while they run late (the machine is starved: its acks are late
+    /// too, so a probe's silence says little). Probes are started and given up on
+    /// `1 + slowness` times later. Down by one each probe period with no late timer.
+    slowness: u32,
+    slowness_at: Instant,
     /// When each asker was last answered (at most 2 x `max_members`), and the node-wide
     /// budget of answers.
     answered: HashMap<Name, Instant, NameHash>,
@@ -256,6 +264,8 @@ impl Membership {
             sync_round: (false, false),
             sync_every: announce_period,
             synced_at: now,
+            slowness: 0,
+            slowness_at: now,
             answered: HashMap::default(),
             answers: Bucket {
                 tokens: sync::ANSWERS_PER_SECOND,
@@ -569,6 +579,7 @@ impl Membership {
         // an indirect probe change nothing; the end of a probe (which may suspect), a
         // suspicion's end and forgetting do.
         let mut walk = false;
+        self.note_lateness(now);
         while let Some(entry) = self.timers.first_entry() {
             if entry.key().0 > now {
                 break;
@@ -800,16 +811,49 @@ impl Membership {
     }
 
     /// The view changed: compare with a random member once it has been quiet for two
-    /// probe periods (each change moves that on; never past `announce_period` after the
-    /// last sync), then less and less often while nothing changes. Gossip misses a few of
-    /// a million (member, update) pairs when a thousand nodes join at once; this finds
-    /// them seconds after the storm instead of an announce period later.
+    /// probe periods (each change moves that on, but never past eight probe periods after
+    /// the last sync: a view that keeps changing is compared that often), then less and
+    /// less often while nothing changes. Gossip misses a few of a million (member, update)
+    /// pairs when a thousand nodes join at once; this finds them seconds after the storm
+    /// instead of an announce period later.
     fn sync_soon(&mut self, now: Instant) {
         if self.sync_tries > 0 {
             return;
         }
         self.sync_every = self.cfg.probe_period * 2;
-        self.sync_at = (now + self.sync_every).min(self.synced_at + self.cfg.announce_period);
+        let latest = (self.cfg.probe_period * 8).min(self.cfg.announce_period);
+        self.sync_at = (now + self.sync_every).min(self.synced_at + latest);
+    }
+
+    /// Local health: a timer due more than a third of `probe_rtt` ago means this node ran
+    /// late (a thousand processes on two CPUs wait hundreds of milliseconds for their
+    /// turn); then it waits longer for acks before it suspects anyone, and probes less
+    /// often, instead of raising suspicions that its own slowness caused (each one a
+    /// refutation gossiped to everyone: a storm that fed itself).
+    fn note_lateness(&mut self, now: Instant) {
+        // The probe's own timers: always waited for (periodic gossip may wait for news).
+        let Some(due) = self
+            .timers
+            .iter()
+            .take_while(|((at, _), _)| *at <= now)
+            .find(|(_, t)| {
+                matches!(
+                    t,
+                    Timer::ProbeRandomMember(_) | Timer::SendIndirectProbe { .. }
+                )
+            })
+            .map(|((at, _), _)| *at)
+        else {
+            return;
+        };
+        if now - due > self.cfg.probe_rtt / 3 {
+            self.counters.late_timers += 1;
+            self.slowness = (self.slowness + 1).min(MAX_SLOWNESS);
+            self.slowness_at = now + self.cfg.probe_period;
+        } else if self.slowness > 0 && now >= self.slowness_at {
+            self.slowness -= 1;
+            self.slowness_at = now + self.cfg.probe_period;
+        }
     }
 
     fn result(&mut self, r: Result<(), foca::Error>) {
@@ -821,7 +865,13 @@ impl Membership {
     /// After any input: turn foca's timer requests into deadlines, and compare the member
     /// list with the view to report what changed.
     fn after(&mut self, now: Instant, walk: bool) {
-        for (t, d) in self.out.timers.drain(..) {
+        for (t, mut d) in self.out.timers.drain(..) {
+            if matches!(
+                t,
+                Timer::ProbeRandomMember(_) | Timer::SendIndirectProbe { .. }
+            ) {
+                d *= 1 + self.slowness;
+            }
             self.seq += 1;
             self.timers.insert((now + d, self.seq), t);
         }

@@ -9,8 +9,9 @@
 //!   then from a random live member each probe period until an answer brings nothing new
 //!   (at most 8 more). After that, anti-entropy (two groups that formed apart, or an
 //!   update gossip lost): the node compares with a random live member two probe periods
-//!   after its view last changed (each change moves that on), then after 4, 8, ... up to
-//!   `announce_period` while nothing changes, and at least every `announce_period`.
+//!   after its view last changed (each change moves that on, up to eight probe periods
+//!   after the last comparison), then 4, 8, ... probe periods apart up to `announce_period`
+//!   while nothing changes, and at least every `announce_period`.
 //!   Gossip misses a few of the million (member, update) pairs of a thousand nodes joining
 //!   at once; this repairs them seconds after the storm, not an announce period later.
 //! - **The comparison**: the periodic ask carries a digest of the asker's live members

@@ -1785,6 +1785,61 @@ fn a_join_gossip_missed_is_found_by_comparing_soon_after() {
     assert!(took < Duration::from_secs(6), "took {took:?}");
 }
 
+/// Local health: a node whose probe timers run late (it is starved of CPU, so its acks
+/// and its view of others' acks are late too) waits longer before it suspects anyone and
+/// probes less often, up to 9 times; on time again, it comes back one probe period at a
+/// time.
+#[test]
+fn a_node_whose_timers_run_late_stretches_its_probes_and_recovers() {
+    // Node 0 is driven alone (its probes go unanswered): its members stay suspect, not
+    // down, for the test's 130 s, so it keeps probing.
+    let mut net = Net::at_rest(
+        3,
+        MembershipConfig {
+            suspicion_timeout: Duration::from_secs(600),
+            ..cfg()
+        },
+    );
+    let pp = cfg().probe_period;
+    let m = net.node(0);
+    let next_probe = |m: &Membership| {
+        m.timers
+            .iter()
+            .find(|(_, t)| matches!(t, Timer::ProbeRandomMember(_)))
+            .map(|((at, _), _)| *at)
+            .expect("a probe is scheduled")
+    };
+    // The probe's timers fired `late` after their deadlines (the indirect probe, then the
+    // next probe's start); the gap from that start to the one after it.
+    let turn = |m: &mut Membership, late: Duration| -> Duration {
+        let probe = next_probe(m);
+        let indirect = m
+            .timers
+            .iter()
+            .find(|(_, t)| matches!(t, Timer::SendIndirectProbe { .. }))
+            .map(|((at, _), _)| *at);
+        if let Some(t) = indirect.filter(|t| *t + late < probe) {
+            m.handle_timeout(t + late);
+        }
+        m.handle_timeout(probe + late);
+        next_probe(m) - (probe + late)
+    };
+    assert_eq!(turn(m, Duration::ZERO), pp, "on time");
+    let late: Vec<Duration> = (0..8)
+        .map(|_| turn(m, Duration::from_millis(400)))
+        .collect();
+    assert!(late[0] > pp, "{late:?}");
+    assert!(late.windows(2).all(|w| w[0] <= w[1]), "{late:?}");
+    assert_eq!(*late.last().unwrap(), pp * 9, "at most 9 times: {late:?}");
+    let counted = m.counters().late_timers;
+    assert!(counted >= 8, "{counted}");
+    let on_time: Vec<Duration> = (0..8).map(|_| turn(m, Duration::ZERO)).collect();
+    assert!(on_time[0] < pp * 9, "{on_time:?}");
+    assert!(on_time.windows(2).all(|w| w[0] >= w[1]), "{on_time:?}");
+    assert_eq!(*on_time.last().unwrap(), pp, "back to normal: {on_time:?}");
+    assert_eq!(m.counters().late_timers, counted);
+}
+
 /// Not a test of behaviour: how much CPU the machines of a large cluster take to join
 /// and at rest (run it by hand, in release, with `--ignored --nocapture`; N from
 /// BW_SCALE_N, default 512).
