@@ -47,6 +47,15 @@ const TAG_STATE: u8 = 3;
 const SYNC_TRIES: u8 = 8;
 /// Most a starved node stretches its probes: `1 + MAX_SLOWNESS` times (Lifeguard's 8).
 const MAX_SLOWNESS: u32 = 8;
+/// A probe's own timers: its start (which also gives up on the last one) and the
+/// indirect probe. Local health stretches them and measures lateness by them.
+fn is_probe_timer(t: &Timer<MemberId>) -> bool {
+    matches!(
+        t,
+        Timer::ProbeRandomMember(_) | Timer::SendIndirectProbe { .. }
+    )
+}
+
 /// Largest SWIM packet (foca's `max_packet_size`); a MEMBER body adds one tag byte.
 pub const MAX_PACKET: usize = 1400;
 
@@ -187,9 +196,9 @@ pub struct Membership {
     sync_tries: u8,
     /// Of the current round: whether an answer came, and whether it told anything new.
     sync_round: (bool, bool),
-    /// After the joining rounds, the wait between periodic syncs: twice the probe period
-    /// after the view last changed, doubling while it does not, up to `announce_period`
-    /// (see [`sync`]). When the last one was asked.
+    /// After the joining rounds, the wait until the next comparison: twice the probe
+    /// period after the view changed, doubling each comparison while it does not, up to
+    /// `announce_period` (see `sync_soon`); and when the last sync was asked.
     sync_every: Duration,
     synced_at: Instant,
     /// Local health (Lifeguard's multiplier): 0 while this node's timers run on time, up
@@ -836,12 +845,7 @@ impl Membership {
             .timers
             .iter()
             .take_while(|((at, _), _)| *at <= now)
-            .find(|(_, t)| {
-                matches!(
-                    t,
-                    Timer::ProbeRandomMember(_) | Timer::SendIndirectProbe { .. }
-                )
-            })
+            .find(|(_, t)| is_probe_timer(t))
             .map(|((at, _), _)| *at)
         else {
             return;
@@ -866,10 +870,7 @@ impl Membership {
     /// list with the view to report what changed.
     fn after(&mut self, now: Instant, walk: bool) {
         for (t, mut d) in self.out.timers.drain(..) {
-            if matches!(
-                t,
-                Timer::ProbeRandomMember(_) | Timer::SendIndirectProbe { .. }
-            ) {
+            if is_probe_timer(&t) {
                 d *= 1 + self.slowness;
             }
             self.seq += 1;
@@ -1112,7 +1113,7 @@ impl Membership {
             self.result(r);
         }
         if let Some(id) = sync_from {
-            self.ask_state(id);
+            self.ask_state(id, None);
             self.sync_tries = SYNC_TRIES;
             self.sync_round = (false, false);
             self.sync_at = now + self.cfg.probe_period;

@@ -48,7 +48,10 @@ pub(super) const DIGEST_LEN: usize = 12;
 /// `(count, xor of hashes)` of the members SWIM holds live (alive or suspect), this node
 /// included, over name, start and bump (not the incarnation: a refuted suspicion is no
 /// difference worth a full answer).
-fn digest<'a>(members: impl Iterator<Item = &'a Member<MemberId>>, me: &MemberId) -> [u8; 12] {
+fn digest<'a>(
+    members: impl Iterator<Item = &'a Member<MemberId>>,
+    me: &MemberId,
+) -> [u8; DIGEST_LEN] {
     use std::hash::{BuildHasher, Hasher};
     let hash = |id: &MemberId| {
         let mut h = crate::codec::NameHash.build_hasher();
@@ -69,12 +72,22 @@ fn digest<'a>(members: impl Iterator<Item = &'a Member<MemberId>>, me: &MemberId
 }
 
 impl Membership {
-    /// Ask `to` for its members.
-    pub(super) fn ask_state(&mut self, to: MemberId) {
+    /// Ask `to` for its members: all of them, or with this node's `digest` only if its
+    /// own differs.
+    pub(super) fn ask_state(&mut self, to: MemberId, digest: Option<[u8; DIGEST_LEN]>) {
         self.counters.syncs_asked += 1;
+        let body = match digest {
+            None => Bytes::from_static(&[TAG_STATE_ASK]),
+            Some(d) => {
+                let mut b = BytesMut::with_capacity(1 + DIGEST_LEN);
+                b.put_u8(TAG_STATE_ASK);
+                b.put_slice(&d);
+                b.freeze()
+            }
+        };
         self.out.sends.push_back(Send {
             to,
-            body: Bytes::from_static(&[TAG_STATE_ASK]),
+            body,
             down_notice: false,
         });
     }
@@ -97,19 +110,8 @@ impl Membership {
             return;
         }
         let i = (self.rng.next_u64() % live.len() as u64) as usize;
-        if !compare {
-            self.ask_state(live[i].clone());
-            return;
-        }
-        self.counters.syncs_asked += 1;
-        let mut body = BytesMut::with_capacity(1 + DIGEST_LEN);
-        body.put_u8(TAG_STATE_ASK);
-        body.put_slice(&self.digest());
-        self.out.sends.push_back(Send {
-            to: live[i].clone(),
-            body: body.freeze(),
-            down_notice: false,
-        });
+        let digest = compare.then(|| self.digest());
+        self.ask_state(live[i].clone(), digest);
     }
 
     /// `from` asks for our members; with its `digest`, only if ours differs.
