@@ -243,7 +243,7 @@ struct BenchArgs {
     /// Scenario to run (default: a quick version of every scenario).
     #[arg(value_enum)]
     scenario: Option<Scenario>,
-    /// Bundlers to compare: comma-separated names, `raw` (the TCP ceiling of throughput, fan-in and mperf), or `all`.
+    /// Bundlers to compare: comma-separated names, `raw` (pre-encoded messages over plain TCP: the ceiling of throughput, fan-in and mperf), `tcp` (the bytes alone in 1 MiB writes: throughput's true ceiling), or `all`.
     #[arg(long, default_value = "all")]
     bundler: String,
     /// Idle levels (1..=10) to run each bundler with, comma-separated.
@@ -466,7 +466,8 @@ const SCENARIO_HELP: &[(&str, &str, &[&str])] = &[
         "throughput",
         "One sender thread streams to one mailbox on another node process, one way (or both \
          ways with --duplex); every message is verified. Reports messages/s and bytes/s by \
-         bundler and size, beside `raw` (plain TCP) if asked.",
+         bundler and size, beside `raw` (the same messages pre-encoded over plain TCP) and \
+         `tcp` (the same bytes alone in 1 MiB writes: what the socket carries) if asked.",
         &[
             "size",
             "messages",
@@ -1096,6 +1097,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
         }),
     };
     let only_raw = entries.iter().all(|e| *e == throughput::Entry::Raw);
+    let only_tcp = entries.iter().all(|e| *e == throughput::Entry::Tcp);
     let scenarios: Vec<Scenario> = match a.scenario {
         Some(s) => vec![s],
         // With --peers only the scenarios that can use them.
@@ -1103,6 +1105,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
         // `raw` is the ceiling of throughput, fan-in and mperf; the others compare bundlers
         // only.
         None if only_raw => vec![Scenario::Throughput, Scenario::FanIn, Scenario::Mperf],
+        None if only_tcp => vec![Scenario::Throughput],
         None => Scenario::ALL.to_vec(),
     };
     let common = Common {
@@ -1112,7 +1115,8 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                 throughput::Entry::Bundler(b) => Some(*b),
                 throughput::Entry::Unsequenced(_)
                 | throughput::Entry::Tls(_)
-                | throughput::Entry::Raw => None,
+                | throughput::Entry::Raw
+                | throughput::Entry::Tcp => None,
             })
             .collect(),
         raw: entries.contains(&throughput::Entry::Raw),

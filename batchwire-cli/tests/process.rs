@@ -393,11 +393,17 @@ fn bench_throughput_runs_every_entry_at_a_tiny_size_and_writes_json() {
         "{stdout}"
     );
     let rows = check_report(&v, "throughput");
-    assert_eq!(rows.len(), 2 * (batchwire::BundlerKind::ALL.len() + 1));
-    assert!(
-        rows.iter()
-            .any(|r| r["bundler"] == "raw" && r["idle_cpu_level"].is_null())
-    );
+    // Every bundler, the raw ceiling and the plain-TCP one, at each size; check_report
+    // wants every message of every row delivered (tcp's: all the bytes).
+    assert_eq!(rows.len(), 2 * (batchwire::BundlerKind::ALL.len() + 2));
+    for ceiling in ["raw", "tcp"] {
+        assert!(
+            rows.iter()
+                .any(|r| r["bundler"] == ceiling && r["idle_cpu_level"].is_null()),
+            "{ceiling}"
+        );
+    }
+    assert!(stdout.contains("% tcp"), "{stdout}");
     assert!(
         rows.iter()
             .all(|r| r["nodes"] == 2 && r["unit"] == "msgs/s")

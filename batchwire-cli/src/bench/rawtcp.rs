@@ -2,8 +2,13 @@
 //! written with plain `write(2)`s, and a read loop that decodes them. No node, no window,
 //! no acknowledgement, no flow control: what the machine does with the same bytes.
 //! `throughput`'s and `mperf`'s `raw` are built from these; `fan-in`'s reads with [`read`].
+//!
+//! `raw` still frames and decodes every message, writes 64 KiB at a time and zeroes its
+//! read buffer before each read, so it is not what the socket can carry. [`stream_bytes`]
+//! and [`drain_bytes`] are: plain bytes in 1 MiB writes from one buffer, read into one
+//! reused buffer that is never cleared (`throughput`'s `tcp`, as `iperf3 -l 1M` does).
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -36,6 +41,41 @@ pub fn encode(n: u64, size: usize, tag: Option<u32>, to: &Name) -> Vec<u8> {
     }
     w.finish(&mut out);
     out
+}
+
+/// The size of each write and read of the plain-TCP ceiling (`iperf3 -l 1M`).
+pub const CEILING_IO: usize = 1 << 20;
+
+/// The plain-TCP ceiling's sender: `total` bytes to `s` in writes of [`CEILING_IO`] from
+/// one buffer filled once. Nothing is framed or encoded.
+pub fn stream_bytes(s: &mut impl Write, total: u64) -> Result<(), String> {
+    let buf = vec![0x5au8; CEILING_IO];
+    let mut left = total;
+    while left > 0 {
+        let n = left.min(CEILING_IO as u64) as usize;
+        s.write_all(&buf[..n]).ctx("tcp write")?;
+        left -= n as u64;
+    }
+    Ok(())
+}
+
+/// The plain-TCP ceiling's receiver: read from `s` into one buffer of [`CEILING_IO`],
+/// allocated and cleared once, until `total` bytes came or the stream ended; returns the
+/// bytes read. `first` is called when the first bytes arrive.
+pub fn drain_bytes(s: &mut impl Read, total: u64, mut first: impl FnMut()) -> Result<u64, String> {
+    let mut buf = vec![0u8; CEILING_IO];
+    let mut got = 0u64;
+    while got < total {
+        let n = s.read(&mut buf).ctx("tcp read")?;
+        if n == 0 {
+            break;
+        }
+        if got == 0 {
+            first();
+        }
+        got += n as u64;
+    }
+    Ok(got)
 }
 
 /// Connect to `addr`, trying again every 5 ms (the peer's process may not listen yet) for

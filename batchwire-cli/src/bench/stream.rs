@@ -34,7 +34,7 @@ pub struct SendReport {
 /// Arguments of the worker processes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
-    /// recv, send, duplex0, duplex1, raw-recv or raw-send.
+    /// recv, send, duplex0, duplex1, raw-recv, raw-send, tcp-recv or tcp-send.
     #[arg(long)]
     pub role: String,
     #[arg(long)]
@@ -211,6 +211,38 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             for c in out.chunks(rawtcp::FRAME_BYTES) {
                 s.write_all(c).ctx("raw write")?;
             }
+            print_result(&SendReport {
+                start_ns,
+                messages_per_write: 0.0,
+                breaks: 0,
+                cpu_ns: process_cpu_ns().saturating_sub(cpu0),
+            })?;
+            Ok(())
+        }
+        // The plain-TCP ceiling: the run's bytes (messages times size) with nothing else;
+        // whole messages' worth of bytes count as delivered.
+        "tcp-recv" => {
+            let l = TcpListener::bind(a.listen).ctx(&format!("tcp listen on {}", a.listen))?;
+            let mut s = rawtcp::accept_within(&l, Duration::from_secs(60))?;
+            let total = a.messages * a.size as u64;
+            let mut cpu0 = None;
+            let got = rawtcp::drain_bytes(&mut s, total, || cpu0 = Some(process_cpu_ns()))?;
+            let end_ns = now_ns();
+            let cpu_ns = cpu0.map_or(0, |c| process_cpu_ns().saturating_sub(c));
+            print_result(&super::RecvReport {
+                distinct: got / a.size.max(1) as u64,
+                duplicated: 0,
+                reordered: 0,
+                end_ns,
+                cpu_ns,
+            })?;
+            Ok(())
+        }
+        "tcp-send" => {
+            let mut s = rawtcp::connect_within(a.peer, Duration::from_secs(30))?;
+            let start_ns = now_ns();
+            let cpu0 = process_cpu_ns();
+            rawtcp::stream_bytes(&mut s, a.messages * a.size as u64)?;
             print_result(&SendReport {
                 start_ns,
                 messages_per_write: 0.0,

@@ -5,7 +5,9 @@
 //! message (both processes read the same wall clock on one host), so pipeline fill and
 //! drain are included. `raw` is the ceiling: the same messages pre-encoded as MESSAGES
 //! frames, written in 64 KiB writes by the sending thread itself, read 64 KiB at a time
-//! and decoded by the receiving thread itself: no queues, no thread hand-off.
+//! and decoded by the receiving thread itself: no queues, no thread hand-off. `tcp` is
+//! what the socket carries: the same number of bytes, unframed, in 1 MiB writes, read into
+//! one reused buffer (`iperf3 -l 1M`); its rate is in messages of the run's size.
 
 use std::time::Duration;
 
@@ -23,6 +25,8 @@ pub enum Entry {
     /// A bundler over mutual TLS (`NAME/tls`), beside plaintext in the same run.
     Tls(BundlerKind),
     Raw,
+    /// The plain-TCP ceiling (see the module documentation).
+    Tcp,
 }
 
 impl Entry {
@@ -32,17 +36,19 @@ impl Entry {
             Entry::Unsequenced(b) => format!("{}/unsequenced", b.name()),
             Entry::Tls(b) => format!("{}/tls", b.name()),
             Entry::Raw => "raw".to_string(),
+            Entry::Tcp => "tcp".to_string(),
         }
     }
 
     fn kind(self) -> BundlerKind {
         match self {
             Entry::Bundler(b) | Entry::Unsequenced(b) | Entry::Tls(b) => b,
-            Entry::Raw => BundlerKind::Natural,
+            Entry::Raw | Entry::Tcp => BundlerKind::Natural,
         }
     }
 
-    /// Parse a comma-separated list of bundler names, `raw`, or `all` (every bundler and raw).
+    /// Parse a comma-separated list of bundler names, `raw`, `tcp`, or `all` (every bundler,
+    /// raw and tcp).
     pub fn parse_list(s: &str) -> Result<Vec<Entry>, String> {
         let mut v = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -50,8 +56,10 @@ impl Entry {
                 "all" => {
                     v.extend(BundlerKind::ALL.iter().map(|b| Entry::Bundler(*b)));
                     v.push(Entry::Raw);
+                    v.push(Entry::Tcp);
                 }
                 "raw" => v.push(Entry::Raw),
+                "tcp" => v.push(Entry::Tcp),
                 b => {
                     if let Some(b) = b.strip_suffix("/unsequenced") {
                         v.push(Entry::Unsequenced(b.parse()?));
@@ -224,6 +232,7 @@ fn rate(n: u64, start: u128, end: u128) -> f64 {
 pub fn one_run(spec: &RunSpec) -> Result<RunOutcome, String> {
     let roles = match spec.entry {
         Entry::Raw => ["raw-send", "raw-recv"],
+        Entry::Tcp => ["tcp-send", "tcp-recv"],
         _ => ["send", "recv"],
     };
     let [s, r] = spec.workers(roles)?;
@@ -261,22 +270,23 @@ pub fn one_duplex_run(spec: &RunSpec) -> Result<[RunOutcome; 2], String> {
 /// Run the scenario: for each size, `runs` rounds, each round every entry once (so drift on
 /// a shared machine hits every entry alike). Prints a table per size.
 pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
-    // Every (entry, idle level) pair; raw has no transport threads, so it runs once.
+    // Every (entry, idle level) pair; raw and tcp have no transport threads, so they run
+    // once.
     let mut combos: Vec<(Entry, Option<u8>)> = Vec::new();
     for &e in &o.entries {
         match e {
-            Entry::Raw => combos.push((e, None)),
+            Entry::Raw | Entry::Tcp => combos.push((e, None)),
             Entry::Bundler(_) | Entry::Unsequenced(_) | Entry::Tls(_) => {
                 combos.extend(o.idle_levels.iter().map(|l| (e, Some(*l))))
             }
         }
     }
-    // raw is one-way: with --duplex it is left out of a list (such as the default `all`)
-    // that has bundlers to run, and refused alone.
+    // raw and tcp are one-way: with --duplex they are left out of a list (such as the
+    // default `all`) that has bundlers to run, and refused alone.
     if o.duplex {
-        combos.retain(|(e, _)| *e != Entry::Raw);
+        combos.retain(|(e, _)| !matches!(e, Entry::Raw | Entry::Tcp));
         if combos.is_empty() {
-            return Err("--duplex runs bundlers only (raw is one-way)".into());
+            return Err("--duplex runs bundlers only (raw and tcp are one-way)".into());
         }
     }
     for &size in &o.sizes {
@@ -289,11 +299,19 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
     let n = |size: usize, e: Entry| {
         o.messages.unwrap_or_else(|| {
             let mut d = default_messages(size, e);
+            // The socket alone moves a few GB/s: at least 4 GiB, about a second (1 GiB
+            // read 15-30% below `iperf3 -l 1M -t 3` in the same minute: start-up weighs).
+            if e == Entry::Tcp {
+                d = d.max((4 << 30) / size as u64);
+            }
             // Over an emulated link: about 6 s of the link's rate.
             if let Some(bps) = crate::link::hosts::active_link().and_then(|l| l.bytes_per_sec()) {
                 d = d.min((bps * 6.0 / size as f64) as u64).max(1000);
             }
-            if o.quick { (d / 4).max(1000) } else { d }
+            if o.quick {
+                d = (d / 4).max(1000);
+            }
+            d
         })
     };
     let progress = Progress::new(
@@ -403,6 +421,7 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
 fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool, duplex: bool) {
     let Some(first) = rows.first() else { return };
     let raw = rows.iter().find(|r| r.bundler == "raw").map(|r| r.median);
+    let tcp = rows.iter().find(|r| r.bundler == "tcp").map(|r| r.median);
     let how = if duplex {
         "both nodes sending to each other at once (one sender thread each), each direction on its own row"
     } else {
@@ -425,12 +444,13 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool, 
         out!(" {:>9}", format!("run {}", i + 1));
     }
     outln!(
-        " {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>10}",
+        " {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>10}",
         "median",
         "min",
         "max",
         "MB/s",
         "% raw",
+        "% tcp",
         "msgs/wr",
         "CPU ns/msg"
     );
@@ -448,10 +468,11 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool, 
         for v in &r.runs {
             out!(" {:>9}", si(*v));
         }
-        let pct = raw
-            .map(|x| format!("{:.0}%", 100.0 * r.median / x))
-            .unwrap_or_default();
-        let mw = if r.bundler == "raw" || *m == 0.0 {
+        let pct = |of: Option<f64>| {
+            of.map(|x| format!("{:.0}%", 100.0 * r.median / x))
+                .unwrap_or_default()
+        };
+        let mw = if r.bundler == "raw" || r.bundler == "tcp" || *m == 0.0 {
             "-".to_string()
         } else {
             format!("{m:.1}")
@@ -460,12 +481,13 @@ fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool, 
             .cpu_ns_per_msg
             .map_or("-".to_string(), |c| format!("{c:.0}"));
         outln!(
-            " {:>9} {:>9} {:>9} {:>9.0} {:>7} {:>9} {:>10}",
+            " {:>9} {:>9} {:>9} {:>9.0} {:>7} {:>7} {:>9} {:>10}",
             si(r.median),
             si(r.min),
             si(r.max),
             r.median * r.size as f64 / 1e6,
-            pct,
+            pct(raw),
+            pct(tcp),
             mw,
             cpu
         );
@@ -483,6 +505,8 @@ mod tests {
             [Entry::Bundler(BundlerKind::Natural), Entry::Raw]
         );
         assert!(Entry::parse_list("all").unwrap().contains(&Entry::Raw));
+        assert!(Entry::parse_list("all").unwrap().contains(&Entry::Tcp));
+        assert_eq!(Entry::parse_list("tcp").unwrap(), [Entry::Tcp]);
         assert!(Entry::parse_list("bogus").is_err());
     }
 }
