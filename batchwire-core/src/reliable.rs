@@ -395,7 +395,7 @@ impl SendWindow {
     }
 
     /// Hold a batch as one chunk, numbering its messages, **without copying it** when it
-    /// is at least [`MOVE_BYTES`] of nothing but MESSAGES frames back to back (a bundler's
+    /// is at least `MOVE_BYTES` of nothing but MESSAGES frames back to back (a bundler's
     /// batch under load): the batch's buffer moves into the window and `batch` gets the
     /// smallest acknowledged chunk's buffer at least as large to fill next, or a new one
     /// as large as the one it gave. Otherwise its MESSAGES frames are copied as

@@ -1,0 +1,253 @@
+//! Inputs from the network: MEMBER bodies (SWIM packets, leave notices, state asks and
+//! answers), each checked (size, sender, rate) before SWIM sees it, with the updates SWIM
+//! already holds taken out first (old news).
+
+use super::*;
+
+impl Membership {
+    /// A MEMBER body from `from` (its datagram opened with the cluster key and was sealed
+    /// by `from`).
+    pub fn handle_frame(
+        &mut self,
+        now: Instant,
+        from: &Name,
+        body: &[u8],
+    ) -> Result<(), MemberError> {
+        let walk = self.frame_in(now, from, body)?;
+        self.after(now, walk);
+        Ok(())
+    }
+
+    /// MEMBER bodies read together (a socket's backlog), as `handle_frame` each, except
+    /// that SWIM's member list is compared with the view once, after the last. That walk
+    /// looks at every member; after each packet, at a thousand members joining (nearly
+    /// every packet has news then), it was most of a node's work, and a node that falls
+    /// behind reads larger batches. A body that breaks the rules goes to `refused` with
+    /// the reason, and the others are taken.
+    pub fn handle_frames<'a>(
+        &mut self,
+        now: Instant,
+        frames: impl IntoIterator<Item = (&'a Name, &'a [u8])>,
+        mut refused: impl FnMut(&'a Name, MemberError),
+    ) {
+        let (mut walk, mut any) = (false, false);
+        for (from, body) in frames {
+            match self.frame_in(now, from, body) {
+                Ok(w) => {
+                    walk |= w;
+                    any = true;
+                }
+                Err(e) => refused(from, e),
+            }
+        }
+        if any {
+            self.after(now, walk);
+        }
+    }
+
+    /// One MEMBER body into SWIM; returns whether SWIM's list may have changed.
+    pub(super) fn frame_in(
+        &mut self,
+        now: Instant,
+        from: &Name,
+        body: &[u8],
+    ) -> Result<bool, MemberError> {
+        let Some((&tag, packet)) = body.split_first() else {
+            return Err(MemberError::Empty);
+        };
+        if packet.len() > MAX_PACKET {
+            return Err(MemberError::TooLarge {
+                len: packet.len(),
+                max: MAX_PACKET,
+            });
+        }
+        if !self.admit(now, from) {
+            self.counters.rate_limited += 1;
+            return Ok(false);
+        }
+        self.counters.packets_in += 1;
+        self.counters.bytes_in += body.len() as u64;
+        // Whether SWIM's member list may have changed (see `after`).
+        let mut walk = true;
+        match tag {
+            TAG_SWIM => {
+                // The sender field must be the connection's peer: no member speaks for
+                // another.
+                let mut body = packet;
+                let header: foca::Header<MemberId> = PostcardCodec
+                    .decode_header(&mut body)
+                    .map_err(|e| MemberError::Malformed(e.to_string()))?;
+                if header.src.name != *from {
+                    return Err(MemberError::Impersonation {
+                        peer: from.clone(),
+                        claimed: header.src.name,
+                    });
+                }
+                // A packet from the member itself is direct evidence that it is alive.
+                self.note_heard(now, from, header.src.started);
+                let (fresh, news) = self.without_old_news(packet, &header, body);
+                walk = news;
+                let packet = fresh.as_deref().unwrap_or(packet);
+                match self.foca.handle_data(packet, &mut self.out) {
+                    Ok(()) => {}
+                    Err(foca::Error::MalformedPacket | foca::Error::Decode(_)) => {
+                        return Err(MemberError::Malformed(
+                            "SWIM packet does not decode".to_string(),
+                        ));
+                    }
+                    Err(_) => self.counters.ignored += 1,
+                }
+            }
+            TAG_LEAVE => {
+                if !packet.is_empty() {
+                    return Err(MemberError::Malformed(
+                        "leave notice with a body".to_string(),
+                    ));
+                }
+                let known = self
+                    .foca
+                    .iter_members()
+                    .find(|m| m.id().name == *from)
+                    .map(|m| m.id().clone());
+                if let Some(id) = known {
+                    if self.left.len() >= self.cfg.max_members {
+                        self.left.clear();
+                    }
+                    self.left.insert(from.detached(), (id.started, id.bump));
+                    let r = self.foca.apply_many(
+                        std::iter::once(Member::down(id)),
+                        true,
+                        &mut self.out,
+                    );
+                    self.result(r);
+                }
+            }
+            TAG_STATE_ASK if packet.is_empty() => self.handle_state_ask(now, from, None)?,
+            TAG_STATE_ASK if packet.len() == sync::DIGEST_LEN => {
+                self.handle_state_ask(now, from, Some(packet))?
+            }
+            TAG_STATE_ASK => {
+                return Err(MemberError::Malformed(format!(
+                    "state ask with a body of {} bytes (allowed: 0 or {})",
+                    packet.len(),
+                    sync::DIGEST_LEN
+                )));
+            }
+            TAG_STATE => walk = self.handle_state(packet)?,
+            other => return Err(MemberError::UnknownTag(other)),
+        }
+        Ok(walk)
+    }
+
+    /// Record that `name` (a member of the view, whose process started at `started`) was
+    /// heard from directly at `now`.
+    pub(super) fn note_heard(&mut self, now: Instant, name: &Name, started: u64) {
+        if let Some(h) = self.heard.get_mut(name) {
+            *h = (started, now);
+        } else if self.view.contains_key(name) {
+            self.heard.insert(name.detached(), (started, now));
+        }
+    }
+
+    /// Whether a packet from `from` fits its rate (a bucket of `frames_per_second`,
+    /// refilled continuously). The table is bounded: past twice the view's bound it starts
+    /// over.
+    pub(super) fn admit(&mut self, now: Instant, from: &Name) -> bool {
+        let rate = self.cfg.frames_per_second as f64;
+        if self.buckets.len() > self.cfg.max_members.saturating_mul(2)
+            && !self.buckets.contains_key(from)
+        {
+            self.buckets.clear();
+        }
+        let b = self.buckets.entry(from.detached()).or_insert(Bucket {
+            tokens: rate,
+            at: now,
+        });
+        let dt = now.saturating_duration_since(b.at).as_secs_f64();
+        b.tokens = (b.tokens + dt * rate).min(rate);
+        b.at = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// `packet` (`header`, then `body`) without the updates that repeat what SWIM holds
+    /// (see `swim`), or `None` when it has none (or does not decode: foca then says why).
+    /// Such an update is a no-op in foca: a member's state only moves forward (a higher
+    /// incarnation, alive to suspect to down, or a newer identity that wins), so what it
+    /// held once it never takes back. Updates about this node are always left in.
+    ///
+    /// Also says whether the packet may change SWIM's member list at all: not when every
+    /// update was old news and its sender is live here under the same id and incarnation
+    /// (foca takes a packet's sender as alive; a down sender is looked at again, as what
+    /// is reported of it depends on when it was last heard).
+    pub(super) fn without_old_news(
+        &mut self,
+        packet: &[u8],
+        header: &foca::Header<MemberId>,
+        body: &[u8],
+    ) -> (Option<Vec<u8>>, bool) {
+        let src_known = self
+            .swim
+            .get(&header.src.name)
+            .is_some_and(|(id, inc, state)| {
+                *id == header.src && *inc == header.src_incarnation && *state != State::Down
+            });
+        // Only these carry updates (an announce has no body; a broadcast carries none).
+        let updates = !matches!(
+            header.message,
+            foca::Message::Announce | foca::Message::Broadcast
+        );
+        if !updates || body.len() < 2 {
+            return (None, !(src_known && body.is_empty()));
+        }
+        let count = u16::from_be_bytes([body[0], body[1]]);
+        let mut rest = &body[2..];
+        // The count is the sender's word: room for what a packet can hold at most.
+        let mut kept: Vec<&[u8]> = Vec::with_capacity(usize::from(count).min(MAX_PACKET / 16));
+        let mut old = 0;
+        for _ in 0..count {
+            let before = rest;
+            let Ok(m): Result<Member<MemberId>, _> = PostcardCodec.decode_member(&mut rest) else {
+                return (None, true);
+            };
+            if self.is_old_news(&m) {
+                old += 1;
+            } else {
+                kept.push(&before[..before.len() - rest.len()]);
+                if self.fed.len() < self.cfg.max_members.saturating_mul(2) {
+                    let (id, inc, state) = (m.id().clone(), m.incarnation(), m.state());
+                    self.fed.insert(id.name.detached(), (id, inc, state));
+                }
+            }
+        }
+        let news = !kept.is_empty() || !src_known;
+        if old == 0 {
+            return (None, news);
+        }
+        self.counters.old_news += old;
+        let mut out = Vec::with_capacity(packet.len());
+        out.extend_from_slice(&packet[..packet.len() - body.len()]);
+        out.extend_from_slice(&(kept.len() as u16).to_be_bytes());
+        for k in kept {
+            out.extend_from_slice(k);
+        }
+        out.extend_from_slice(rest);
+        (Some(out), news)
+    }
+
+    /// Whether `m` is exactly what SWIM holds of that member, or an update SWIM was
+    /// given since the list was last compared (never so for this node). Applied again,
+    /// SWIM would find it no newer than what it holds: a no-op.
+    pub(super) fn is_old_news(&self, m: &Member<MemberId>) -> bool {
+        let same = |(id, inc, state): &(MemberId, foca::Incarnation, State)| {
+            id == m.id() && *inc == m.incarnation() && *state == m.state()
+        };
+        m.id().name != self.foca.identity().name
+            && (self.swim.get(&m.id().name).is_some_and(same)
+                || self.fed.get(&m.id().name).is_some_and(same))
+    }
+}
