@@ -2,7 +2,7 @@
 //! process streams N messages of S bytes to another over one client-streaming call; the
 //! server checks every sequence number and answers once it has them all.
 //!
-//!     grpc-ref server --listen 127.0.0.1:7700
+//!     grpc-ref server --listen 127.0.0.1:7700 [--once]
 //!     grpc-ref client --peer 127.0.0.1:7700 --messages 1000000 --size 1000 [--fresh]
 //!
 //! The client prints one line: `grpc SIZE B: N msgs in T s = R msgs/s (lost L, duplicated
@@ -65,7 +65,13 @@ fn need(args: &[String], name: &str) -> String {
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let r = match args.get(1).map(String::as_str) {
-        Some("server") => server(need(&args, "--listen").parse().expect("--listen ADDR")).await,
+        Some("server") => {
+            server(
+                need(&args, "--listen").parse().expect("--listen ADDR"),
+                args.iter().any(|a| a == "--once"),
+            )
+            .await
+        }
         Some("client") => {
             client(
                 need(&args, "--peer").parse().expect("--peer ADDR"),
@@ -142,7 +148,10 @@ impl Service<Request<Streaming<Msg>>> for Sink {
 
 /// The service as tonic's generated code would route it.
 #[derive(Clone)]
-struct SinkServer;
+struct SinkServer {
+    /// Told when a call has been answered (`--once`).
+    answered: std::sync::Arc<tokio::sync::Notify>,
+}
 
 impl tonic::server::NamedService for SinkServer {
     const NAME: &'static str = "bench.Sink";
@@ -162,25 +171,38 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let answered = self.answered.clone();
         Box::pin(async move {
             if req.uri().path() != PATH {
                 return Ok(Status::unimplemented(req.uri().path().to_string()).into_http());
             }
             let mut grpc =
                 tonic::server::Grpc::new(tonic_prost::ProstCodec::<Summary, Msg>::default());
-            Ok(grpc.client_streaming(Sink, req).await)
+            let response = grpc.client_streaming(Sink, req).await;
+            answered.notify_one();
+            Ok(response)
         })
     }
 }
 
-async fn server(listen: SocketAddr) -> Result<(), Error> {
+/// Serve until killed, or with `once` until one call was answered (then exit, so that a
+/// profiler wrapping the process writes its output).
+async fn server(listen: SocketAddr, once: bool) -> Result<(), Error> {
+    let answered = std::sync::Arc::new(tokio::sync::Notify::new());
+    let done = answered.clone();
     tonic::transport::Server::builder()
         .initial_stream_window_size(WINDOW)
         .initial_connection_window_size(WINDOW)
         .tcp_nodelay(true)
         .max_frame_size(FRAME)
-        .add_service(SinkServer)
-        .serve(listen)
+        .add_service(SinkServer { answered })
+        .serve_with_shutdown(listen, async move {
+            if once {
+                done.notified().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        })
         .await?;
     Ok(())
 }
