@@ -138,14 +138,36 @@ fn connections_come_with_traffic_and_go_when_idle_and_the_session_survives() {
         }
     }
     assert!(idle_closes >= 2, "{idle_closes} idle closes");
-    // c was never talked to: it never had a connection to b, and a's only the join's.
-    assert_eq!(peer_stat(&b, "c").connects, 0, "b and c never talked");
+    // c was never talked to: b holds nothing for it (no peer: no lane, window or queue,
+    // and no connection), and a only the join's.
+    let b_peers: Vec<String> = b.stats().peers.into_iter().map(|p| p.peer).collect();
+    assert!(
+        !b_peers.contains(&"c".to_string()),
+        "b and c never talked: {b_peers:?}"
+    );
+    // The first send to a member makes its peer, which dials: it arrives.
+    let c_in = c.mailbox("from-b").unwrap();
+    b.send(&to("c", "from-b"), &b"first"[..]).unwrap();
+    assert_eq!(&c_in.recv_timeout(T).unwrap().payload[..], b"first");
+    assert_eq!(peer_stat(&b, "c").messages_sent, 1);
     // send_others reaches every member, connected or not.
     let cin = c.mailbox("all").unwrap();
     let bin = b.mailbox("all").unwrap();
     a.send_others("all", &b"hello"[..]).unwrap();
     for mb in [&bin, &cin] {
         assert_eq!(&mb.recv_timeout(T).unwrap().payload[..], b"hello");
+    }
+    // From a member that holds no peer for some of them yet (b had none for c before the
+    // send above made it; d joins now and nobody sent to it): every member gets it.
+    let d = node("d", Some(a.local_addr()));
+    for n in [&a, &b, &c, &d] {
+        assert!(n.wait_for_members(T, |v| live(v) == 3), "{}", n.name());
+    }
+    let din = d.mailbox("all").unwrap();
+    let ain = a.mailbox("all").unwrap();
+    b.send_others("all", &b"from b"[..]).unwrap();
+    for mb in [&ain, &cin, &din] {
+        assert_eq!(&mb.recv_timeout(T).unwrap().payload[..], b"from b");
     }
     // Requests across a closed connection.
     assert!(idles_out(&a));

@@ -69,6 +69,11 @@ impl Dialers {
     /// next attempt on. On demand: remember the address, and dial if a connection to it
     /// is wanted already, and let a session held down take sends again (it is back, as
     /// `incarnation`).
+    /// Whether connections are made on demand (members' peers too: see `ensure`).
+    pub fn on_demand(&self) -> bool {
+        self.0.on_demand
+    }
+
     pub fn ensure(&self, name: &Name, addr: SocketAddr, incarnation: u64) {
         let inner = &self.0;
         if inner.on_demand && !inner.fixed.contains(name) {

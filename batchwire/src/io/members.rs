@@ -14,7 +14,10 @@
 //! is reported failed) and, once they left or were forgotten, their dialer stopped; every
 //! change is an event, and the view is published as a snapshot for `Node::members`.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -65,6 +68,8 @@ pub(crate) struct Members {
     dropped: Arc<AtomicU64>,
     /// Wakes the thread, which waits on its socket (set once the socket is bound).
     waker: Arc<std::sync::OnceLock<DatagramWaker>>,
+    /// Moves on at every change of the view (see `Runtime::member_peers`).
+    generation: Arc<AtomicU64>,
 }
 
 impl Members {
@@ -76,6 +81,7 @@ impl Members {
             view: Arc::new(RwLock::new(View::default())),
             dropped: Arc::default(),
             waker: Arc::default(),
+            generation: Arc::default(),
         };
         (m, rx)
     }
@@ -166,6 +172,7 @@ impl Members {
     pub(crate) fn publish(&self, view: Vec<(MemberId, MemberState)>) {
         let ids = view.into_iter().map(|e| (e.0.name.detached(), e)).collect();
         *self.view.write().unwrap_or_else(|p| p.into_inner()) = View { ids, built: None };
+        self.generation.fetch_add(1, Release);
     }
 
     /// Publish changed entries (the membership thread, after a change with no member
@@ -178,6 +185,26 @@ impl Members {
         for e in changed {
             w.ids.insert(e.0.name.detached(), e);
         }
+        drop(w);
+        self.generation.fetch_add(1, Release);
+    }
+
+    /// A number that moves on whenever the view changes (read before the view, it says
+    /// whether what was read since may be stale).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Acquire)
+    }
+
+    /// The names of the live members (alive or suspect) in the published view.
+    pub(crate) fn live_names(&self) -> Vec<Name> {
+        self.view
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids
+            .iter()
+            .filter(|(_, (_, s))| s.is_live())
+            .map(|(n, _)| n.clone())
+            .collect()
     }
 
     /// Members in the published view.

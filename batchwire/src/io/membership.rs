@@ -189,7 +189,9 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
     // to no subscriber yet while the view still lacked the member (a `batchwire node`
     // that started joining before its event printer subscribed then never printed some
     // members: 1 run in 3 of the 64-node bench did not converge). And a member is in the
-    // view only once its peer exists, so a send to a member the view shows finds it.
+    // view only once its dialer knows where it is (and, in the full mesh, its peer
+    // exists), so a send to a member the view shows finds it (with connections on demand
+    // its peer is made by that send).
     for e in events {
         ctx.events.emit(e);
     }
@@ -212,7 +214,10 @@ fn act_on(e: MemberEvent, ctx: &MembersCtx) -> Option<Event> {
     match e {
         MemberEvent::Joined(id) => {
             info!(%node, member = %id.name, addr = %id.addr, "member joined");
-            if ctx.peers.get_or_insert_learnt(&id.name).is_ok() {
+            // With connections on demand its peer is made when something is first sent
+            // to it (`Runtime::member_peer`) or it connects; its dialer learns where it
+            // is now. In the full mesh every member gets its peer, which dials.
+            if ctx.dialers.on_demand() || ctx.peers.get_or_insert_learnt(&id.name).is_ok() {
                 ctx.dialers.ensure(&id.name, id.addr, id.started);
             }
             Some(Event::MemberJoined {

@@ -83,6 +83,10 @@ pub(crate) struct Runtime {
     pub advertise: SocketAddr,
     /// Whether the requests' timer thread was started (with the first async request).
     call_timer: AtomicBool,
+    /// With connections on demand, a member gets its peer when something is first sent to
+    /// it, not when it joins (see `member_peer`): the view's generation for which every
+    /// live member was last given one (`send_all`), plus one (0: never).
+    member_peers_for: AtomicU64,
 }
 
 /// The address members should dial: the configured one, else the listening one (a
@@ -261,6 +265,7 @@ impl Runtime {
             advertise,
             config,
             call_timer: AtomicBool::new(false),
+            member_peers_for: AtomicU64::new(0),
         });
         info!(
             node = %name,
@@ -406,11 +411,17 @@ impl Runtime {
                 if to.node == self.name {
                     return self.deliver_local(from, &to.mailbox, payload, block);
                 }
-                self.peers
-                    .with_remembered(to.node.as_bytes(), true, |peer| match peer {
-                        Some(peer) => first(peer),
-                        None => Err(Error::UnknownNode(to.node.to_string())),
-                    })?
+                let found = self
+                    .peers
+                    .with_remembered(to.node.as_bytes(), true, |peer| peer.map(first));
+                match found {
+                    Some(r) => r?,
+                    // A live member that nothing was sent to yet: its peer now.
+                    None => match self.member_peer(&to.node) {
+                        Some(peer) => first(&peer)?,
+                        None => return Err(Error::UnknownNode(to.node.to_string())),
+                    },
+                }
             }
         };
         let Some(peer) = waiting else {
@@ -430,6 +441,38 @@ impl Runtime {
             }
             e => self.push_error(e, to, payload.clone()),
         })
+    }
+
+    /// With connections on demand, the peer of member `name` if it is live in the view:
+    /// made now if nothing was sent to it yet. A member costs no peer (no lane, window,
+    /// session or queues) until something is sent to it or it connects: at a thousand
+    /// members joining at once, making one per member as each joined was half of what a
+    /// node did (1000 node processes converged in 28-31 s without it, 55 s with it,
+    /// alternating on 2 vCPUs). Its dialer knows its address from the join.
+    fn member_peer(&self, name: &Name) -> Option<Arc<Peer>> {
+        let members = self.members.as_ref()?;
+        if !self.config.on_demand() || !members.is_live(name.as_str()) {
+            return None;
+        }
+        self.peers.get_or_insert_learnt(name).ok()
+    }
+
+    /// With connections on demand, a peer for every live member (what `send_all` and
+    /// `send_others` reach): made once per change of the view.
+    fn member_peers(&self) {
+        let Some(members) = self.members.as_ref().filter(|_| self.config.on_demand()) else {
+            return;
+        };
+        let g = members.generation() + 1;
+        if self.member_peers_for.load(Ordering::Acquire) == g {
+            return;
+        }
+        for name in members.live_names() {
+            if self.peers.get(name.as_bytes()).is_none() {
+                let _ = self.peers.get_or_insert_learnt(&name);
+            }
+        }
+        self.member_peers_for.store(g, Ordering::Release);
     }
 
     /// Queue `m` toward `peer`: in its own lane, or (transfer-queue, ordinary) in the shared
@@ -488,6 +531,7 @@ impl Runtime {
         if include_self {
             self.deliver_local(from, &mb, payload.clone(), true)?;
         }
+        self.member_peers();
         let to = |node: &Name| Address::from_names(node.clone(), mb.clone());
         let m = |p: &Peer| Outgoing {
             dest: p.id,
@@ -800,7 +844,11 @@ impl Runtime {
         loop {
             if self.config.on_demand() {
                 for n in names {
-                    if let Some(p) = self.peers.get(n.as_bytes())
+                    let p = self
+                        .peers
+                        .get(n.as_bytes())
+                        .or_else(|| Name::new(n).and_then(|name| self.member_peer(&name)));
+                    if let Some(p) = p
                         && !p.is_connected()
                     {
                         p.want_connection(true);
