@@ -205,19 +205,12 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         }
         "raw-send" => {
             let out = rawtcp::encode(a.messages, a.size, None, &Name::from_static("sink"));
-            let mut s = rawtcp::connect_within(a.peer, Duration::from_secs(30))?;
-            let start_ns = now_ns();
-            let cpu0 = process_cpu_ns();
-            for c in out.chunks(rawtcp::FRAME_BYTES) {
-                s.write_all(c).ctx("raw write")?;
-            }
-            print_result(&SendReport {
-                start_ns,
-                messages_per_write: 0.0,
-                breaks: 0,
-                cpu_ns: process_cpu_ns().saturating_sub(cpu0),
-            })?;
-            Ok(())
+            plain_send(a, |s| {
+                for c in out.chunks(rawtcp::FRAME_BYTES) {
+                    s.write_all(c).ctx("raw write")?;
+                }
+                Ok(())
+            })
         }
         // The plain-TCP ceiling: the run's bytes (messages times size) with nothing else;
         // whole messages' worth of bytes count as delivered.
@@ -238,21 +231,27 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             })?;
             Ok(())
         }
-        "tcp-send" => {
-            let mut s = rawtcp::connect_within(a.peer, Duration::from_secs(30))?;
-            let start_ns = now_ns();
-            let cpu0 = process_cpu_ns();
-            rawtcp::stream_bytes(&mut s, a.messages * a.size as u64)?;
-            print_result(&SendReport {
-                start_ns,
-                messages_per_write: 0.0,
-                breaks: 0,
-                cpu_ns: process_cpu_ns().saturating_sub(cpu0),
-            })?;
-            Ok(())
-        }
+        "tcp-send" => plain_send(a, |s| rawtcp::stream_bytes(s, a.messages * a.size as u64)),
         other => Err(format!("unknown worker role {other:?}")),
     }
+}
+
+/// A ceiling's sender (`raw-send`, `tcp-send`): connect to the receiver, then time `write`
+/// on the plain socket (wall clock at its start, the process's CPU during it) and report.
+fn plain_send(
+    a: &WorkerArgs,
+    write: impl FnOnce(&mut std::net::TcpStream) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut s = rawtcp::connect_within(a.peer, Duration::from_secs(30))?;
+    let start_ns = now_ns();
+    let cpu0 = process_cpu_ns();
+    write(&mut s)?;
+    print_result(&SendReport {
+        start_ns,
+        messages_per_write: 0.0,
+        breaks: 0,
+        cpu_ns: process_cpu_ns().saturating_sub(cpu0),
+    })
 }
 
 /// What a duplex worker reports: its own sending start, and what it received.
