@@ -121,7 +121,11 @@ fn a_graceful_leave_is_a_leave_not_a_suspicion() {
         let left = wait_event(ev, T, |e| matches!(e, Event::MemberLeft { .. }));
         match left {
             Some(Event::MemberLeft { member }) => assert_eq!(member.name, "b"),
-            other => panic!("{}: no leave: {other:?}", n.name()),
+            other => panic!(
+                "{}: no leave: {other:?} {:?}",
+                n.name(),
+                n.stats().membership
+            ),
         }
         assert!(sees(n, &[if n.name() == "a" { "c" } else { "a" }]));
         let v = n.members();

@@ -104,22 +104,28 @@ impl Membership {
                         "leave notice with a body".to_string(),
                     ));
                 }
+                // Among every member SWIM lists, down ones too: the leaver's own "I am
+                // down" (foca's leave) may come first, by another member's gossip or in
+                // this batch, and the notice still says it left (it was reported
+                // suspect meanwhile, being heard from directly, then never left).
                 let known = self
                     .foca
-                    .iter_members()
+                    .iter_membership_state()
                     .find(|m| m.id().name == *from)
-                    .map(|m| m.id().clone());
-                if let Some(id) = known {
+                    .map(|m| (m.id().clone(), m.state()));
+                if let Some((id, state)) = known {
                     if self.left.len() >= self.cfg.max_members {
                         self.left.clear();
                     }
                     self.left.insert(from.detached(), (id.started, id.bump));
-                    let r = self.foca.apply_many(
-                        std::iter::once(Member::down(id)),
-                        true,
-                        &mut self.out,
-                    );
-                    self.result(r);
+                    if state != State::Down {
+                        let r = self.foca.apply_many(
+                            std::iter::once(Member::down(id)),
+                            true,
+                            &mut self.out,
+                        );
+                        self.result(r);
+                    }
                 }
             }
             TAG_STATE_ASK if packet.is_empty() => self.handle_state_ask(now, from, None)?,
