@@ -234,9 +234,7 @@ impl Membership {
         self.answered.insert(from.detached(), now);
         true
     }
-}
 
-impl Membership {
     /// The view changed: compare with a random member once it has been quiet for two
     /// probe periods (each change moves that on, but never past eight probe periods after
     /// the last sync: a view that keeps changing is compared that often), then less and

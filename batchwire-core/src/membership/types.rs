@@ -296,12 +296,12 @@ pub struct MemberCounters {
     /// of in answers (see `Membership`'s `sync`).
     pub syncs_asked: u64,
     pub syncs_answered: u64,
+    pub sync_members: u64,
     /// Periodic asks not answered because the asker's digest matched this node's.
     pub syncs_agreed: u64,
     /// Times this node's timers ran more than a third of `probe_rtt` late (it was starved
     /// of CPU); each stretches its probes for a while (local health, as Lifeguard's).
     pub late_timers: u64,
-    pub sync_members: u64,
     /// Updates taken out of packets before SWIM saw them because they repeated what it
     /// held (each update reaches a member about a dozen times as it spreads).
     pub old_news: u64,

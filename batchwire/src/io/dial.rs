@@ -64,16 +64,17 @@ impl Dialers {
         Arc::downgrade(&self.0)
     }
 
+    /// Whether connections are made on demand (then a member's peer is made by the first
+    /// send to it, not by its join: see `Runtime::member_peer`).
+    pub fn on_demand(&self) -> bool {
+        self.0.on_demand
+    }
+
     /// A member is at `addr`. In the mesh: dial it if that is this node's job (its name
     /// sorts after ours) and no dialer runs for it; a running one dials `addr` from its
     /// next attempt on. On demand: remember the address, and dial if a connection to it
     /// is wanted already, and let a session held down take sends again (it is back, as
     /// `incarnation`).
-    /// Whether connections are made on demand (members' peers too: see `ensure`).
-    pub fn on_demand(&self) -> bool {
-        self.0.on_demand
-    }
-
     pub fn ensure(&self, name: &Name, addr: SocketAddr, incarnation: u64) {
         let inner = &self.0;
         if inner.on_demand && !inner.fixed.contains(name) {
