@@ -258,8 +258,23 @@ fn a_peer_that_leaves_is_declared_down_and_back_up_when_it_returns() {
         "{ev:?}"
     );
     assert!(matches!(nodes[0].send(&to, &b"x"[..]), Err(Error::PeerDown(p)) if p == "b"));
-    // b comes back (a new incarnation): up again, and messages flow.
-    let b = Node::start(b_cfg).unwrap();
+    // b comes back (a new incarnation) on the same port: up again, and messages flow.
+    // The other tests of this file run `ss` beside it: a child forked between b's
+    // shutdown and its restart holds a copy of b's listening socket until it execs (the
+    // descriptor is close-on-exec), and the bind fails with "address in use" (4 runs of
+    // the file in 40; never with this test alone). So the restart tries for a moment.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let b = loop {
+        match Node::start(b_cfg.clone()) {
+            Ok(b) => break b,
+            Err(Error::Listen { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("b restarting: {e}"),
+        }
+    };
     let ev = wait_event(&events, T, |e| matches!(e, Event::PeerUp { .. })).expect("no PeerUp");
     assert!(matches!(&ev, Event::PeerUp { peer, .. } if peer == "b"));
     nodes[0].send(&to, &b"after"[..]).unwrap();
