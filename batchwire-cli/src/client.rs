@@ -58,7 +58,7 @@ pub struct Connect {
     name: Option<String>,
     /// The address the client listens on [default: port 0 on the local address that
     /// routes to the cluster].
-    #[arg(long, value_parser = crate::resolve_addr)]
+    #[arg(long, value_parser = resolve_addr)]
     listen: Option<SocketAddr>,
     /// How long to wait for the cluster (to join, or for the peer to connect), e.g. 10s.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
@@ -464,7 +464,7 @@ pub fn listen(
     duration: Option<Duration>,
     reply: Option<&str>,
 ) -> Result<(), String> {
-    let stop = crate::stop_signals()?;
+    let stop = crate::sys::stop_signals()?;
     let client = c.start(&[mailbox])?;
     let mb = client.node.mailbox(mailbox).map_err(|e| e.to_string())?;
     eprintln!(
@@ -748,4 +748,17 @@ fn print_status(s: &serde_json::Value, me: &str, all: bool) {
             p["unacked_bytes"]
         );
     }
+}
+
+/// HOST:PORT as an address: an IP address as it is, a host name resolved (its first
+/// address), as `--peer` does.
+pub fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    use std::net::ToSocketAddrs;
+    s.to_socket_addrs()
+        .map_err(|e| format!("{s:?} is not HOST:PORT that resolves: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{s:?} resolves to no address"))
 }

@@ -23,7 +23,6 @@ mod sys;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -59,7 +58,7 @@ enum Cmd {
         #[arg(long)]
         name: Option<String>,
         /// Address to listen on, e.g. 127.0.0.1:7001, [::1]:7001 or localhost:7001.
-        #[arg(long, value_parser = resolve_addr)]
+        #[arg(long, value_parser = client::resolve_addr)]
         listen: Option<SocketAddr>,
         /// A peer, NAME=HOST:PORT; repeat for each peer.
         #[arg(long = "peer")]
@@ -121,7 +120,7 @@ enum Cmd {
         #[arg(long = "join")]
         join: Vec<batchwire::Seed>,
         /// The address other members dial to reach this node [default: --listen].
-        #[arg(long, value_parser = resolve_addr)]
+        #[arg(long, value_parser = client::resolve_addr)]
         advertise: Option<SocketAddr>,
     },
     /// Send messages to a mailbox of a running cluster: each MESSAGE argument is one
@@ -446,19 +445,6 @@ fn init_logs(default: LevelFilter) {
         .try_init();
 }
 
-/// HOST:PORT as an address: an IP address as it is, a host name resolved (its first
-/// address), as `--peer` does.
-fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
-    if let Ok(a) = s.parse() {
-        return Ok(a);
-    }
-    use std::net::ToSocketAddrs;
-    s.to_socket_addrs()
-        .map_err(|e| format!("{s:?} is not HOST:PORT that resolves: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{s:?} resolves to no address"))
-}
-
 /// Every scenario: what it measures, and the flags that apply to it (`bench SCENARIO
 /// --help` shows only those).
 const SCENARIO_HELP: &[(&str, &str, &[&str])] = &[
@@ -775,27 +761,11 @@ fn main() -> ExitCode {
     }
 }
 
-/// SIGTERM and SIGINT ask `batchwire node` to stop: it answers what its echo mailbox
-/// already holds, then shuts down cleanly (queued messages flushed, acknowledgements
-/// awaited up to `shutdown_timeout`, a goodbye to every peer) and exits 0. A second signal
-/// while it drains ends it at once (exit 130), as the shell convention has it.
-fn stop_signals() -> Result<Arc<AtomicBool>, String> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [SIGTERM, SIGINT] {
-        // The second one exits at once; the first only sets `stop`.
-        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop))
-            .and_then(|_| signal_hook::flag::register(sig, Arc::clone(&stop)))
-            .map_err(|e| format!("cannot handle signal {sig}: {e}"))?;
-    }
-    Ok(stop)
-}
-
 fn run_node(cfg: NodeConfig, extras: &nodefile::Extras, run_for: u64) -> Result<(), String> {
     if let Some(t) = &extras.tls {
         t.check_names(cfg.name()).map_err(|e| e.to_string())?;
     }
-    let stop = stop_signals()?;
+    let stop = sys::stop_signals()?;
     let stats_every = extras.stats_every;
     let metrics = match extras.metrics_listen {
         Some(addr) => Some(metrics_http::serve(addr)?),

@@ -1,4 +1,8 @@
-//! What the `batchwire` binary asks of the C library (the only `unsafe` of `main`).
+//! What the `batchwire` binary asks of the operating system: the C library (the only
+//! `unsafe` of `main`), signals, standard output.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 /// glibc gives every thread that allocates a malloc arena of its own, each reserving 64 MiB
 /// of address space, up to eight per CPU: a node with a thread per peer and per pending
@@ -30,4 +34,20 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>) {
         }
         panic!("failed printing to stdout: {e}");
     }
+}
+
+/// SIGTERM and SIGINT ask `batchwire node` to stop: it answers what its echo mailbox
+/// already holds, then shuts down cleanly (queued messages flushed, acknowledgements
+/// awaited up to `shutdown_timeout`, a goodbye to every peer) and exits 0. A second signal
+/// while it drains ends it at once (exit 130), as the shell convention has it.
+pub fn stop_signals() -> Result<Arc<AtomicBool>, String> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [SIGTERM, SIGINT] {
+        // The second one exits at once; the first only sets `stop`.
+        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop))
+            .and_then(|_| signal_hook::flag::register(sig, Arc::clone(&stop)))
+            .map_err(|e| format!("cannot handle signal {sig}: {e}"))?;
+    }
+    Ok(stop)
 }

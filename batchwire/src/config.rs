@@ -2,13 +2,14 @@
 //! and its defaults (each builder method says its own, and why).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use batchwire_core::bundler::{BundlerConfig, BundlerKind};
 use batchwire_core::membership::MembershipConfig;
 use batchwire_core::session::SessionConfig;
 
+use crate::certs::TlsFiles;
 use crate::error::Error;
 use crate::seed::Seed;
 
@@ -39,43 +40,6 @@ impl std::str::FromStr for PeerSpec {
             name: name.to_string(),
             addr,
         })
-    }
-}
-
-/// Where a node's TLS material is (PEM files): its certificate chain, its private key, and
-/// the CA that signed every node's certificate. Each node's certificate must name the node
-/// (a DNS subject alternative name equal to the node name).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// This node's certificate chain.
-    pub cert: PathBuf,
-    /// This node's private key.
-    pub key: PathBuf,
-    /// The cluster's CA certificate(s).
-    pub ca: PathBuf,
-}
-
-impl TlsFiles {
-    /// The files `batchwire certs --out DIR` writes for node `name`.
-    pub fn in_dir(dir: &Path, name: &str) -> TlsFiles {
-        TlsFiles {
-            cert: dir.join(format!("{name}.pem")),
-            key: dir.join(format!("{name}-key.pem")),
-            ca: dir.join("ca.pem"),
-        }
-    }
-
-    /// Check that the certificate in `cert` names node `name` exactly, as every peer will
-    /// check it (no case folding, no wildcard, no IP address). `Node::start` only logs a
-    /// mismatch (a node presenting the wrong certificate is how peers' refusals are
-    /// tested); `batchwire node` refuses to start with one.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Tls`] naming the file and the names the certificate has, or why the file
-    /// could not be read.
-    pub fn check_names(&self, name: &str) -> Result<(), Error> {
-        crate::io::link::check_own_certificate(&self.cert, name)
     }
 }
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{NodeConfig, PeerSpec, TlsFiles};
+use crate::certs::TlsFiles;
+use crate::config::{NodeConfig, PeerSpec};
 use crate::error::Error;
 use batchwire_core::bundler::BundlerKind;
 use batchwire_core::membership::MembershipConfig;
@@ -118,7 +119,7 @@ pub struct NodeFile {
     /// [`NodeConfig::peer_timeout`], in milliseconds.
     pub peer_timeout_ms: Option<u64>,
     /// [`NodeConfig::join`]: seeds of a running cluster, each "HOST:PORT" (an address or
-    /// a DNS name, see [`crate::Seed`]).
+    /// a DNS name, see [`crate::seed::Seed`]).
     #[serde(default)]
     pub join: Vec<String>,
     /// [`NodeConfig::join_refresh`], in milliseconds (default 30000).
@@ -244,7 +245,7 @@ impl NodeFile {
             cfg = cfg.reconnect(min, max);
         }
         for s in &self.join {
-            let seed: crate::Seed = s.parse().map_err(|e| bad(format!("`join`: {e}")))?;
+            let seed: crate::seed::Seed = s.parse().map_err(|e| bad(format!("`join`: {e}")))?;
             cfg = cfg.join(seed);
         }
         if let Some(v) = self.idle_close_ms {

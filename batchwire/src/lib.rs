@@ -37,6 +37,7 @@
 #![warn(missing_docs)]
 
 mod address;
+mod certs;
 mod class;
 mod config;
 mod config_file;
@@ -52,6 +53,7 @@ mod seed;
 mod send;
 mod stats;
 mod stream;
+mod value;
 
 /// The guide (`docs/guide.md`): how to use the library and the `batchwire` command, every
 /// guarantee, refusal and setting. Its examples are compiled and run as doc tests.
@@ -64,15 +66,16 @@ pub mod guide {}
 pub mod readme {}
 
 pub use crate::address::Address;
+pub use crate::certs::TlsFiles;
 pub use crate::class::Class;
-pub use crate::config::{NodeConfig, PeerSpec, TlsFiles};
+pub use crate::config::{NodeConfig, PeerSpec};
 pub use crate::config_file::{NodeFile, TlsSection};
 pub use crate::error::{Error, RecvError};
 pub use crate::event::{
     CloseReason, DownReason, Event, FailReason, FailedMessage, HandshakeFailure, Member,
     MemberState,
 };
-pub use crate::io::mailbox::Envelope;
+pub use crate::io::envelope::Envelope;
 pub use crate::mailbox::{Mailbox, RecvBatchFuture, RecvFuture};
 #[cfg(feature = "metrics")]
 pub use crate::metrics::MESSAGES_PER_WRITE_BUCKETS;
@@ -88,10 +91,3 @@ pub use bytes::Bytes;
 /// The `Stream` trait that [`Mailbox`] and [`EventStream`] implement (the one
 /// `futures::Stream` re-exports).
 pub use futures_core::Stream;
-
-/// A value serialized with postcard (`send_value`, `request_value`, `reply_value`).
-pub(crate) fn encode_value<T: serde::Serialize>(value: &T) -> Result<Bytes, Error> {
-    postcard::to_allocvec(value)
-        .map(Bytes::from)
-        .map_err(|e| Error::Encode(e.to_string()))
-}

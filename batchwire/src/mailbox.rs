@@ -13,7 +13,8 @@ use futures_core::Stream;
 use crate::address::Address;
 use crate::class::Class;
 use crate::error::{Error, RecvError};
-use crate::io::mailbox::{Envelope, Leader, MailboxQueue, Outbound};
+use crate::io::envelope::{Envelope, Outbound};
+use crate::io::mailbox::{Leader, MailboxQueue};
 use crate::io::runtime::Runtime;
 use crate::send::SendFuture;
 
@@ -25,7 +26,7 @@ use crate::send::SendFuture;
 ///
 /// Receiving fails only with [`RecvError`]: `Empty` (`try_recv`), `Timeout`
 /// (`recv_timeout`) or `Closed` (the node shut down and everything queued was taken).
-/// Sending fails as [`crate::Node::send`] does.
+/// Sending fails as [`crate::node::Node::send`] does.
 ///
 /// ```
 /// # use std::time::Duration;
@@ -133,7 +134,7 @@ impl Mailbox {
     }
 
     /// Send `payload` to `to`, from this mailbox. Blocks while the outbound queue is full
-    /// or the destination mailbox's credit is used up (see [`crate::Node::send`]).
+    /// or the destination mailbox's credit is used up (see [`crate::node::Node::send`]).
     pub fn send(&self, to: &Address, payload: impl Into<Bytes>) -> Result<(), Error> {
         self.rt
             .send(&self.queue.name, to, payload.into(), Class::Ordinary, true)
@@ -188,7 +189,7 @@ impl Mailbox {
 
     /// Send a value serialized with postcard; decode it with [`Envelope::value`].
     pub fn send_value<T: serde::Serialize>(&self, to: &Address, value: &T) -> Result<(), Error> {
-        self.send(to, crate::encode_value(value)?)
+        self.send(to, crate::value::encode(value)?)
     }
 }
 

@@ -44,7 +44,7 @@
 //! buckets above (a Prometheus histogram, which aggregates across nodes); an exporter left
 //! to its defaults may expose it as a summary.
 //!
-//! [`Node::publish_metrics`]: crate::Node::publish_metrics
+//! [`Node::publish_metrics`]: crate::node::Node::publish_metrics
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};

@@ -12,7 +12,7 @@ use crate::class::Class;
 use crate::config::NodeConfig;
 use crate::error::Error;
 use crate::event::{Event, Member};
-use crate::io::mailbox::{Envelope, Outbound};
+use crate::io::envelope::{Envelope, Outbound};
 use crate::io::runtime::Runtime;
 use crate::mailbox::Mailbox;
 use crate::request::RequestFuture;
@@ -189,7 +189,7 @@ impl Node {
         request: &Q,
         timeout: Duration,
     ) -> Result<R, Error> {
-        self.request(to, crate::encode_value(request)?, timeout)?
+        self.request(to, crate::value::encode(request)?, timeout)?
             .value()
     }
 
@@ -200,7 +200,7 @@ impl Node {
         request: &Q,
         timeout: Duration,
     ) -> Result<R, Error> {
-        let payload = crate::encode_value(request)?;
+        let payload = crate::value::encode(request)?;
         self.request_async(to, payload, timeout).await?.value()
     }
 
@@ -249,7 +249,7 @@ impl Node {
 
     /// Send a value serialized with postcard; decode it with `Envelope::value`.
     pub fn send_value<T: serde::Serialize>(&self, to: &Address, value: &T) -> Result<(), Error> {
-        self.send(to, crate::encode_value(value)?)
+        self.send(to, crate::value::encode(value)?)
     }
 
     /// Subscribe to events (peer up/down, connections, handshake failures, undeliverable

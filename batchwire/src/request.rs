@@ -13,7 +13,7 @@ use crate::address::Address;
 use crate::class::Class;
 use crate::error::Error;
 use crate::io::calls::Waiter;
-use crate::io::mailbox::Envelope;
+use crate::io::envelope::Envelope;
 use crate::io::runtime::Runtime;
 use crate::send::poll_send;
 

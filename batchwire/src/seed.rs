@@ -1,7 +1,7 @@
 //! Where a joining node finds its cluster: a socket address, or a DNS name with a port.
 //!
 //! A name is resolved when the node starts joining and again and again after (see
-//! [`crate::NodeConfig::join_refresh`]); every address it resolves to (A and AAAA records,
+//! [`crate::config::NodeConfig::join_refresh`]); every address it resolves to (A and AAAA records,
 //! through the system resolver) is a seed. That is how the pods of a Kubernetes
 //! StatefulSet find each other through a headless Service with no list of peers.
 
@@ -14,7 +14,7 @@ const MAX_NAME: usize = 253;
 /// Longest label of a DNS name.
 const MAX_LABEL: usize = 63;
 
-/// A seed of [`crate::NodeConfig::join`]: an address, or a DNS name and a port.
+/// A seed of [`crate::config::NodeConfig::join`]: an address, or a DNS name and a port.
 ///
 /// Parsed from `HOST:PORT`: `10.0.0.7:7000`, `[fd00::7]:7000` or
 /// `batchwire.default.svc.cluster.local:7000`.

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use crate::address::Address;
 use crate::class::Class;
 use crate::error::Error;
-use crate::io::mailbox::Outbound;
+use crate::io::envelope::{Envelope, Outbound};
 
 /// Try once without blocking; if there is no room, leave the waker where room will appear
 /// and try once more (room may have come between the two), else wait.
@@ -101,6 +101,19 @@ impl std::fmt::Debug for SendFuture {
         match &self.state {
             Ok(p) => write!(f, "SendFuture(to {}, {} bytes)", p.to, p.payload.len()),
             Err(_) => f.write_str("SendFuture(failed)"),
+        }
+    }
+}
+
+// Here rather than with the rest of `Envelope` (`io/envelope.rs`): a reply future is a
+// send future, and the envelope sits below the sending side.
+impl Envelope {
+    /// Like [`Envelope::reply`], from async code: waits for room without blocking the
+    /// thread (see `Node::send_async` for what dropping the future means).
+    pub fn reply_async(&self, payload: impl Into<Bytes>) -> SendFuture {
+        match self.reply_route() {
+            Ok((out, from, to)) => SendFuture::new(out, from, to, payload.into(), Class::Ordinary),
+            Err(e) => SendFuture::failed(e),
         }
     }
 }

@@ -231,7 +231,7 @@ pub struct NodeStats {
     /// announced lengths; bounded by `reassembly_bytes`).
     pub reassembly_bytes: u64,
     /// Bytes written to all peers (the sum of `peers`' `bytes_sent`; also filled in by
-    /// [`crate::Node::stats_brief`], which leaves `peers` empty).
+    /// [`crate::node::Node::stats_brief`], which leaves `peers` empty).
     pub bytes_sent: u64,
 }
 

@@ -110,7 +110,7 @@ pub struct BenchResult {
     /// The soak's own figures (failures, kills, restarts, memory over time); `None`
     /// elsewhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub soak: Option<super::soak::SoakFigures>,
+    pub soak: Option<SoakFigures>,
 }
 
 impl BenchResult {
@@ -468,6 +468,42 @@ pub fn write_json(path: &Path, results: &[BenchResult]) -> std::io::Result<()> {
     };
     let s = serde_json::to_string_pretty(&r).map_err(std::io::Error::other)?;
     std::fs::write(path, s + "\n")
+}
+
+/// The soak's own figures, in its JSON row.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct SoakFigures {
+    pub duration_s: f64,
+    pub sent: u64,
+    pub delivered: u64,
+    /// Failed (refused by `send` or handed back) towards the restarted node.
+    pub failed_to_restarted: u64,
+    /// Failed between nodes that were not restarted, or by the restarted node's later
+    /// incarnations towards the others: must be 0.
+    pub failed_between_others: u64,
+    /// `MemberDown`/`PeerDown` events about nodes that were never restarted.
+    pub downs_of_survivors: u64,
+    pub kills: u64,
+    pub restarts: u64,
+    /// Per node: (name, threads at the end, max threads, RSS MiB at the end, max RSS MiB,
+    /// RSS slope in MiB per hour over the run after its first sixth; `None` for the
+    /// restarted node, whose processes live a minute each).
+    pub nodes: Vec<NodeUsage>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct NodeUsage {
+    pub name: String,
+    pub threads_end: u64,
+    pub threads_max: u64,
+    pub rss_mib_end: f64,
+    pub rss_mib_max: f64,
+    pub rss_slope_mib_per_h: Option<f64>,
+    /// The same over the second half of the run only: memory that grows while the run
+    /// warms up (allocator and stack high-water marks) and then stays shows here as about
+    /// 0; a leak shows in both.
+    #[serde(default)]
+    pub rss_slope_second_half_mib_per_h: Option<f64>,
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use bytes::Bytes;
 
 use crate::address::Address;
 use crate::error::Error;
-use crate::io::mailbox::Envelope;
+use crate::io::envelope::Envelope;
 
 /// What a blocking caller does next ([`Calls::wait_step`]).
 #[derive(Debug)]

@@ -22,7 +22,6 @@ use batchwire_core::membership::datagram::{
 use tracing::debug;
 
 use crate::io::logs::warn_limited;
-use crate::io::members::MemberStats;
 
 /// The sending side, owned by the membership thread.
 pub(crate) struct Sender {
@@ -217,6 +216,22 @@ impl DatagramWaker {
     pub fn wake(&self) {
         let _ = self.sock.send_to(&[], self.to);
     }
+}
+
+/// The membership's own counters, shared with `stats()`.
+#[derive(Default)]
+pub(crate) struct MemberStats {
+    pub bytes_in: std::sync::atomic::AtomicU64,
+    pub bytes_out: std::sync::atomic::AtomicU64,
+    pub packets_in: std::sync::atomic::AtomicU64,
+    pub packets_out: std::sync::atomic::AtomicU64,
+    pub rate_limited: std::sync::atomic::AtomicU64,
+    pub violations: std::sync::atomic::AtomicU64,
+    pub members_refused: std::sync::atomic::AtomicU64,
+    /// Datagrams refused: not ours, forged, damaged, for another member, replayed.
+    pub refused: std::sync::atomic::AtomicU64,
+    /// Datagrams the socket would not send.
+    pub send_errors: std::sync::atomic::AtomicU64,
 }
 
 #[cfg(test)]

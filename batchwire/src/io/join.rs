@@ -27,11 +27,11 @@ use std::time::Duration;
 
 use tracing::{debug, info};
 
-use crate::Seed;
 use crate::io::dial::Backoff;
 use crate::io::members::Members;
 use crate::io::setup::{Setup, Side};
 use crate::io::threads::Threads;
+use crate::seed::Seed;
 
 /// Most seed addresses dialled in one round (what all the names resolve to, together).
 pub(crate) const MAX_ADDRS: usize = 1024;

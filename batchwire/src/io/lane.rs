@@ -35,6 +35,7 @@ use batchwire_core::idle::{self, IdleStep, IdleStrategy};
 use batchwire_core::outbox::{Batch, Dest, Outbox};
 use bytes::{Bytes, BytesMut};
 
+use crate::config::NodeConfig;
 use crate::io::wakers::{Relay, Wakers};
 
 /// Why `push` did not queue a message.
@@ -835,6 +836,29 @@ pub(crate) fn decode_frames<'a>(frames: impl Iterator<Item = &'a [u8]>) -> Vec<M
 }
 
 /// A lane of its own (1 MiB queues, 64 KiB frames and pieces), for the io layer's tests.
+/// How a (validated) configuration makes a lane: a peer's own (which charges credit
+/// toward its mailboxes), or the shared transfer-queue one (`charges_credit` false, which
+/// copies every payload: its batches are split among the peers' windows).
+impl LaneCfg {
+    pub(crate) fn new(cfg: &NodeConfig, charges_credit: bool) -> LaneCfg {
+        LaneCfg {
+            capacity: cfg.send_queue_bytes,
+            frame_bytes: cfg.frame_bytes,
+            piece_bytes: cfg.fragment_bytes,
+            // Ordinary messages with payloads at least this long are not copied into the
+            // lane's outbox but written from the caller's buffer (see
+            // `batchwire_core::outbox`).
+            by_reference: if charges_credit {
+                cfg.by_reference_bytes
+            } else {
+                usize::MAX
+            },
+            charges_credit,
+            idle: crate::io::idle_strategy(cfg),
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn test_lane() -> std::sync::Arc<Lane> {
     let b = batchwire_core::bundler::BundlerConfig::default().build();

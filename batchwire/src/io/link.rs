@@ -14,7 +14,6 @@
 
 use std::io::{BufRead, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -24,7 +23,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
-use crate::config::TlsFiles;
+use crate::certs::{TlsFiles, cert_names, tls_err};
 use crate::error::Error;
 
 /// rustls configurations for both roles, built once per node.
@@ -83,10 +82,6 @@ impl rustls::client::danger::ServerCertVerifier for AnyNameVerifier {
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.supported_verify_schemes()
     }
-}
-
-fn tls_err(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Tls(format!("{what} {}: {e}", path.display()))
 }
 
 impl TlsConfigs {
@@ -719,54 +714,6 @@ fn write_slices(
         }
     }
     Ok(())
-}
-
-/// [`crate::TlsFiles::check_names`]: the first certificate in the PEM file `path` names
-/// `node`.
-pub(crate) fn check_own_certificate(path: &std::path::Path, node: &str) -> Result<(), Error> {
-    let cert = CertificateDer::pem_file_iter(path)
-        .map_err(|e| tls_err("cannot read certificate", path, e))?
-        .next()
-        .ok_or_else(|| tls_err("no certificate in", path, "empty"))?
-        .map_err(|e| tls_err("bad certificate", path, e))?;
-    cert_names(&cert, node).map_err(|why| {
-        Error::Tls(format!(
-            "{}: not the certificate of node {node:?}: {why}",
-            path.display()
-        ))
-    })
-}
-
-/// Check that `cert` names `node`: one of its DNS subject alternative names is the node's
-/// name, byte for byte. Certificate names alone would match more loosely (webpki ignores
-/// case, and expands wildcards and IP addresses), but node names are exact bytes ("b" and
-/// "B" are two nodes), so a certificate names only the nodes spelt exactly as in it: no
-/// case folding, no wildcard (`*.x` names no node), no IP address. The chain itself was
-/// verified by rustls during the TLS handshake.
-pub(crate) fn cert_names(cert: &CertificateDer<'_>, node: &str) -> Result<(), String> {
-    let ee = webpki::EndEntityCert::try_from(cert)
-        .map_err(|e| format!("unreadable certificate: {e}"))?;
-    if ServerName::try_from(node.to_string()).is_err() {
-        return Err(format!(
-            "{node:?} is not a DNS name, so no certificate can name it"
-        ));
-    }
-    let names: Vec<&str> = ee.valid_dns_names().collect();
-    if names.iter().any(|n| *n == node && !n.starts_with('*')) {
-        return Ok(());
-    }
-    // Bounded: the peer's certificate is untrusted input.
-    let shown: Vec<_> = names.iter().take(4).collect();
-    let more = names.len().saturating_sub(shown.len());
-    Err(format!(
-        "the certificate does not name {node:?} (it names {shown:?}{}; names must match \
-         exactly, case included; wildcards and IP addresses name no node)",
-        if more > 0 {
-            format!(" and {more} more")
-        } else {
-            String::new()
-        }
-    ))
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! next line written after the window ends says how many were suppressed
 //! (`suppressed_in_last_10s = N`). A client that fails a thousand handshakes a second
 //! costs ten lines per ten seconds, not a thousand a second. (The counters in
-//! [`crate::NodeStats`] count every one.)
+//! [`crate::stats::NodeStats`] count every one.)
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

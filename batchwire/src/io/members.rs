@@ -244,19 +244,3 @@ impl Members {
         self.dropped.load(Relaxed)
     }
 }
-
-/// The membership's own counters, shared with `stats()`.
-#[derive(Default)]
-pub(crate) struct MemberStats {
-    pub bytes_in: AtomicU64,
-    pub bytes_out: AtomicU64,
-    pub packets_in: AtomicU64,
-    pub packets_out: AtomicU64,
-    pub rate_limited: AtomicU64,
-    pub violations: AtomicU64,
-    pub members_refused: AtomicU64,
-    /// Datagrams refused: not ours, forged, damaged, for another member, replayed.
-    pub refused: AtomicU64,
-    /// Datagrams the socket would not send.
-    pub send_errors: AtomicU64,
-}

@@ -15,10 +15,11 @@ use batchwire_core::membership::{MemberEvent, MemberId, MemberState, Membership,
 use tracing::{debug, info, warn};
 
 use crate::event::Event;
+use crate::io::datagrams::MemberStats;
 use crate::io::datagrams::{DatagramReader, Sender};
 use crate::io::dial::Dialers;
 use crate::io::events::Events;
-use crate::io::members::{Input, MemberStats, Members, member};
+use crate::io::members::{Input, Members, member};
 use crate::io::peers::Peers;
 use crate::io::shutdown::Shutdown;
 

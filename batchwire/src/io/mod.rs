@@ -22,6 +22,7 @@ pub(crate) mod calls;
 pub(crate) mod conn;
 pub(crate) mod datagrams;
 pub(crate) mod dial;
+pub(crate) mod envelope;
 pub(crate) mod events;
 pub(crate) mod flow;
 pub(crate) mod join;
@@ -59,27 +60,6 @@ pub(crate) fn pause(step: batchwire_core::idle::IdleStep) {
         }
         IdleStep::Yield => std::thread::yield_now(),
         IdleStep::Park => {}
-    }
-}
-
-/// How a (validated) configuration makes a lane: a peer's own (which charges credit
-/// toward its mailboxes), or the shared transfer-queue one (`charges_credit` false, which
-/// copies every payload: its batches are split among the peers' windows).
-pub(crate) fn lane_cfg(cfg: &NodeConfig, charges_credit: bool) -> lane::LaneCfg {
-    lane::LaneCfg {
-        capacity: cfg.send_queue_bytes,
-        frame_bytes: cfg.frame_bytes,
-        piece_bytes: cfg.fragment_bytes,
-        // Ordinary messages with payloads at least this long are not copied into the
-        // lane's outbox but written from the caller's buffer (see
-        // `batchwire_core::outbox`).
-        by_reference: if charges_credit {
-            cfg.by_reference_bytes
-        } else {
-            usize::MAX
-        },
-        charges_credit,
-        idle: idle_strategy(cfg),
     }
 }
 

@@ -12,13 +12,13 @@ use batchwire_core::outbox::Dest;
 use batchwire_core::session::Session;
 
 use crate::config::NodeConfig;
+use crate::io::NameHash;
 use crate::io::flow::Flow;
-use crate::io::lane::Lane;
+use crate::io::lane::{Lane, LaneCfg};
 use crate::io::peer::{Peer, PeerCtx};
 use crate::io::shutdown::Shutdown;
 use crate::io::threads::Threads;
 use crate::io::write::{WriterCfg, run_writer};
-use crate::io::{NameHash, lane_cfg};
 
 /// A cheap handle on the registry.
 #[derive(Clone)]
@@ -280,7 +280,7 @@ impl Peers {
         let mut by_id = self.0.by_id.write().unwrap_or_else(|p| p.into_inner());
         let cfg = &m.config;
         let bundler = cfg.bundler.build();
-        let lane = Arc::new(Lane::new(lane_cfg(cfg, true), bundler.as_ref()));
+        let lane = Arc::new(Lane::new(LaneCfg::new(cfg, true), bundler.as_ref()));
         let flow = Arc::new(Flow::new(
             cfg.mailbox_bytes as u64,
             cfg.max_payload as u64,

@@ -45,10 +45,11 @@ use crate::address::Address;
 use crate::error::Error;
 use crate::event::Event;
 use crate::io::conn::{Conn, InPlace, LinkError, ReadSide, RecvRing};
+use crate::io::envelope::Envelope;
 use crate::io::events::Events;
 use crate::io::flow::Held;
 use crate::io::lane::Lane;
-use crate::io::mailbox::{Envelope, MailboxQueue, Mailboxes};
+use crate::io::mailbox::{MailboxQueue, Mailboxes};
 use crate::io::peer::Peer;
 
 /// How long a caller that leads waits for its socket before it looks whether its call

@@ -36,14 +36,16 @@ use crate::error::Error;
 use crate::event::Event;
 use crate::io::bundle::run_bundler;
 use crate::io::calls::{Calls, Waiter, run_timer};
+use crate::io::datagrams::MemberStats;
 use crate::io::datagrams::{DatagramReader, DatagramWaker, Sender};
 use crate::io::dial::Dialers;
+use crate::io::envelope::{Envelope, Outbound};
 use crate::io::events::Events;
 use crate::io::join::{run_joiner, system_lookup};
-use crate::io::lane::{Lane, Outgoing, PushError, Pushed};
+use crate::io::lane::{Lane, LaneCfg, Outgoing, PushError, Pushed};
 use crate::io::link::TlsConfigs;
-use crate::io::mailbox::{Envelope, Leader, MailboxQueue, Mailboxes, Outbound, Refused};
-use crate::io::members::{MemberStats, Members};
+use crate::io::mailbox::{Leader, MailboxQueue, Mailboxes, Refused};
+use crate::io::members::Members;
 use crate::io::membership::{MembersCtx, run_members};
 use crate::io::peer::{ConnWatch, Peer, PeerCtx, ReassemblyBudget};
 use crate::io::peers::Peers;
@@ -53,7 +55,7 @@ use crate::io::shutdown::Shutdown;
 use crate::io::threads::Threads;
 use crate::io::tick::run_ticker;
 use crate::io::timer::Timer;
-use crate::io::{accept::run_acceptor, idle_strategy, lane_cfg};
+use crate::io::{accept::run_acceptor, idle_strategy};
 use crate::stats::{MembershipStats, NodeStats, PeerStats, RequestStats};
 use batchwire_core::membership::datagram::DatagramKey;
 
@@ -182,7 +184,7 @@ impl Runtime {
         let shared = config.bundler.kind.shared_queue();
         let shared_lane = shared.then(|| {
             let b = config.bundler.build();
-            Arc::new(Lane::new(lane_cfg(&config, false), b.as_ref()))
+            Arc::new(Lane::new(LaneCfg::new(&config, false), b.as_ref()))
         });
         let shared_done = shared.then(|| Arc::new(AtomicBool::new(false)));
         let peers = Peers::new(

@@ -17,12 +17,13 @@ use batchwire_core::membership::MemberId;
 use bytes::BytesMut;
 use tracing::{debug, info};
 
+use crate::certs::cert_names;
 use crate::config::NodeConfig;
 use crate::event::{CloseReason, Event};
 use crate::io::conn::{Conn, LinkError};
 use crate::io::events::Events;
 use crate::io::lane::Lane;
-use crate::io::link::{JOIN_SERVER_NAME, Link, TlsConfigs, cert_names};
+use crate::io::link::{JOIN_SERVER_NAME, Link, TlsConfigs};
 use crate::io::mailbox::Mailboxes;
 use crate::io::members::Members;
 use crate::io::peer::Peer;
@@ -92,7 +93,7 @@ impl Setup {
             .seeds()
             .iter()
             .filter_map(|s| match s {
-                crate::Seed::Addr(a) => Some(*a),
+                crate::seed::Seed::Addr(a) => Some(*a),
                 _ => None,
             })
             .collect();

@@ -21,10 +21,9 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
 use batchwire::BundlerKind;
-use serde::{Deserialize, Serialize};
 
 use self::worker::Report;
-use crate::bench::{BenchResult, Context, node_name, now_ns, spawn_worker};
+use crate::bench::{BenchResult, Context, NodeUsage, SoakFigures, node_name, now_ns, spawn_worker};
 
 /// What `bench soak` was asked for.
 #[derive(Debug, Clone)]
@@ -45,42 +44,6 @@ pub struct Options {
     /// empty on loopback.
     pub namespaces: Vec<String>,
     pub quiet: bool,
-}
-
-/// The soak's own figures, in its JSON row.
-#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
-pub struct SoakFigures {
-    pub duration_s: f64,
-    pub sent: u64,
-    pub delivered: u64,
-    /// Failed (refused by `send` or handed back) towards the restarted node.
-    pub failed_to_restarted: u64,
-    /// Failed between nodes that were not restarted, or by the restarted node's later
-    /// incarnations towards the others: must be 0.
-    pub failed_between_others: u64,
-    /// `MemberDown`/`PeerDown` events about nodes that were never restarted.
-    pub downs_of_survivors: u64,
-    pub kills: u64,
-    pub restarts: u64,
-    /// Per node: (name, threads at the end, max threads, RSS MiB at the end, max RSS MiB,
-    /// RSS slope in MiB per hour over the run after its first sixth; `None` for the
-    /// restarted node, whose processes live a minute each).
-    pub nodes: Vec<NodeUsage>,
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
-pub struct NodeUsage {
-    pub name: String,
-    pub threads_end: u64,
-    pub threads_max: u64,
-    pub rss_mib_end: f64,
-    pub rss_mib_max: f64,
-    pub rss_slope_mib_per_h: Option<f64>,
-    /// The same over the second half of the run only: memory that grows while the run
-    /// warms up (allocator and stack high-water marks) and then stays shows here as about
-    /// 0; a leak shows in both.
-    #[serde(default)]
-    pub rss_slope_second_half_mib_per_h: Option<f64>,
 }
 
 /// One node process (one incarnation).

@@ -1,7 +1,7 @@
 //! Tests of the TLS transport: writes in pieces, reads appended, garbage refused.
 
 use super::{Link, PIECE, RECORD, TlsConfigs, TlsWrite};
-use crate::config::TlsFiles;
+use crate::certs::TlsFiles;
 use bytes::BytesMut;
 use proptest::prelude::*;
 use std::net::{TcpListener, TcpStream};
@@ -227,7 +227,7 @@ fn dns(n: &str) -> rcgen::SanType {
 /// a node called by it; node names are exact bytes, so none of those name a node.
 #[test]
 fn a_certificate_names_only_the_nodes_spelt_exactly_as_in_it() {
-    use super::cert_names;
+    use crate::certs::cert_names;
     let both = cert_with(vec![dns("a"), dns("b")]);
     assert_eq!(cert_names(&both, "a"), Ok(()));
     assert_eq!(cert_names(&both, "b"), Ok(()));

@@ -1,5 +1,5 @@
 //! What a peer costs only while there is traffic: its writer thread and, with connections on
-//! demand ([`crate::NodeConfig::idle_close`]), its connection.
+//! demand ([`crate::config::NodeConfig::idle_close`]), its connection.
 //!
 //! - **The writer** runs while the peer has a connection or something queued: it is started
 //!   when a connection is up (`Setup::run`, after RESUME) or a message is queued with none
