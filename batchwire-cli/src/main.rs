@@ -1,4 +1,6 @@
 //! The `batchwire` command: run a node, or benchmark the bundlers.
+// The C library is called from `sys` alone.
+#![deny(unsafe_code)]
 
 /// `println!` that ends the process quietly on a closed pipe (see `sys::write_stdout`).
 macro_rules! outln {

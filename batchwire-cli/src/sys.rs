@@ -1,5 +1,6 @@
-//! What the `batchwire` binary asks of the operating system: the C library (the only
-//! `unsafe` of `main`), signals, standard output.
+//! What the `batchwire` binary asks of the operating system: the C library (here alone:
+//! `main.rs` denies `unsafe` everywhere else), signals, standard output.
+#![allow(unsafe_code)]
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -50,4 +51,73 @@ pub fn stop_signals() -> Result<Arc<AtomicBool>, String> {
             .map_err(|e| format!("cannot handle signal {sig}: {e}"))?;
     }
     Ok(stop)
+}
+
+/// Restrict the calling thread (and the threads it starts from now on) to CPU `cpu`.
+pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: `set` is a plain bit set that lives across the call (all-zero is empty);
+    // sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of it and pid 0 means the
+    // calling thread.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Start `cmd`'s process in the network namespace `ns` (a descriptor the caller keeps
+/// open until the process has started).
+pub fn exec_in_netns(cmd: &mut std::process::Command, ns: std::os::fd::RawFd) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only setns(2) runs, which is async-signal-safe and
+    // touches no memory.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(ns, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Move the calling thread (only it) into the network namespace `ns`, a descriptor the
+/// caller holds open.
+pub fn enter_netns(ns: std::os::fd::RawFd) -> std::io::Result<()> {
+    // SAFETY: setns(2) takes no pointers; it changes only this thread's namespace.
+    if unsafe { libc::setns(ns, libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The time of `clock` in ns (0 if it cannot be read).
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) only writes into the live timespec.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// SIGKILL to process `pid` (one this process started).
+pub fn kill9(pid: u32) {
+    // SAFETY: kill(2) takes no pointers.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGKILL);
+    }
+}
+
+/// Whether this process runs as root (its effective user id is 0).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid(2) only reads.
+    unsafe { libc::geteuid() == 0 }
 }

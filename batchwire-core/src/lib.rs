@@ -1,6 +1,8 @@
 //! The sans-IO core: wire format, handshake and bundlers as pure state machines. Nothing in
 //! here touches a socket, spawns a thread or reads the clock; time is always passed in.
 
+#![forbid(unsafe_code)]
+
 pub mod bulk;
 pub mod bundler;
 pub mod call;

@@ -35,6 +35,8 @@
 //!   bodies that take only what they use).
 //! - `batchwire-cli` (the `batchwire` binary): the CLI and the benchmark.
 #![warn(missing_docs)]
+// The C library is called from `sys` alone.
+#![deny(unsafe_code)]
 
 mod address;
 mod certs;
@@ -53,6 +55,8 @@ mod seed;
 mod send;
 mod stats;
 mod stream;
+#[cfg(unix)]
+mod sys;
 mod value;
 
 /// The guide (`docs/guide.md`): how to use the library and the `batchwire` command, every

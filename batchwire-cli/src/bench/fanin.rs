@@ -281,20 +281,7 @@ pub(super) fn run_senders(
 
 /// Restrict the calling thread (and the threads it starts from now on) to CPU `cpu`.
 pub(super) fn pin_to_cpu(cpu: usize) -> Result<(), String> {
-    // SAFETY: `set` is a plain bit set that lives across the call; sched_setaffinity reads
-    // `size_of::<cpu_set_t>()` bytes of it and pid 0 means the calling thread.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc != 0 {
-        return Err(format!(
-            "cannot pin to CPU {cpu}: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
+    crate::sys::pin_to_cpu(cpu).map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))
 }
 
 /// One measured run.

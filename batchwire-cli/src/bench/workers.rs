@@ -127,21 +127,12 @@ pub fn spawn_worker(args: &[String]) -> std::io::Result<Child> {
     };
     let host = placement(args);
     if let Some(ns) = crate::link::hosts::ns_fd(host) {
-        use std::os::unix::process::CommandExt;
         cmd.env(crate::link::hosts::HOSTS_ENV, "netns");
         if let Some(l) = crate::link::hosts::active_link() {
             cmd.env(crate::link::hosts::LINK_ENV, l.to_string());
         }
-        // SAFETY: between fork and exec only setns(2) runs, which is async-signal-safe
-        // and touches no memory; `ns` stays open in this process while hosts run.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setns(ns, libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // `ns` stays open in this process while hosts run.
+        crate::sys::exec_in_netns(&mut cmd, ns);
     }
     let child = cmd
         .arg("bench-worker")
@@ -357,15 +348,7 @@ pub fn process_cpu_ns() -> u64 {
 
 /// The time of `clock` in ns (0 if it cannot be read).
 fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime(2) only writes into the live timespec.
-    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
-        return 0;
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    crate::sys::clock_ns(clock)
 }
 
 /// The wall clock in ns since the epoch (both processes of a run are on one host).

@@ -148,10 +148,7 @@ fn sweep_stale() {
 fn cleanup_all() {
     let Ok(mut r) = REGISTRY.lock() else { return };
     for pid in r.children.drain(..) {
-        // SAFETY: kill(2) with a pid this process started; no memory is touched.
-        unsafe {
-            libc::kill(pid as libc::pid_t, libc::SIGKILL);
-        }
+        crate::sys::kill9(pid);
     }
     for name in r.namespaces.drain(..) {
         delete_namespace(&name);
@@ -189,13 +186,9 @@ fn install_signal_cleanup() -> Result<(), String> {
 /// enters the namespace, so this process's own threads stay where they are).
 fn make_device(ns: RawFd, i: usize) -> Result<tun::Device, String> {
     std::thread::spawn(move || {
-        // SAFETY: setns(2) on a namespace descriptor this process holds open; it changes
-        // only this thread's network namespace, and the thread ends right after.
-        if unsafe { libc::setns(ns, libc::CLONE_NEWNET) } != 0 {
-            return Err(format!(
-                "cannot enter host {i}'s namespace: {}",
-                std::io::Error::last_os_error()
-            ));
+        // The thread ends right after.
+        if let Err(e) = crate::sys::enter_netns(ns) {
+            return Err(format!("cannot enter host {i}'s namespace: {e}"));
         }
         let mut cfg = tun::Configuration::default();
         cfg.tun_name("bw0")
@@ -266,8 +259,7 @@ impl Hosts {
                 "--hosts netns: {n} hosts; 2 to {MAX_HOSTS} are supported"
             ));
         }
-        // SAFETY: geteuid(2) only reads.
-        if unsafe { libc::geteuid() } != 0 {
+        if !crate::sys::is_root() {
             return Err(
                 "--hosts netns needs root: it makes network namespaces and TUN \
                         devices (run the bench as root, e.g. with sudo)"
@@ -374,9 +366,10 @@ impl Hosts {
         std::thread::Builder::new()
             .name(format!("bw-host-{i}"))
             .spawn(move || {
-                // SAFETY: as in make_device; only this thread moves.
-                let rc = unsafe { libc::setns(ns, libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+                // Only this thread moves.
+                if let Err(e) = crate::sys::enter_netns(ns) {
+                    panic!("setns: {e}");
+                }
                 f()
             })
             .map_err(|e| format!("cannot start a thread: {e}"))

@@ -64,20 +64,8 @@ const RECEIVE_BUFFER: libc::c_int = 4 << 20;
 /// Ask for a receive buffer of `RECEIVE_BUFFER` (best effort).
 fn grow_receive_buffer(sock: &UdpSocket) {
     use std::os::fd::AsRawFd;
-    let v = RECEIVE_BUFFER;
-    // SAFETY: a valid socket descriptor, a pointer to a c_int that lives across the call
-    // and its size; the call reads them only.
-    let r = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        debug!(error = %std::io::Error::last_os_error(), "membership socket: receive buffer not grown");
+    if let Err(e) = crate::sys::set_receive_buffer(sock.as_raw_fd(), RECEIVE_BUFFER) {
+        debug!(error = %e, "membership socket: receive buffer not grown");
     }
 }
 
@@ -133,14 +121,8 @@ impl DatagramReader {
         {
             use std::os::fd::AsRawFd;
             let ms = limit.as_micros().div_ceil(1000).min(60_000) as i32;
-            let mut fd = libc::pollfd {
-                fd: self.sock.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: poll(2) on one pollfd on this stack frame, for a socket that
-            // `self` keeps open across the call. An interrupted wait just returns.
-            let _ = unsafe { libc::poll(&mut fd, 1, ms) };
+            // `self` keeps the socket open; an interrupted wait just returns.
+            let _ = crate::sys::poll_readable([self.sock.as_raw_fd()], ms);
         }
         #[cfg(not(unix))]
         std::thread::sleep(limit.min(Duration::from_millis(10)));

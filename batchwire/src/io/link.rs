@@ -378,27 +378,12 @@ impl Link {
     #[cfg(unix)]
     pub fn try_write_vectored(&self, bufs: &[&[u8]]) -> Option<std::io::Result<usize>> {
         let fd = self.plain_fd()?;
-        let iov: Vec<libc::iovec> = bufs
-            .iter()
-            .take(IOV_MAX)
-            .map(|b| libc::iovec {
-                iov_base: b.as_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            })
-            .collect();
-        // SAFETY: an all-zero msghdr is valid (no name, no control data); `msg_iov` points
-        // at `iov.len()` iovecs that each describe a live, readable slice of `bufs`, all
-        // borrowed for the duration of the call, and sendmsg only reads them.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-        msg.msg_iovlen = iov.len() as _;
         loop {
-            // SAFETY: see above; the fd is this link's socket, open while `self` is borrowed.
-            let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-            if r >= 0 {
-                return Some(Ok(r as usize));
-            }
-            let e = std::io::Error::last_os_error();
+            // The fd is this link's socket, open while `self` is borrowed.
+            let e = match crate::sys::send_vectored(fd, bufs) {
+                Ok(n) => return Some(Ok(n)),
+                Err(e) => e,
+            };
             match e.kind() {
                 std::io::ErrorKind::Interrupted => continue,
                 std::io::ErrorKind::WouldBlock => return Some(Ok(0)),
@@ -456,7 +441,7 @@ impl Link {
 
     /// Read some bytes of the stream (at most `want`) onto the end of `buf`; how many, 0
     /// at its end. Nothing is zeroed first: a plain link's socket is read straight into
-    /// `buf`'s spare capacity ([`recv_append`]); over TLS the plaintext is copied there
+    /// `buf`'s spare capacity ([`crate::sys::recv_append`]); over TLS the plaintext is copied there
     /// from rustls, and ciphertext goes from a reused buffer to rustls without a stop in
     /// between. (Zeroing `want` bytes before every read would cost a pass over up to
     /// 64 KiB per read, however little arrived: with small messages, a large share of the
@@ -470,7 +455,7 @@ impl Link {
         use std::os::fd::AsRawFd;
         match self {
             // The fd is this link's socket, open for as long as `self` is borrowed.
-            Link::Plain(s) => recv_append(s.as_raw_fd(), buf, want, wait),
+            Link::Plain(s) => crate::sys::recv_append(s.as_raw_fd(), buf, want, wait),
             Link::Tls {
                 sock,
                 state,
@@ -555,7 +540,7 @@ impl Link {
                     let c = &mut *cipher;
                     c.buf.clear();
                     c.start = 0;
-                    if recv_append(sock.as_raw_fd(), &mut c.buf, TLS_READ, wait)? == 0 {
+                    if crate::sys::recv_append(sock.as_raw_fd(), &mut c.buf, TLS_READ, wait)? == 0 {
                         return Ok(0);
                     }
                 }
@@ -585,34 +570,6 @@ impl Link {
         self.set_read_timeout(Some(left))?;
         self.set_write_timeout(Some(left))
     }
-}
-
-/// One `recv(2)` of at most `max` bytes from `fd` onto the end of `buf`, straight into its
-/// spare capacity (nothing zeroed first); how many, 0 at the end of the stream. Without
-/// `wait`, `WouldBlock` at once if nothing is there; with it, the socket's read timeout
-/// applies. The caller keeps `fd` open for the call.
-pub(crate) fn recv_append(
-    fd: std::os::fd::RawFd,
-    buf: &mut BytesMut,
-    max: usize,
-    wait: bool,
-) -> std::io::Result<usize> {
-    buf.reserve(max);
-    let len = buf.len();
-    let spare = buf.spare_capacity_mut();
-    let n = spare.len().min(max);
-    let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
-    // SAFETY: recv(2) writes at most `n` bytes through a raw pointer into the spare
-    // capacity (no reference to uninitialized memory is made) and returns how many it
-    // wrote; exactly those are then counted as initialized by `set_len`.
-    let r = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), n, flags) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let r = r as usize;
-    // SAFETY: the first `r` bytes of the spare capacity were written by recv above.
-    unsafe { buf.set_len(len + r) };
-    Ok(r)
 }
 
 /// A TLS record's most plaintext.
@@ -685,9 +642,6 @@ impl<'a> TlsWrite<'a> {
 }
 
 /// Write every slice, going on after each timeout while `go_on` says so.
-/// Most buffers one `sendmsg` takes (Linux's IOV_MAX); the rest is left over.
-const IOV_MAX: usize = 1024;
-
 fn write_slices(
     mut s: &TcpStream,
     bufs: &[&[u8]],

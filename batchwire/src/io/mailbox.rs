@@ -140,16 +140,7 @@ thread_local! {
 
 /// Make the eventfd `fd` readable (a receiver leading wakes; see [`Leader`]).
 pub(crate) fn signal(fd: &std::os::fd::OwnedFd) {
-    let one = 1u64.to_ne_bytes();
-    // SAFETY: write(2) of 8 bytes from a live stack buffer to an eventfd kept open by the
-    // borrow. It fails only if the counter would overflow, when it is readable anyway.
-    let _ = unsafe {
-        libc::write(
-            std::os::fd::AsRawFd::as_raw_fd(fd),
-            one.as_ptr().cast(),
-            one.len(),
-        )
-    };
+    crate::sys::eventfd_signal(std::os::fd::AsRawFd::as_raw_fd(fd));
 }
 
 /// The largest message after which its receiver may lead (see `Inner::lone`): larger ones
@@ -161,16 +152,7 @@ const ONE_SOURCE: u32 = 16;
 
 /// Make the eventfd `fd` unreadable again (it counts signals; one read takes them all).
 pub(crate) fn drain(fd: &std::os::fd::OwnedFd) {
-    let mut buf = [0u8; 8];
-    // SAFETY: read(2) into a live 8-byte stack buffer from a non-blocking eventfd kept
-    // open by the borrow; EAGAIN (nothing signalled) is fine.
-    let _ = unsafe {
-        libc::read(
-            std::os::fd::AsRawFd::as_raw_fd(fd),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
+    crate::sys::eventfd_drain(std::os::fd::AsRawFd::as_raw_fd(fd));
 }
 
 /// How far ahead a receiver that waits without a deadline reads before it looks again.
@@ -337,15 +319,8 @@ impl MailboxQueue {
         self.wake_fd
             .get_or_init(|| {
                 #[cfg(target_os = "linux")]
-                {
-                    // SAFETY: eventfd(2) takes no pointers; a descriptor it returns is
-                    // new and owned by nothing else, so `OwnedFd` may close it.
-                    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-                    if fd >= 0 {
-                        use std::os::fd::FromRawFd;
-                        // SAFETY: see above.
-                        return Some(Arc::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }));
-                    }
+                if let Ok(fd) = crate::sys::eventfd() {
+                    return Some(Arc::new(fd));
                 }
                 None
             })
@@ -991,14 +966,8 @@ mod tests {
         let leader: Arc<dyn Leader> = Arc::new(FakeLeader(
             |wake: &Arc<std::os::fd::OwnedFd>, until: Instant| {
                 use std::os::fd::AsRawFd;
-                let mut p = libc::pollfd {
-                    fd: wake.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: poll(2) on one pollfd on this stack frame; the fd is open (borrowed).
                 let ms = until.saturating_duration_since(Instant::now()).as_millis() as i32;
-                unsafe { libc::poll(&mut p, 1, ms.max(1)) };
+                let _ = crate::sys::poll_readable([wake.as_raw_fd()], ms.max(1));
                 true
             },
         ));

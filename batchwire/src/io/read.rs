@@ -369,24 +369,13 @@ impl Reader<'_> {
         #[cfg(unix)]
         if let Some(fd) = self.conn.link.plain_fd() {
             let ms = limit.map_or(-1, |d| d.as_micros().div_ceil(1000).min(60_000) as i32);
-            let p = |fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
+            // The socket is the link's, open while `self.conn` is borrowed, and `wake` is
+            // open while its owner waits here.
+            return match crate::sys::poll_readable([fd, wake.unwrap_or(-1)], ms) {
+                Ok([_, woken]) => Ok(wake.is_some() && woken),
+                Err(e) if e.kind() == ErrorKind::Interrupted => Ok(false),
+                Err(e) => Err(e),
             };
-            let mut fds = [p(fd), p(wake.unwrap_or(-1))];
-            // SAFETY: poll(2) on pollfds that live on this stack frame (a negative fd is
-            // ignored); the socket is the link's, open while `self.conn` is borrowed, and
-            // `wake` is open while its owner waits here.
-            let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-            if r < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != ErrorKind::Interrupted {
-                    return Err(e);
-                }
-                return Ok(false);
-            }
-            return Ok(wake.is_some() && fds[1].revents != 0);
         }
         let _ = (limit, wake);
         Ok(false)
@@ -931,46 +920,8 @@ fn recv_pair(
 ) -> std::io::Result<usize> {
     #[cfg(unix)]
     if let Some(fd) = link.plain_fd() {
-        let (a, a_max) = first;
-        let (b, b_max) = then;
-        a.reserve(a_max);
-        b.reserve(b_max);
-        let (a_len, b_len) = (a.len(), b.len());
-        let a_spare = a.spare_capacity_mut();
-        let b_spare = b.spare_capacity_mut();
-        let mut iov = [
-            libc::iovec {
-                iov_base: a_spare.as_mut_ptr().cast(),
-                iov_len: a_spare.len().min(a_max),
-            },
-            libc::iovec {
-                iov_base: b_spare.as_mut_ptr().cast(),
-                iov_len: b_spare.len().min(b_max),
-            },
-        ];
-        let a_room = iov[0].iov_len;
-        // SAFETY: an all-zero msghdr is valid (no name, no control data); it points at two
-        // iovecs on this stack frame, each describing spare capacity of a live buffer.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = iov.as_mut_ptr();
-        msg.msg_iovlen = iov.len() as _;
-        // SAFETY: recvmsg(2) writes at most each iovec's length through its raw pointer
-        // (no reference to uninitialized memory is made), filling the first before the
-        // second, and returns how many bytes it wrote; exactly those are then counted as
-        // initialized below. The fd is the link's socket, open while `link` is borrowed.
-        let r = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
-        if r < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let r = r as usize;
-        let into_a = r.min(a_room);
-        // SAFETY: recvmsg wrote `into_a` bytes at the start of `a`'s spare capacity and the
-        // rest at the start of `b`'s.
-        unsafe {
-            a.set_len(a_len + into_a);
-            b.set_len(b_len + (r - into_a));
-        }
-        return Ok(r);
+        // The fd is the link's socket, open while `link` is borrowed.
+        return crate::sys::recv_pair(fd, first, then);
     }
     let _ = (link, first, then);
     Err(ErrorKind::Unsupported.into())
@@ -1400,16 +1351,7 @@ mod tests {
         assert_eq!(rig.mb.len(), 1);
     }
 
-    /// This thread's CPU time.
-    fn thread_cpu() -> Duration {
-        let mut t = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime(2) writes one timespec on this stack frame.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-        Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-    }
+    use crate::sys::thread_cpu_time as thread_cpu;
 
     #[cfg(target_os = "linux")]
     #[test]
@@ -1417,12 +1359,7 @@ mod tests {
         // A push that another receiver took, or a late request for the turn: the eventfd
         // is readable but there is nothing for this one. It must empty it and sleep.
         let rig = Rig::new();
-        // SAFETY: eventfd(2) takes no pointers; the new descriptor is owned here.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        assert!(fd >= 0);
-        use std::os::fd::FromRawFd;
-        // SAFETY: see above.
-        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let wake = Arc::new(crate::sys::eventfd().unwrap());
         crate::io::mailbox::signal(&wake);
         let (t0, cpu0) = (Instant::now(), thread_cpu());
         assert!(
