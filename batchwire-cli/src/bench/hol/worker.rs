@@ -1,4 +1,5 @@
-//! The hol scenario's worker processes: the sender (small messages beside a bulk stream) and the receiver.
+//! The hol scenario's worker processes: the sender (small messages beside a bulk stream)
+//! and the receiver.
 
 use super::*;
 

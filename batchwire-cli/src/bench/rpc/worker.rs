@@ -1,4 +1,5 @@
-//! The rpc scenario's worker processes: callers (blocking threads or one async runtime) and the serving node.
+//! The rpc scenario's worker processes: callers (blocking threads or one async runtime) and
+//! the serving node.
 
 use super::*;
 

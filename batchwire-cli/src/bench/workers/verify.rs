@@ -1,4 +1,6 @@
-//! What the scenarios' workers share beyond starting: the control mailbox that starts and ends a run, fault counts, per-sender sequence checks, payload fields, a seeded generator.
+//! What the scenarios' workers share beyond starting: the control mailbox that starts and
+//! ends a run, fault counts, per-sender sequence checks, payload fields, a seeded
+//! generator.
 
 use super::*;
 
