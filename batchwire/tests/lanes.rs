@@ -498,3 +498,52 @@ fn many_senders_blocked_on_credit_survive_connection_breaks() {
     );
     assert_eq!(st.peers[0].send_failed, 0);
 }
+
+/// A peer declared down while a large message to it is in pieces (some numbered into the
+/// window, the rest still queued): the message is reported failed, and the node goes on.
+/// The peer here logs in by hand and then neither reads nor answers. Declaring it down takes
+/// the message out of the lane and tells the session to drop its pieces while the session
+/// turn that found the peer down still holds the session: done from the events' dispatch,
+/// it took the session under `dispatching`, the reverse of every other turn's order (and a
+/// debug assertion now stops any such call).
+#[test]
+fn a_peer_declared_down_while_a_message_to_it_is_in_pieces_gets_it_reported() {
+    use batchwire_core::frame::{Frame, Resume};
+    let [addr, nowhere] = free_addrs(2)[..] else {
+        unreachable!()
+    };
+    let cfg = batchwire::NodeConfig::new("b", addr, SECRET)
+        .without_membership()
+        .peer("a", nowhere)
+        .heartbeat_interval(Duration::from_millis(200))
+        .peer_timeout(Duration::from_secs(3));
+    let b = batchwire::Node::start(cfg).unwrap();
+    let events = b.events();
+    let mut r = raw::login(b.local_addr(), "a", "b", 7);
+    let _ = r.recv(T); // b's RESUME
+    r.send(&Frame::Resume(Resume::FRESH));
+    assert!(b.wait_for_peers(&["a"], T));
+    let to = Address::new("a", "in").unwrap();
+    if let Err(e) = b.send(&to, payload(1, 64 << 20)) {
+        let evs: Vec<_> = events.try_iter().collect();
+        panic!("{e}: {evs:?}");
+    }
+    // Some pieces are numbered (the first goes into the window at once, the window's bulk
+    // room is far below 64 MiB), then nothing is acknowledged: a is declared down.
+    let down = wait_event(&events, T, |e| matches!(e, Event::PeerDown { .. }));
+    assert!(down.is_some(), "a was not declared down");
+    let failed = wait_event(
+        &events,
+        T,
+        |e| matches!(e, Event::SendFailed { peer, .. } if peer == "a"),
+    );
+    match failed {
+        Some(Event::SendFailed { count, .. }) => assert_eq!(count, 1),
+        other => panic!("the message in pieces was not reported: {other:?}"),
+    }
+    // The node still works: its sessions take turns, and it shuts down in time.
+    let t0 = Instant::now();
+    b.shutdown();
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    drop(r);
+}

@@ -59,7 +59,8 @@ const LOOKUP_WAIT: Duration = Duration::from_millis(500);
 /// on nor let the node shut down. Each name is looked up on a short-lived thread of its
 /// own, at most one at a time per name; the caller waits at most `wait`, and an answer
 /// that comes later is taken at the next call for that name (meanwhile the call fails,
-/// and the resolver keeps the name's last answer).
+/// and the resolver keeps the name's last answer). One caller at a time (the joiner
+/// thread): "at most one per name" counts on it, as the lock is not held while waiting.
 fn off_thread(
     lookup: fn(&str, u16) -> std::io::Result<Vec<SocketAddr>>,
     wait: Duration,
@@ -69,8 +70,12 @@ fn off_thread(
     let pending: Mutex<HashMap<(String, u16), Receiver<Answer>>> = Mutex::default();
     Box::new(move |host, port| {
         let key = (host.to_string(), port);
-        let mut pending = pending.lock().unwrap_or_else(|p| p.into_inner());
-        let rx = match pending.remove(&key) {
+        let taken = pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
+        // No lock is held while waiting for the resolver.
+        let rx = match taken {
             Some(rx) => rx,
             None => {
                 let (tx, rx) = sync_channel(1);
@@ -86,7 +91,10 @@ fn off_thread(
         match rx.recv_timeout(wait) {
             Ok(answer) => answer,
             Err(RecvTimeoutError::Timeout) => {
-                pending.insert(key, rx);
+                pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, rx);
                 Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     format!("the resolver has not answered within {wait:?} (still asking)"),

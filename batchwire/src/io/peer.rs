@@ -146,7 +146,27 @@ impl ConnWatch {
     }
 }
 
+thread_local! {
+    /// This thread holds some peer's `dispatching` lock (see [`Peer::session`]).
+    static DISPATCHING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The `dispatching` lock, held while a session turn's events are acted on.
+struct Dispatching<'a>(#[allow(dead_code)] MutexGuard<'a, ()>);
+
+impl Drop for Dispatching<'_> {
+    fn drop(&mut self) {
+        DISPATCHING.set(false);
+    }
+}
+
 /// One peer.
+///
+/// Its locks, in the order they are taken (the whole node's order is in
+/// `docs/architecture.md`, "Lock order"): the read turn (a connection's) or `write_turn`;
+/// then `delivery`, `session`, `dispatching`, the connection watch, `reassembly`; then the
+/// mailboxes, the flow, the lane. `conn`, `room_lock` and `notices` are leaves. What runs
+/// under `dispatching` never takes `session` (checked in debug builds).
 pub(crate) struct Peer {
     /// The destination tag of this peer's frames in a shared lane.
     pub id: Dest,
@@ -272,6 +292,13 @@ impl Peer {
     /// Run `f` on the session (with the time), then act on what it says. Never call it
     /// while waiting for anything.
     pub fn session<R>(&self, f: impl FnOnce(&mut Session, Instant) -> R) -> R {
+        // The lock order: the session, then `dispatching`, never the other way round (one
+        // thread dispatching a turn's events while another holds the session and waits for
+        // `dispatching` would wait for each other). Checked where tests run.
+        debug_assert!(
+            !DISPATCHING.get(),
+            "Peer::session called while dispatching a session's events"
+        );
         let mut s = self.session.lock().unwrap_or_else(|p| p.into_inner());
         let due = |s: &Session| s.current().is_some_and(|c| s.control_due(c));
         let (due_before, full_before, empty_before, delivering_before, bulk_before) = (
@@ -283,7 +310,24 @@ impl Peer {
         );
         let now = Instant::now();
         let r = f(&mut s, now);
-        let events: Vec<SessionEvent> = std::iter::from_fn(|| s.poll_event()).collect();
+        let mut events: Vec<SessionEvent> = std::iter::from_fn(|| s.poll_event()).collect();
+        // Declared down: what is queued for it can only go to it. Taken in this turn (the
+        // lane refusing new messages first), so a message in pieces among it is given up
+        // on the session still held: what runs while `dispatching` is held never takes
+        // the session (that order, session then dispatching, is this function's).
+        let mut failed_on_down = Vec::new();
+        if events
+            .iter()
+            .any(|e| matches!(e, SessionEvent::Down { .. }))
+        {
+            self.lane.set_down(true);
+            let (msgs, in_pieces) = self.lane.take_failed();
+            if in_pieces {
+                s.give_up_pieces();
+                events.extend(std::iter::from_fn(|| s.poll_event()));
+            }
+            failed_on_down = msgs;
+        }
         let deadline = s.poll_timeout();
         let (due_after, full_after, empty_after, bulk_after) = (
             due(&s),
@@ -297,8 +341,11 @@ impl Peer {
         self.state.store(state_code(s.state()), Ordering::Release);
         self.window_full.store(full_after, Ordering::Release);
         self.bulk_room.store(bulk_after, Ordering::Release);
-        let _order = (!events.is_empty())
-            .then(|| self.dispatching.lock().unwrap_or_else(|p| p.into_inner()));
+        let _order = (!events.is_empty()).then(|| {
+            let g = self.dispatching.lock().unwrap_or_else(|p| p.into_inner());
+            DISPATCHING.set(true);
+            Dispatching(g)
+        });
         drop(s);
         if full_before && !full_after {
             self.wake_senders();
@@ -315,12 +362,14 @@ impl Peer {
             self.ctx.timer.wake_at(t);
         }
         for e in events {
-            self.dispatch(e);
+            self.dispatch(e, &mut failed_on_down);
         }
         r
     }
 
-    fn dispatch(&self, e: SessionEvent) {
+    /// Act on one event of a session turn, in order (with `dispatching` held). `failed`:
+    /// what the turn took from the lane because the peer went down.
+    fn dispatch(&self, e: SessionEvent, failed: &mut Vec<batchwire_core::frame::Message>) {
         let node = &self.ctx.node;
         match e {
             SessionEvent::Up { incarnation } => {
@@ -353,13 +402,12 @@ impl Peer {
                     peer: self.name.to_string(),
                     reason,
                 });
-                // What is still queued for it can only go to it: hand it back too, and
-                // refuse (and wake) senders waiting for room or credit toward it.
-                self.lane.set_down(true);
                 // Its session ended: nothing it had in pieces will continue.
                 let gone = self.lock_reassembly().clear();
                 self.abandon(gone);
-                self.fail_queued(FailReason::Down(reason));
+                // What was still queued for it (taken in the turn, the lane now refusing
+                // more) goes back too, and senders waiting for room or credit are woken.
+                self.report_failed(std::mem::take(failed), FailReason::Down(reason));
                 self.wake_senders();
                 // Requests to it fail now, not at their timeout.
                 self.ctx.calls.fail_node(&self.name);
@@ -374,7 +422,8 @@ impl Peer {
         }
     }
 
-    /// Hand back everything queued in this peer's lane as failed.
+    /// Hand back everything queued in this peer's lane as failed. Not while dispatching
+    /// (it takes the session).
     pub fn fail_queued(&self, reason: FailReason) {
         let (msgs, in_pieces) = self.lane.take_failed();
         if in_pieces {

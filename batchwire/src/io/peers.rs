@@ -92,8 +92,8 @@ impl Peers {
     }
 
     /// Run `f` on the peer called `name` (the send path): found in the index without a
-    /// lock or a reference count, or, past the index's first peers, under the registry's
-    /// read lock.
+    /// lock or a reference count, or, past the index's first peers, in the registry's map
+    /// (a reference counted; no lock is held while `f` runs).
     pub fn with<R>(&self, name: &[u8], f: impl FnOnce(Option<&Arc<Peer>>) -> R) -> R {
         self.with_remembered(name, false, f)
     }
@@ -133,13 +133,11 @@ impl Peers {
             // if looked up a moment earlier).
             return f(None);
         }
-        f(self
-            .0
-            .map
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-            .filter(|p| !p.is_removed()))
+        // Cloned out, so no lock is held while `f` runs: the send path may look up a peer
+        // again (a dial, with connections on demand), and a second read of an `RwLock` on
+        // one thread can wait behind a writer that waits for the first.
+        let p = self.get(name);
+        f(p.as_ref())
     }
 
     pub fn by_id(&self, id: Dest) -> Option<Arc<Peer>> {
