@@ -1,0 +1,266 @@
+//! The steps of one connection's setup: TLS, the handshake, the certificate's name, the
+//! RESUME exchange.
+
+use super::*;
+
+impl Setup {
+    /// Wrap a fresh socket: plain, or after a TLS handshake (over by `deadline`).
+    pub(super) fn open(
+        &self,
+        stream: TcpStream,
+        expect: Option<&Name>,
+        joining: bool,
+        deadline: Instant,
+    ) -> Result<Link, LinkError> {
+        let Some(tls) = &self.tls else {
+            return Ok(Link::Plain(stream));
+        };
+        let dial = match expect {
+            Some(n) => Some(n.as_str()),
+            None if joining => Some(JOIN_SERVER_NAME),
+            None => None,
+        };
+        Link::tls(stream, tls, dial, deadline).map_err(|e| {
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+            ) {
+                return LinkError::HandshakeTimeout(self.config.handshake_timeout);
+            }
+            LinkError::Tls(format!(
+                "{e} (does the peer run TLS with a certificate from the same CA, naming the node?)"
+            ))
+        })
+    }
+
+    /// Drive the sans-IO handshake over the blocking link, finishing by `deadline`.
+    /// Returns the peer and any bytes read past the handshake.
+    pub(super) fn handshake(
+        &self,
+        link: &Link,
+        expect: Option<Name>,
+        joining: bool,
+        deadline: Instant,
+    ) -> Result<(PeerInfo, BytesMut), LinkError> {
+        let mut nonce = [0u8; 16];
+        getrandom::fill(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let role = match expect {
+            Some(expect) => Role::Dial { expect },
+            None if joining => Role::Join,
+            None => Role::Accept {
+                refuse: self.dials.clone(),
+            },
+        };
+        let mut hs = Handshake::new(
+            HandshakeConfig {
+                name: self.name.clone(),
+                incarnation: self.incarnation,
+                secret: self.secret.clone(),
+                role,
+            },
+            nonce,
+        )
+        // The connection's deadline (TLS, handshake and RESUME share it) is the machine's.
+        .with_deadline(
+            deadline
+                .checked_sub(self.config.handshake_timeout)
+                .unwrap_or(deadline),
+            self.config.handshake_timeout,
+        );
+        let mut buf = BytesMut::with_capacity(HANDSHAKE_MAX_FRAME);
+        let mut out = Vec::new();
+        loop {
+            // Send what the machine queued: HELLO first, then AUTH, or a REFUSE.
+            while let Some(f) = hs.poll_transmit() {
+                f.encode(&mut out);
+            }
+            if !out.is_empty() {
+                link.set_deadline(deadline)?;
+                link.write_all(&out)?;
+                out.clear();
+            }
+            if let Some(peer) = hs.peer() {
+                return Ok((peer, buf));
+            }
+            // Read until a whole frame is buffered.
+            let frame = loop {
+                // A TLS record (handshake 0x16 or alert 0x15, version 3.x) where a HELLO
+                // should be: the peer runs TLS and this node does not.
+                if !link.is_tls() && buf.len() >= 2 && matches!(buf[0], 0x15 | 0x16) && buf[1] == 3
+                {
+                    return Err(LinkError::PeerSpeaksTls);
+                }
+                match frame::decode(&mut buf, HANDSHAKE_MAX_FRAME) {
+                    Ok(Some(f)) => break f,
+                    Ok(None) => {}
+                    Err(e) => {
+                        // Not a batchwire peer, or a broken one: say so, best effort.
+                        let reason =
+                            format!("node {:?}: bad handshake frame: {e}", self.name.as_str());
+                        refuse(link, frame::RefuseCode::Protocol, reason);
+                        return Err(e.into());
+                    }
+                }
+                hs.handle_timeout(Instant::now())?;
+                match read_small(link, &mut buf, deadline, self.config.handshake_timeout) {
+                    Ok(()) => {}
+                    // The socket gave up at the deadline: the machine says so, naming the
+                    // peer if its HELLO came.
+                    Err(LinkError::HandshakeTimeout(_)) => {
+                        hs.handle_timeout(Instant::now().max(deadline))?;
+                        return Err(LinkError::HandshakeTimeout(self.config.handshake_timeout));
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            // Feed it to the machine; on failure send its REFUSE (best effort) and give up.
+            if let Err(e) = hs.handle(frame) {
+                while let Some(f) = hs.poll_transmit() {
+                    f.encode(&mut out);
+                }
+                let _ = link.write_all(&out);
+                return Err(e.into());
+            }
+        }
+    }
+
+    /// With TLS: the peer's certificate must name the node it claimed. (A dialler's rustls
+    /// already checked the name it dialled; the acceptor checks here.) On a mismatch both
+    /// sides learn why: a REFUSE goes out before the connection closes.
+    pub(super) fn check_certificate(&self, link: &Link, info: &PeerInfo) -> Result<(), LinkError> {
+        if !link.is_tls() {
+            return Ok(());
+        }
+        let res = match link.peer_certificate() {
+            Some(cert) => cert_names(&cert, info.name.as_str()),
+            None => Err("the peer presented no certificate".to_string()),
+        };
+        res.map_err(|why| {
+            let reason = format!(
+                "node {:?} refuses {:?}: {why}",
+                self.name.as_str(),
+                info.name.as_str()
+            );
+            refuse(link, frame::RefuseCode::Name, reason.clone());
+            LinkError::Certificate {
+                peer: info.name.to_string(),
+                reason,
+            }
+        })
+    }
+
+    /// Exchange RESUME frames, let the session reconcile both windows, and make this the
+    /// peer's current connection. Returns it with the bytes read past the peer's RESUME.
+    pub(super) fn resume(
+        &self,
+        peer: &Arc<Peer>,
+        link: Arc<Link>,
+        info: &PeerInfo,
+        mut buf: BytesMut,
+        deadline: Instant,
+        canonical: bool,
+    ) -> Result<Option<(Arc<Conn>, BytesMut)>, LinkError> {
+        let (id, ours) = peer.session(|s, now| s.handle_connect(now, info.incarnation));
+        let mut out = Vec::new();
+        Frame::Resume(ours).encode(&mut out);
+        link.set_deadline(deadline)?;
+        link.write_all(&out)?;
+        let theirs: Resume = loop {
+            match frame::decode(&mut buf, HANDSHAKE_MAX_FRAME)? {
+                Some(Frame::Resume(r)) => break r,
+                // The peer could not resume our session and reset its end: so do we.
+                Some(Frame::Refuse(r)) if r.code == frame::RefuseCode::Reset => {
+                    let _turn = peer.delivery_turn();
+                    peer.session(|s, now| s.handle_reset(now));
+                    return Err(LinkError::SessionReset(format!(
+                        "the peer says: {}",
+                        r.reason
+                    )));
+                }
+                // Refused after the handshake (e.g. our certificate does not name us).
+                Some(Frame::Refuse(r)) => {
+                    return Err(HandshakeError::Refused {
+                        peer: Some(info.name.clone()),
+                        code: r.code,
+                        reason: r.reason,
+                    }
+                    .into());
+                }
+                Some(other) => return Err(LinkError::Unexpected(other.kind_name())),
+                None => read_small(&link, &mut buf, deadline, self.config.handshake_timeout)?,
+            }
+        };
+        // From now on a blocked write returns every `write_check` for the writer to look up.
+        link.set_read_timeout(None)?;
+        link.set_write_timeout(Some(self.config.write_check))?;
+        let mut conn = Conn::new(id, link);
+        conn.canonical = canonical;
+        let conn = Arc::new(conn);
+        let lane = peer.lane.clone();
+        conn.link.set_waker(Box::new(move || lane.poke()));
+        // Reconcile and install together, so the session's current connection and the
+        // connection the writer uses are always the same one. (Installs happen under the
+        // session lock, so the redundancy check here sees every one.)
+        let replaced = peer.session(|s, now| {
+            if !canonical
+                && s.incarnation() == Some(info.incarnation)
+                && peer.current_is_live_canonical()
+            {
+                return Ok(None);
+            }
+            let r = s.handle_resume(now, id, theirs)?;
+            peer.stats.acked.fetch_add(r.acked, Relaxed);
+            Ok::<_, LinkError>(Some((r.resent, r.keep, peer.install(conn.clone()))))
+        });
+        let replaced = match replaced {
+            // The two ends' numbering disagrees, again and again, and no connection of the
+            // peer is live (else this is an impostor's claim, closed like any violation):
+            // refusing every RESUME would cut the link for good. Start the session over
+            // (with the delivery turn: no delivery is under way) and tell the peer to.
+            Err(LinkError::Sequence(e))
+                if peer
+                    .session(|s, now| s.is_unresumable() && s.live_incarnation(now).is_none()) =>
+            {
+                let reset = {
+                    let _turn = peer.delivery_turn();
+                    peer.session(|s, now| {
+                        let still = s.is_unresumable() && s.live_incarnation(now).is_none();
+                        if still {
+                            s.handle_reset(now);
+                        }
+                        still
+                    })
+                };
+                if !reset {
+                    conn.close();
+                    return Err(LinkError::Sequence(e));
+                }
+                let e = LinkError::SessionReset(e.to_string());
+                refuse(
+                    &conn.link,
+                    frame::RefuseCode::Reset,
+                    format!("node {:?}: {e}", self.name.as_str()),
+                );
+                conn.close();
+                return Err(e);
+            }
+            r => r?,
+        };
+        let Some((resent, keep, old)) = replaced else {
+            conn.close();
+            return Ok(None);
+        };
+        // The peer goes on with none of its messages in pieces below `keep`: drop what was
+        // reassembled of those, and give their credit back.
+        let gone = {
+            let _turn = peer.delivery_turn();
+            peer.lock_reassembly().discard_below(keep)
+        };
+        peer.abandon(gone);
+        peer.stats.resent.fetch_add(resent, Relaxed);
+        if let Some(old) = old {
+            old.close();
+        }
+        Ok(Some((conn, buf)))
+    }
+}
