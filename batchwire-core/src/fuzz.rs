@@ -166,6 +166,68 @@ pub fn frames(data: &[u8]) {
     assert_eq!(sw.take_failed(false).len() as u64, held);
 }
 
+/// Feed arbitrary bytes to a peer machine ([`crate::peer::Peer`]) as its connection's
+/// reader would, in chunks the input chooses, with the writer's rounds, deliveries taken,
+/// and time passing in between. What breaks the protocol is an error, after which the
+/// connection is replaced (as the IO layer closes it and the peer reconnects); nothing
+/// panics, and every delivery's charge is what the receive credit holds until it is taken.
+pub fn peer(data: &[u8]) {
+    use crate::peer::{Peer, PeerConfig};
+    use crate::session::SessionConfig;
+    use std::time::{Duration, Instant};
+    let cfg = PeerConfig {
+        session: SessionConfig {
+            unacked_bytes: 64 << 10,
+            ..SessionConfig::default()
+        },
+        piece_bytes: 1024,
+        frame_bytes: 4 << 10,
+        mailbox_bytes: 64 << 10,
+        max_payload: 1 << 20,
+        max_frame: MAX_FRAME,
+    };
+    let t0 = Instant::now();
+    let mut now = t0;
+    let mut p = Peer::new(cfg, t0);
+    let connect = |p: &mut Peer, now: Instant| {
+        p.handle_connect(now, 7);
+        let _ = p.handle_resume(now, frame::Resume::FRESH);
+    };
+    connect(&mut p, now);
+    // Something of ours in flight, so that ACKs and RESUMEs have something to act on.
+    for i in 0..8u8 {
+        let _ = p.send(
+            &Name::from_static("m"),
+            &Name::from_static("s"),
+            Bytes::from(vec![i; 1 + i as usize * 300]),
+            i % 3 == 0,
+        );
+    }
+    let mut out = Vec::new();
+    let mut rest = data;
+    while !rest.is_empty() {
+        let take = (rest[0] as usize % 64 + 1).min(rest.len());
+        let (chunk, more) = rest.split_at(take);
+        rest = more;
+        if p.handle_read(now, chunk, |to| to.as_bytes().first() == Some(&b'm'))
+            .is_err()
+        {
+            p.handle_disconnect(now);
+            connect(&mut p, now);
+        }
+        while let Some(d) = p.poll_delivery() {
+            assert!(d.to.as_bytes().first() == Some(&b'm'));
+            assert!(p.recv_credit().held(d.to.as_bytes()) >= d.charge);
+            p.handle_taken(d.to.as_bytes(), d.charge);
+        }
+        out.clear();
+        p.poll_transmit(now, &mut out, 16 << 10);
+        now += Duration::from_millis(chunk[0] as u64 % 50);
+        p.handle_timeout(now);
+        while p.poll_event().is_some() {}
+    }
+}
+
 /// Feed the frames in `data` to a handshake in progress, as an unauthenticated peer could.
 pub fn handshake(data: &[u8]) {
     let cfg = HandshakeConfig {

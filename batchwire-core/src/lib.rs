@@ -18,6 +18,7 @@ mod lanes_tests;
 pub mod membership;
 pub mod messages;
 pub mod outbox;
+pub mod peer;
 pub mod reassembly;
 pub mod reliable;
 pub mod session;

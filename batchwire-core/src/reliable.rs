@@ -241,8 +241,8 @@ impl Unwritten {
     }
 
     /// The same slices as [`Unwritten::slices`], as shared buffers, each with where its
-    /// chunk ends (tests that write some chunks and not the rest).
-    #[cfg(test)]
+    /// chunk ends (for a writer that writes some chunks and not the rest, as
+    /// `peer::Peer::poll_transmit` into a bounded buffer).
     pub fn segments(&self) -> Vec<(Bytes, u64)> {
         let mut out = Vec::new();
         for (p, end) in self.parts.iter().zip(&self.ends) {

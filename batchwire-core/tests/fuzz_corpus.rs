@@ -69,6 +69,12 @@ fn frame_decoder_survives_the_corpus() {
 }
 
 #[test]
+fn the_peer_machine_survives_the_corpus() {
+    // Its seeds began as some of the frame decoder's, and grow with what the fuzzer keeps.
+    exercise("peer", fuzz::peer);
+}
+
+#[test]
 fn handshake_survives_the_corpus() {
     exercise("handshake", fuzz::handshake);
     exercise("frame", fuzz::handshake);

@@ -1,6 +1,8 @@
 //! The scenarios: sizes and classes mixed, unread mailboxes, breaks, restarts, credit.
 
 use super::*;
+use crate::frame::{self, Frame};
+use bytes::BytesMut;
 
 #[test]
 fn small_messages_go_between_the_pieces_of_a_large_one() {
@@ -310,10 +312,9 @@ fn a_message_given_up_in_pieces_is_dropped_by_the_receiver_and_its_credit_comes_
     }
     assert!(!b.reasm.is_empty());
     // a gives the message up (its peer was declared down: what is queued is handed back).
-    a.s.handle_disconnect(now, a.id);
-    let (failed, in_pieces) = a.bulk.take_failed();
+    a.m.handle_disconnect(now);
+    let (failed, in_pieces) = a.m.fail_queued();
     assert_eq!((failed.len(), in_pieces), (1, true));
-    a.s.give_up_pieces();
     connect(&mut a, &mut b, now);
     assert!(b.reasm.is_empty(), "RESUME's keep dropped it");
     let (mut ab, mut ba) = wires(4 << 10);
