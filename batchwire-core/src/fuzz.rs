@@ -197,6 +197,7 @@ pub fn peer(data: &[u8]) {
     // Something of ours in flight, so that ACKs and RESUMEs have something to act on.
     for i in 0..8u8 {
         let _ = p.send(
+            now,
             &Name::from_static("m"),
             &Name::from_static("s"),
             Bytes::from(vec![i; 1 + i as usize * 300]),

@@ -1,6 +1,7 @@
 //! One peer's whole data path as one sans-IO machine, after quinn-proto's `Connection`:
 //! the session (sequencing, acknowledgements, RESUME, liveness, goodbye), the outbound
-//! queues by class (ordinary messages in an outbox, bulk messages in pieces), the send
+//! queues by class (ordinary messages in an outbox that a bundler drains, bulk messages
+//! in pieces), the send
 //! credit toward the peer's mailboxes, the receive credit this node gives it, and the
 //! reassembly of what arrives in pieces. This is where IO v3 is going (issue 38): today
 //! the core's two-node simulation (`lanes_tests`) drives it, and the IO layer still
@@ -14,7 +15,8 @@
 //!    [`Peer::poll_transmit`] (the writer: control first, then data),
 //!    [`Peer::handle_read`] (the reader: bytes off the connection), [`Peer::poll_delivery`]
 //!    and [`Peer::handle_taken`] (a delivery was handed to its mailbox, and later taken
-//!    out by the application), [`Peer::handle_timeout`] when [`Peer::poll_timeout`] says;
+//!    out by the application), [`Peer::handle_timeout`] and [`Peer::poll_transmit`] when
+//!    [`Peer::poll_timeout`] says (it holds the session's timers and a timer bundler's);
 //! 3. after any input, drain [`Peer::poll_event`];
 //! 4. [`Peer::handle_disconnect`] when the connection ends (the session stays).
 //!
@@ -28,6 +30,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 
 use crate::bulk::{BulkQueue, ORDINARY_WEIGHT};
+use crate::bundler::{Bundler, Decision, FlushReason, Natural};
 use crate::codec::{Name, NameMap};
 use crate::credit::{FlowError, RecvCredit, SendCredit};
 use crate::frame::{self, Frame, FrameError, Message, Resume, message_len};
@@ -120,16 +123,28 @@ pub struct Peer {
     pub(crate) sync_out: Option<frame::Sync>,
     deliveries: VecDeque<Delivery>,
     events: VecDeque<SessionEvent>,
+    /// Decides when the ordinary queue is written and how much of it at once.
+    bundler: Box<dyn Bundler>,
+    /// When the bundler asked to be asked again (a timer bundler holding messages).
+    bundle_at: Option<Instant>,
+    /// Batches taken, by why (`FlushReason`'s order: drained, size, timer, single).
+    pub(crate) flushes: [u64; 4],
     /// Most bytes of pieces held in the window at once (a figure for tests).
     pub(crate) bulk_high: usize,
 }
 
 impl Peer {
+    /// A peer machine with the `natural` bundler (everything queued goes out at once).
     pub fn new(cfg: PeerConfig, now: Instant) -> Peer {
+        Peer::with_bundler(cfg, Box::new(Natural), now)
+    }
+
+    /// A peer machine whose ordinary queue `bundler` drains.
+    pub fn with_bundler(cfg: PeerConfig, bundler: Box<dyn Bundler>, now: Instant) -> Peer {
         Peer {
             s: Session::new(cfg.session.clone(), now),
             id: ConnId::new(0),
-            outbox: Outbox::new(cfg.frame_bytes),
+            outbox: Outbox::new(bundler.frame_bytes(cfg.frame_bytes)),
             bulk: BulkQueue::default(),
             credit: SendCredit::default(),
             pushed: 0,
@@ -141,6 +156,9 @@ impl Peer {
             sync_out: None,
             deliveries: VecDeque::new(),
             events: VecDeque::new(),
+            bundler,
+            bundle_at: None,
+            flushes: [0; 4],
             bulk_high: 0,
             cfg,
         }
@@ -173,13 +191,21 @@ impl Peer {
         &self.reasm
     }
 
+    /// Ordinary batches taken so far, by why: everything queued, the size limit, the
+    /// bundler's timer, one message each.
+    pub fn flushes(&self) -> [u64; 4] {
+        self.flushes
+    }
+
     // ---- inputs -----------------------------------------------------------------------
 
-    /// Queue a message (`send` / `try_send`): charge the destination mailbox's credit,
-    /// then queue it in its class. `bulk`, a payload larger than a piece, or a pair that
-    /// has a bulk message queued go in pieces; the rest in the ordinary outbox.
+    /// Queue a message (`send` / `try_send`) at `now`: charge the destination mailbox's
+    /// credit, then queue it in its class. `bulk`, a payload larger than a piece, or a pair
+    /// that has a bulk message queued go in pieces; the rest in the ordinary outbox, for
+    /// the bundler to drain.
     pub fn send(
         &mut self,
+        now: Instant,
         to: &Name,
         from: &Name,
         payload: Bytes,
@@ -192,7 +218,8 @@ impl Peer {
         if bulk || payload.len() > self.cfg.piece_bytes || self.bulk.has_pair(to, from) {
             self.bulk.push(to, from, payload, self.pushed);
         } else {
-            self.outbox.push_message(0, to, from, &payload, None);
+            let at = self.bundler.needs_enqueue_time().then_some(now);
+            self.outbox.push_message(0, to, from, &payload, at);
             self.pushed += 1;
         }
         Ok(())
@@ -458,15 +485,29 @@ impl Peer {
             Frame::Credit(g).encode(out);
         }
         let piece = self.cfg.piece_bytes;
+        self.bundle_at = None;
         if !self.s.window_full() && !self.outbox.is_empty() {
-            let max = if self.bulk.ready(self.taken) {
-                ORDINARY_WEIGHT * piece
-            } else {
-                usize::MAX
-            };
-            self.outbox.take(usize::MAX, max, &mut self.batch, None);
-            self.taken += self.batch.messages();
-            self.s.hold(&self.batch.message_frames());
+            match self.bundler.poll(self.outbox.level(), now) {
+                Decision::Flush {
+                    max_messages,
+                    max_bytes,
+                    reason,
+                } => {
+                    // While a piece waits, ordinary bytes are capped (bulk's weight).
+                    let max_bytes = if self.bulk.ready(self.taken) {
+                        max_bytes.min(ORDINARY_WEIGHT * piece)
+                    } else {
+                        max_bytes
+                    };
+                    let at = self.bundler.needs_enqueue_time().then_some(now);
+                    self.outbox
+                        .take(max_messages, max_bytes, &mut self.batch, at);
+                    self.taken += self.batch.messages();
+                    self.s.hold(&self.batch.message_frames());
+                    self.flushes[flush_index(reason)] += 1;
+                }
+                Decision::Wait { until } => self.bundle_at = until,
+            }
         }
         while self.s.bulk_room() {
             let Some(p) = self.bulk.peek(piece, self.taken) else {
@@ -516,9 +557,22 @@ impl Peer {
         self.events.pop_front()
     }
 
-    /// When [`Peer::handle_timeout`] is next due.
+    /// When [`Peer::handle_timeout`] (the session's timers) or [`Peer::poll_transmit`]
+    /// (the bundler's) is next due.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.s.poll_timeout()
+        match (self.s.poll_timeout(), self.bundle_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+fn flush_index(r: FlushReason) -> usize {
+    match r {
+        FlushReason::Drained => 0,
+        FlushReason::SizeReached => 1,
+        FlushReason::Timer => 2,
+        FlushReason::Single => 3,
     }
 }
 

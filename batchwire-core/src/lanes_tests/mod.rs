@@ -62,6 +62,8 @@ struct Wire {
 /// mailboxes its deliveries go to, and the events it reported.
 struct Node {
     incarnation: u64,
+    /// The latest time the node was given (a send is queued at it).
+    now: Instant,
     m: Peer,
     boxes: BTreeMap<String, VecDeque<(String, Bytes, u64)>>,
     events: Vec<SessionEvent>,
@@ -93,6 +95,7 @@ impl Node {
         };
         Node {
             incarnation,
+            now: t0,
             m: Peer::new(cfg, t0),
             boxes: mailboxes
                 .iter()
@@ -104,11 +107,12 @@ impl Node {
 
     /// `send` / `try_send`: false if the mailbox's credit is used up.
     fn send(&mut self, to: &str, from: &str, p: Bytes, bulk: bool) -> bool {
-        self.m.send(&n(to), &n(from), p, bulk).is_ok()
+        self.m.send(self.now, &n(to), &n(from), p, bulk).is_ok()
     }
 
     /// The writer's round, onto the wire while it has room.
     fn write(&mut self, now: Instant, w: &mut Wire) {
+        self.now = now;
         self.m.poll_transmit(now, &mut w.bytes, w.cap);
         self.collect();
     }
@@ -149,6 +153,7 @@ impl Node {
     }
 
     fn tick(&mut self, now: Instant) {
+        self.now = now;
         self.m.handle_timeout(now);
         self.collect();
     }

@@ -43,16 +43,22 @@ fn connected(t0: Instant) -> Peer {
 fn a_peer_found_down_hands_back_its_queue_and_gives_up_pieces_in_that_input() {
     let t0 = Instant::now();
     let mut a = connected(t0);
-    a.send(&n("m"), &n("s"), Bytes::from(vec![1u8; 10]), false)
+    a.send(t0, &n("m"), &n("s"), Bytes::from(vec![1u8; 10]), false)
         .unwrap();
-    a.send(&n("big"), &n("s"), Bytes::from(vec![2u8; 20 << 10]), false)
-        .unwrap();
+    a.send(
+        t0,
+        &n("big"),
+        &n("s"),
+        Bytes::from(vec![2u8; 20 << 10]),
+        false,
+    )
+    .unwrap();
     // The first pieces are numbered (the window's bulk room is 4 KiB), the rest stay.
     let mut out = Vec::new();
     a.poll_transmit(t0, &mut out, usize::MAX);
     assert!(a.s.bulk_bytes() > 0, "pieces numbered");
     // One more ordinary message, queued behind.
-    a.send(&n("m"), &n("s"), Bytes::from(vec![3u8; 10]), false)
+    a.send(t0, &n("m"), &n("s"), Bytes::from(vec![3u8; 10]), false)
         .unwrap();
     // Silence: down at the peer timeout.
     let mut now = t0;
@@ -177,7 +183,7 @@ fn messages_for_a_missing_mailbox_give_their_credit_back_and_others_are_delivere
 fn a_forged_sync_saturates_and_wraps_no_credit_around() {
     let t0 = Instant::now();
     let mut a = connected(t0);
-    a.send(&n("m"), &n("s"), Bytes::from_static(b"queued"), false)
+    a.send(t0, &n("m"), &n("s"), Bytes::from_static(b"queued"), false)
         .unwrap();
     let mut b = Vec::new();
     Frame::Sync(frame::Sync {
@@ -189,7 +195,68 @@ fn a_forged_sync_saturates_and_wraps_no_credit_around() {
     .encode(&mut b);
     a.handle_read(t0, &b, |_| true).unwrap();
     assert_eq!(
-        a.send(&n("m"), &n("s"), Bytes::from_static(b"more"), false),
+        a.send(t0, &n("m"), &n("s"), Bytes::from_static(b"more"), false),
         Err(SendRefused::Credit)
     );
+}
+
+/// Messages written by the machine, decoded (their payloads, in order).
+fn written(out: &[u8]) -> Vec<Vec<u8>> {
+    let mut buf = BytesMut::from(out);
+    let mut got = Vec::new();
+    while let Some(f) = frame::decode(&mut buf, 64 << 10).unwrap() {
+        if let Frame::Messages(l) = f {
+            got.extend(l.iter().map(|m| m.payload.to_vec()));
+        }
+    }
+    got
+}
+
+/// The ordinary queue goes out as its bundler says: `natural` everything at once, `none`
+/// one message a round, `linger` at its timer, which `poll_timeout` reports.
+#[test]
+fn the_bundler_decides_when_and_how_much_of_the_ordinary_queue_goes_out() {
+    use crate::bundler::{BundlerConfig, BundlerKind};
+    let t0 = Instant::now();
+    let with = |kind| {
+        let b = BundlerConfig {
+            kind,
+            max_size: 64 << 10,
+            max_delay: 5 * MS,
+        }
+        .build();
+        let mut a = Peer::with_bundler(cfg(), b, t0);
+        a.handle_connect(t0, 7);
+        a.handle_resume(t0, Resume::FRESH).unwrap();
+        for k in 0..3u8 {
+            a.send(t0, &n("m"), &n("s"), Bytes::from(vec![k; 8]), false)
+                .unwrap();
+        }
+        a
+    };
+    // natural: one round takes all three.
+    let mut a = with(BundlerKind::Natural);
+    let mut out = Vec::new();
+    a.poll_transmit(t0, &mut out, usize::MAX);
+    assert_eq!(written(&out).len(), 3);
+    assert_eq!(a.flushes(), [1, 0, 0, 0]);
+    // none: one a round.
+    let mut a = with(BundlerKind::None);
+    for round in 1..=3 {
+        let mut out = Vec::new();
+        a.poll_transmit(t0, &mut out, usize::MAX);
+        assert_eq!(written(&out), vec![vec![round as u8 - 1; 8]]);
+    }
+    assert_eq!(a.flushes(), [0, 0, 0, 3]);
+    // linger: nothing before its timer, which poll_timeout names; all three at it.
+    let mut a = with(BundlerKind::Linger);
+    let mut out = Vec::new();
+    a.poll_transmit(t0 + MS, &mut out, usize::MAX);
+    assert!(written(&out).is_empty(), "held for company");
+    assert_eq!(a.poll_timeout(), Some(t0 + 5 * MS));
+    let mut out = Vec::new();
+    a.poll_transmit(t0 + 5 * MS, &mut out, usize::MAX);
+    assert_eq!(written(&out).len(), 3);
+    assert_eq!(a.flushes(), [0, 0, 1, 0]);
+    assert!(a.poll_timeout().is_none_or(|t| t > t0 + 5 * MS));
 }
