@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::bundler::{BundlerConfig, BundlerKind};
 use crate::codec::Name;
 use crate::frame::MAX_FRAME_LEN;
 use crate::peer::{Peer, PeerConfig};
@@ -85,6 +86,16 @@ impl std::ops::DerefMut for Node {
 
 impl Node {
     fn new(incarnation: u64, window: u64, mailboxes: &[&str], t0: Instant) -> Node {
+        Node::with_bundler(incarnation, window, mailboxes, t0, BundlerKind::Natural)
+    }
+
+    fn with_bundler(
+        incarnation: u64,
+        window: u64,
+        mailboxes: &[&str],
+        t0: Instant,
+        kind: BundlerKind,
+    ) -> Node {
         let cfg = PeerConfig {
             session: cfg(),
             piece_bytes: PIECE,
@@ -96,7 +107,16 @@ impl Node {
         Node {
             incarnation,
             now: t0,
-            m: Peer::new(cfg, t0),
+            m: Peer::with_bundler(
+                cfg,
+                BundlerConfig {
+                    kind,
+                    max_size: 16 << 10,
+                    max_delay: 2 * MS,
+                }
+                .build(),
+                t0,
+            ),
             boxes: mailboxes
                 .iter()
                 .map(|m| (m.to_string(), VecDeque::new()))

@@ -1,6 +1,7 @@
 //! The scenarios: sizes and classes mixed, unread mailboxes, breaks, restarts, credit.
 
 use super::*;
+use crate::bundler::BundlerKind;
 use crate::frame::{self, Frame};
 use bytes::BytesMut;
 
@@ -132,9 +133,31 @@ fn a_pair_keeps_its_order_whatever_the_sizes_and_classes() {
 #[test]
 fn exactly_once_in_order_across_random_breaks_with_pieces() {
     for seed in 1..=6 {
+        random_breaks(seed, BundlerKind::Natural);
+    }
+}
+
+/// The same with every bundler draining the machine's ordinary queue (one seed each).
+#[test]
+fn exactly_once_in_order_across_random_breaks_with_every_bundler() {
+    for (seed, kind) in [
+        BundlerKind::None,
+        BundlerKind::PerDestination,
+        BundlerKind::TransferQueue,
+        BundlerKind::Linger,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        random_breaks(10 + seed as u64, kind);
+    }
+}
+
+fn random_breaks(seed: u64, kind: BundlerKind) {
+    {
         let t0 = Instant::now();
-        let mut a = Node::new(1, 64 << 10, &[], t0);
-        let mut b = Node::new(2, 64 << 10, &["x", "y"], t0);
+        let mut a = Node::with_bundler(1, 64 << 10, &[], t0, kind);
+        let mut b = Node::with_bundler(2, 64 << 10, &["x", "y"], t0, kind);
         let (mut ab, mut ba) = wires(8 << 10);
         connect(&mut a, &mut b, t0);
         let mut rng = Rng(seed);
@@ -142,7 +165,12 @@ fn exactly_once_in_order_across_random_breaks_with_pieces() {
         let mut got: Vec<(String, Bytes)> = Vec::new();
         let mut now = t0;
         let mut breaks = 0;
-        for t in 0..4000 {
+        for t in 0..40_000 {
+            // Sending stops at 3000 steps; then until everything arrived (`none` writes one
+            // message a step).
+            if t > 4000 && got.len() as u64 == sent[0] + sent[1] {
+                break;
+            }
             now += MS;
             if t < 3000 {
                 for _ in 0..rng.below(4) {
@@ -176,15 +204,16 @@ fn exactly_once_in_order_across_random_breaks_with_pieces() {
             got.extend(b.consume(m, usize::MAX));
         }
         assert!(breaks > 20, "seed {seed}: {breaks} breaks");
+        let kind = format!("{kind:?}");
         assert_eq!(
             counters(&got, "sx"),
             (0..sent[0]).collect::<Vec<_>>(),
-            "seed {seed}"
+            "seed {seed}, {kind}"
         );
         assert_eq!(
             counters(&got, "sy"),
             (0..sent[1]).collect::<Vec<_>>(),
-            "seed {seed}"
+            "seed {seed}, {kind}"
         );
         // Everything taken and one more SYNC: nothing stays charged, nothing was mismatched.
         connect(&mut a, &mut b, now);
