@@ -168,9 +168,10 @@ pub fn frames(data: &[u8]) {
 
 /// Feed arbitrary bytes to a peer machine ([`crate::peer::Peer`]) as its connection's
 /// reader would, in chunks the input chooses, with the writer's rounds, deliveries taken,
-/// and time passing in between. What breaks the protocol is an error, after which the
-/// connection is replaced (as the IO layer closes it and the peer reconnects); nothing
-/// panics, and every delivery's charge is what the receive credit holds until it is taken.
+/// and time passing in between, under the bundler the first byte picks. What breaks the
+/// protocol is an error, after which the connection is replaced (as the IO layer closes
+/// it and the peer reconnects); nothing panics, and every delivery's charge is what the
+/// receive credit holds until it is taken.
 pub fn peer(data: &[u8]) {
     use crate::peer::{Peer, PeerConfig};
     use crate::session::SessionConfig;
@@ -186,9 +187,25 @@ pub fn peer(data: &[u8]) {
         max_payload: 1 << 20,
         max_frame: MAX_FRAME,
     };
+    use crate::bundler::{BundlerConfig, BundlerKind};
+    // The first byte picks the bundler that drains the ordinary queue.
+    let kinds = [
+        BundlerKind::Natural,
+        BundlerKind::None,
+        BundlerKind::PerDestination,
+        BundlerKind::TransferQueue,
+        BundlerKind::Linger,
+    ];
+    let kind = kinds[data.first().map_or(0, |b| *b as usize % kinds.len())];
+    let bundler = BundlerConfig {
+        kind,
+        max_size: 4 << 10,
+        max_delay: Duration::from_millis(2),
+    }
+    .build();
     let t0 = Instant::now();
     let mut now = t0;
-    let mut p = Peer::new(cfg, t0);
+    let mut p = Peer::with_bundler(cfg, bundler, t0);
     let connect = |p: &mut Peer, now: Instant| {
         p.handle_connect(now, 7);
         let _ = p.handle_resume(now, frame::Resume::FRESH);
