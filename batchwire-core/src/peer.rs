@@ -33,7 +33,9 @@ use crate::bulk::{BulkQueue, ORDINARY_WEIGHT};
 use crate::bundler::{Bundler, Decision, FlushReason, Natural};
 use crate::codec::{Name, NameMap};
 use crate::credit::{FlowError, RecvCredit, SendCredit};
-use crate::frame::{self, Frame, FrameError, Message, Resume, message_len};
+use crate::frame::{
+    self, Frame, FrameError, Message, RefuseCode, Resume, Undeliverable, message_len,
+};
 use crate::outbox::{Batch, Outbox};
 use crate::reassembly::{Abandoned, Added, Reassembly, ReassemblyError};
 use crate::reliable::SeqError;
@@ -101,7 +103,22 @@ pub enum PeerError {
     /// A frame that has no place after the handshake (its kind).
     #[error("unexpected {0} frame")]
     Unexpected(&'static str),
+    /// The peer could not resume the session and reset its end; this end was reset too
+    /// (what was pending failed, numbering starts again).
+    #[error("the peer reset the session: {0}")]
+    Reset(String),
+    /// The peer refused the connection.
+    #[error("refused by the peer ({0:?}): {1}")]
+    Refused(RefuseCode, String),
 }
+
+/// Distinct (mailbox, sender) pairs of undeliverable notices kept apart; the counts of
+/// any others are summed into one notice naming no mailbox.
+const NOTICE_PAIRS: usize = 64;
+/// Notices written per round (they go with the control frames).
+const NOTICES_PER_WRITE: usize = 16;
+/// Notices from the peer kept until polled; more are counted only.
+const REPORTS_KEPT: usize = 1024;
 
 /// One peer: everything its traffic needs, owned in one place.
 pub struct Peer {
@@ -123,6 +140,15 @@ pub struct Peer {
     pub(crate) sync_out: Option<frame::Sync>,
     deliveries: VecDeque<Delivery>,
     events: VecDeque<SessionEvent>,
+    /// Messages this node could not deliver (no such mailbox), to tell the peer, by pair,
+    /// and the count of those beyond `NOTICE_PAIRS` pairs.
+    notices: Vec<(Name, Name, u32)>,
+    notice_summary: u32,
+    /// What the peer reported undeliverable, and how many reports were not kept.
+    reported: VecDeque<Undeliverable>,
+    reports_dropped: u64,
+    /// The peer said goodbye on the current connection: what follows on it is not read.
+    goodbye: bool,
     /// Decides when the ordinary queue is written and how much of it at once.
     bundler: Box<dyn Bundler>,
     /// When the bundler asked to be asked again (a timer bundler holding messages).
@@ -156,6 +182,11 @@ impl Peer {
             sync_out: None,
             deliveries: VecDeque::new(),
             events: VecDeque::new(),
+            notices: Vec::new(),
+            notice_summary: 0,
+            reported: VecDeque::new(),
+            reports_dropped: 0,
+            goodbye: false,
             bundler,
             bundle_at: None,
             flushes: [0; 4],
@@ -232,6 +263,7 @@ impl Peer {
         let (id, resume) = self.s.handle_connect(now, incarnation);
         self.id = id;
         self.buf.clear();
+        self.goodbye = false;
         self.after_session();
         resume
     }
@@ -264,7 +296,7 @@ impl Peer {
         bytes: &[u8],
         exists: impl Fn(&Name) -> bool,
     ) -> Result<(), PeerError> {
-        if bytes.is_empty() {
+        if bytes.is_empty() || self.goodbye {
             return Ok(());
         }
         self.buf.extend_from_slice(bytes);
@@ -314,21 +346,24 @@ impl Peer {
                         } else {
                             self.rcredit.dropped(&fr.to, fr.charge());
                         }
-                        if let Added::Complete {
-                            to,
-                            from,
-                            payload,
-                            kept: true,
-                            charged,
-                        } = self.reasm.add(&fr, keep).map_err(PeerError::Reassembly)?
-                        {
-                            // Charged piece by piece already.
-                            self.deliveries.push_back(Delivery {
+                        match self.reasm.add(&fr, keep).map_err(PeerError::Reassembly)? {
+                            Added::Complete {
                                 to,
                                 from,
                                 payload,
-                                charge: charged,
-                            });
+                                kept: true,
+                                charged,
+                            } => {
+                                // Charged piece by piece already.
+                                self.deliveries.push_back(Delivery {
+                                    to,
+                                    from,
+                                    payload,
+                                    charge: charged,
+                                });
+                            }
+                            Added::Complete { to, from, .. } => self.notice(to, from, 1),
+                            _ => {}
                         }
                     }
                     self.s.end_delivery(now, d, d.end, fr.data.len());
@@ -344,6 +379,28 @@ impl Peer {
                     }
                 }
                 Frame::Sync(sy) => self.apply_sync(sy),
+                Frame::Undeliverable(u) => {
+                    if self.reported.len() < REPORTS_KEPT {
+                        self.reported.push_back(u);
+                    } else {
+                        self.reports_dropped += 1;
+                    }
+                }
+                Frame::Goodbye => {
+                    // It acknowledges nothing more: down (left), what it did not
+                    // acknowledge failed.
+                    self.s.handle_goodbye(now, self.id);
+                    self.goodbye = true;
+                    self.buf.clear();
+                    return Ok(());
+                }
+                Frame::Refuse(r) if r.code == RefuseCode::Reset => {
+                    self.s.handle_reset(now);
+                    let gone = self.reasm.clear();
+                    self.abandon(gone);
+                    return Err(PeerError::Reset(r.reason));
+                }
+                Frame::Refuse(r) => return Err(PeerError::Refused(r.code, r.reason)),
                 other => return Err(PeerError::Unexpected(other.kind_name())),
             }
         }
@@ -372,8 +429,23 @@ impl Peer {
             });
         } else {
             self.rcredit.dropped(&to, charge);
+            self.notice(to, from, 1);
         }
         Ok(())
+    }
+
+    /// `count` messages from the peer's `from` found no mailbox `to` here: tell the peer
+    /// (bounded: `NOTICE_PAIRS` pairs, the rest summed).
+    fn notice(&mut self, to: Name, from: Name, count: u32) {
+        match self
+            .notices
+            .iter()
+            .position(|(t, f, _)| *t == to && *f == from)
+        {
+            Some(i) => self.notices[i].2 = self.notices[i].2.saturating_add(count),
+            None if self.notices.len() < NOTICE_PAIRS => self.notices.push((to, from, count)),
+            None => self.notice_summary = self.notice_summary.saturating_add(count),
+        }
     }
 
     /// The peer's SYNC: recount each mailbox's charge as held there, plus in flight from
@@ -484,6 +556,17 @@ impl Peer {
         while let Some(g) = self.rcredit.take_grants() {
             Frame::Credit(g).encode(out);
         }
+        for _ in 0..NOTICES_PER_WRITE {
+            let (to, from, count) = match self.notices.pop() {
+                Some(n) => n,
+                None if self.notice_summary > 0 => {
+                    let c = std::mem::take(&mut self.notice_summary);
+                    (Name::from_static(""), Name::from_static(""), c)
+                }
+                None => break,
+            };
+            Frame::Undeliverable(Undeliverable { count, to, from }).encode(out);
+        }
         let piece = self.cfg.piece_bytes;
         self.bundle_at = None;
         if !self.s.window_full() && !self.outbox.is_empty() {
@@ -550,6 +633,17 @@ impl Peer {
     /// The next whole message for one of this node's mailboxes.
     pub fn poll_delivery(&mut self) -> Option<Delivery> {
         self.deliveries.pop_front()
+    }
+
+    /// The next report from the peer of messages it could not deliver (no such mailbox,
+    /// or too large); a mailbox named "" sums what it did not report one by one.
+    pub fn poll_reported(&mut self) -> Option<Undeliverable> {
+        self.reported.pop_front()
+    }
+
+    /// Reports from the peer that were not kept (more than were polled in time).
+    pub fn reports_dropped(&self) -> u64 {
+        self.reports_dropped
     }
 
     /// The next event (peer up, restarted, down, messages failed, a connection to close).

@@ -260,3 +260,131 @@ fn the_bundler_decides_when_and_how_much_of_the_ordinary_queue_goes_out() {
     assert_eq!(a.flushes(), [0, 0, 1, 0]);
     assert!(a.poll_timeout().is_none_or(|t| t > t0 + 5 * MS));
 }
+
+/// Messages for mailboxes this node does not have are told to the peer, by (mailbox,
+/// sender) pair, at most `NOTICE_PAIRS` pairs apart and the rest summed under "", at most
+/// `NOTICES_PER_WRITE` a round; what the peer reports back is kept for the application,
+/// bounded too.
+#[test]
+fn undeliverable_notices_go_back_bounded_and_the_peers_reports_are_kept_bounded() {
+    let t0 = Instant::now();
+    let mut a = connected(t0);
+    // 80 pairs, the first one three times.
+    let mut msgs = Vec::new();
+    for k in 0..80 {
+        msgs.push(Message {
+            to: n(&format!("gone-{k}")),
+            from: n("s"),
+            payload: Bytes::from_static(b"?"),
+        });
+    }
+    msgs.push(msgs[0].clone());
+    msgs.push(msgs[0].clone());
+    let mut b = Vec::new();
+    Frame::Messages(MessageList::from_messages(&msgs)).encode(&mut b);
+    a.handle_read(t0, &b, |_| false).unwrap();
+    assert!(a.poll_delivery().is_none());
+    let mut told: Vec<(String, u32)> = Vec::new();
+    for round in 0..10 {
+        let mut out = Vec::new();
+        a.poll_transmit(t0 + round * MS, &mut out, usize::MAX);
+        let mut buf = BytesMut::from(&out[..]);
+        let mut this_round = 0;
+        while let Some(f) = frame::decode(&mut buf, 64 << 10).unwrap() {
+            if let Frame::Undeliverable(u) = f {
+                told.push((u.to.to_string(), u.count));
+                this_round += 1;
+            }
+        }
+        assert!(this_round <= NOTICES_PER_WRITE);
+    }
+    assert_eq!(
+        told.iter().map(|t| t.1).sum::<u32>(),
+        82,
+        "every message told"
+    );
+    assert_eq!(told.len(), NOTICE_PAIRS + 1, "64 pairs and one sum");
+    assert!(told.contains(&("gone-0".to_string(), 3)));
+    assert!(
+        told.contains(&(String::new(), 16)),
+        "the 16 pairs beyond, summed"
+    );
+    // The peer's reports: kept up to REPORTS_KEPT, the rest counted.
+    let mut b = Vec::new();
+    for _ in 0..REPORTS_KEPT + 5 {
+        Frame::Undeliverable(Undeliverable {
+            count: 1,
+            to: n("x"),
+            from: n("y"),
+        })
+        .encode(&mut b);
+    }
+    a.handle_read(t0, &b, |_| true).unwrap();
+    assert_eq!(
+        std::iter::from_fn(|| a.poll_reported()).count(),
+        REPORTS_KEPT
+    );
+    assert_eq!(a.reports_dropped(), 5);
+}
+
+/// GOODBYE: the peer is down (it left) and what follows on that connection is not read.
+/// REFUSE with Reset: this end resets too, and the connection is to be closed.
+#[test]
+fn a_goodbye_ends_the_connection_and_a_reset_resets_this_end() {
+    let t0 = Instant::now();
+    let mut a = connected(t0);
+    let mut b = Vec::new();
+    Frame::Goodbye.encode(&mut b);
+    Frame::Hello(Hello {
+        version: 1,
+        incarnation: 1,
+        nonce: [0; 16],
+        name: n("x"),
+    })
+    .encode(&mut b);
+    a.handle_read(t0, &b, |_| true).unwrap();
+    let events: Vec<_> = std::iter::from_fn(|| a.poll_event()).collect();
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            SessionEvent::Down {
+                reason: crate::session::DownReason::Left
+            }
+        )),
+        "{events:?}"
+    );
+    // What comes after on that connection, even what breaks the protocol, is not read.
+    let mut hello = Vec::new();
+    Frame::Hello(Hello {
+        version: 1,
+        incarnation: 1,
+        nonce: [0; 16],
+        name: n("x"),
+    })
+    .encode(&mut hello);
+    assert!(
+        a.handle_read(t0, &hello, |_| true).is_ok(),
+        "nothing more read"
+    );
+
+    let mut a = connected(t0);
+    a.send(t0, &n("m"), &n("s"), Bytes::from_static(b"pending"), false)
+        .unwrap();
+    let mut out = Vec::new();
+    a.poll_transmit(t0, &mut out, usize::MAX);
+    let mut b = Vec::new();
+    Frame::Refuse(frame::Refuse {
+        code: RefuseCode::Reset,
+        reason: "cannot resume".into(),
+    })
+    .encode(&mut b);
+    let e = a.handle_read(t0, &b, |_| true).unwrap_err();
+    assert_eq!(e, PeerError::Reset("cannot resume".into()));
+    let events: Vec<_> = std::iter::from_fn(|| a.poll_event()).collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, SessionEvent::Failed { .. })),
+        "what was pending failed: {events:?}"
+    );
+}
