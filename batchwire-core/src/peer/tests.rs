@@ -94,6 +94,19 @@ fn a_peer_found_down_hands_back_its_queue_and_gives_up_pieces_in_that_input() {
     assert_eq!(a.s.bulk_bytes(), bulk);
 }
 
+/// A HELLO frame, which has no place after the handshake.
+fn hello() -> Vec<u8> {
+    let mut b = Vec::new();
+    Frame::Hello(Hello {
+        version: 1,
+        incarnation: 1,
+        nonce: [0; 16],
+        name: n("x"),
+    })
+    .encode(&mut b);
+    b
+}
+
 fn is_down(e: &SessionEvent) -> bool {
     matches!(e, SessionEvent::Down { .. })
 }
@@ -108,15 +121,7 @@ fn what_breaks_the_protocol_is_an_error_naming_why() {
     assert!(e.to_string().starts_with("bad frame"));
     // A handshake frame after the handshake.
     let mut a = connected(t0);
-    let mut b = Vec::new();
-    Frame::Hello(Hello {
-        version: 1,
-        incarnation: 1,
-        nonce: [0; 16],
-        name: n("x"),
-    })
-    .encode(&mut b);
-    let e = a.handle_read(t0, &b, |_| true).unwrap_err();
+    let e = a.handle_read(t0, &hello(), |_| true).unwrap_err();
     assert_eq!(e, PeerError::Unexpected("HELLO"));
     // Messages numbered beyond what could have been sent yet.
     let mut a = connected(t0);
@@ -335,13 +340,7 @@ fn a_goodbye_ends_the_connection_and_a_reset_resets_this_end() {
     let mut a = connected(t0);
     let mut b = Vec::new();
     Frame::Goodbye.encode(&mut b);
-    Frame::Hello(Hello {
-        version: 1,
-        incarnation: 1,
-        nonce: [0; 16],
-        name: n("x"),
-    })
-    .encode(&mut b);
+    b.extend(hello());
     a.handle_read(t0, &b, |_| true).unwrap();
     let events: Vec<_> = std::iter::from_fn(|| a.poll_event()).collect();
     assert!(
@@ -354,16 +353,8 @@ fn a_goodbye_ends_the_connection_and_a_reset_resets_this_end() {
         "{events:?}"
     );
     // What comes after on that connection, even what breaks the protocol, is not read.
-    let mut hello = Vec::new();
-    Frame::Hello(Hello {
-        version: 1,
-        incarnation: 1,
-        nonce: [0; 16],
-        name: n("x"),
-    })
-    .encode(&mut hello);
     assert!(
-        a.handle_read(t0, &hello, |_| true).is_ok(),
+        a.handle_read(t0, &hello(), |_| true).is_ok(),
         "nothing more read"
     );
 
