@@ -18,7 +18,9 @@
 //!    out by the application), [`Peer::handle_timeout`] and [`Peer::poll_transmit`] when
 //!    [`Peer::poll_timeout`] says (it holds the session's timers and a timer bundler's);
 //! 3. after any input, drain [`Peer::poll_event`];
-//! 4. [`Peer::handle_disconnect`] when the connection ends (the session stays).
+//! 4. [`Peer::handle_disconnect`] when the connection ends (the session stays);
+//! 5. shutting down: [`Peer::begin_close`], then [`Peer::poll_transmit`] and
+//!    [`Peer::poll_close`] until it has written the goodbye.
 //!
 //! What the session decides stays the session's: a peer found down has what is queued for
 //! it handed back (a `Failed` event) and a message in pieces given up, in the same input
@@ -149,6 +151,8 @@ pub struct Peer {
     reports_dropped: u64,
     /// The peer said goodbye on the current connection: what follows on it is not read.
     goodbye: bool,
+    /// This node is shutting down: what is still queued at this deadline is handed back.
+    closing: Option<Instant>,
     /// Decides when the ordinary queue is written and how much of it at once.
     bundler: Box<dyn Bundler>,
     /// When the bundler asked to be asked again (a timer bundler holding messages).
@@ -187,6 +191,7 @@ impl Peer {
             reported: VecDeque::new(),
             reports_dropped: 0,
             goodbye: false,
+            closing: None,
             bundler,
             bundle_at: None,
             flushes: [0; 4],
@@ -485,6 +490,13 @@ impl Peer {
         self.after_session();
     }
 
+    /// This node is shutting down: what is queued still goes out; what is still queued or
+    /// unacknowledged at `deadline` is handed back. Then [`Peer::poll_close`] says goodbye.
+    pub fn begin_close(&mut self, deadline: Instant) {
+        self.closing = Some(deadline);
+        self.s.begin_close(deadline);
+    }
+
     /// Hand back everything queued for the peer (it cannot be sent), giving up a message
     /// that was in pieces: the next RESUME tells the peer to drop what it has of it.
     /// Returns the messages, and whether one of them was in pieces.
@@ -628,6 +640,37 @@ impl Peer {
             self.s.note_sent(now, self.id);
         }
         self.after_session();
+    }
+
+    /// Shutting down ([`Peer::begin_close`]): once everything queued was written and
+    /// acknowledged, or the deadline passed (what was left is handed back in a `Failed`
+    /// event), the goodbye onto `out`: a final acknowledgement, then GOODBYE. Once;
+    /// returns whether it was written.
+    pub fn poll_close(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
+        let Some(deadline) = self.closing else {
+            return false;
+        };
+        let queued = |p: &Peer| !p.outbox.is_empty() || !p.bulk.is_empty();
+        if queued(self) && now >= deadline {
+            let (messages, _) = self.fail_queued();
+            if !messages.is_empty() {
+                self.events.push_back(SessionEvent::Failed {
+                    messages,
+                    reason: FailReason::ShutDown,
+                });
+            }
+        }
+        let said = match self.s.poll_close(now, self.id, queued(self)) {
+            Some(frames) => {
+                for f in frames {
+                    f.encode(out);
+                }
+                true
+            }
+            None => false,
+        };
+        self.after_session();
+        said
     }
 
     /// The next whole message for one of this node's mailboxes.

@@ -379,3 +379,49 @@ fn a_goodbye_ends_the_connection_and_a_reset_resets_this_end() {
         "what was pending failed: {events:?}"
     );
 }
+
+/// Shutting down: the goodbye (a final ACK, then GOODBYE) goes once what was sent is
+/// acknowledged, once only; past the deadline, what is still queued is handed back first.
+#[test]
+fn the_goodbye_waits_for_acknowledgements_or_the_deadline() {
+    let t0 = Instant::now();
+    let goodbye = |out: &[u8]| {
+        let mut buf = BytesMut::from(out);
+        let mut kinds = Vec::new();
+        while let Some(f) = frame::decode(&mut buf, 64 << 10).unwrap() {
+            kinds.push(f.kind_name());
+        }
+        kinds
+    };
+    // Written, then acknowledged: the goodbye follows the acknowledgement.
+    let mut a = connected(t0);
+    a.send(t0, &n("m"), &n("s"), Bytes::from_static(b"last"), false)
+        .unwrap();
+    let mut out = Vec::new();
+    a.poll_transmit(t0, &mut out, usize::MAX);
+    a.begin_close(t0 + Duration::from_secs(1));
+    let mut out = Vec::new();
+    assert!(!a.poll_close(t0 + MS, &mut out), "not before the ACK");
+    let mut ack = Vec::new();
+    Frame::Ack(1).encode(&mut ack);
+    a.handle_read(t0 + MS, &ack, |_| true).unwrap();
+    assert!(a.poll_close(t0 + 2 * MS, &mut out));
+    assert_eq!(goodbye(&out), vec!["ACK", "GOODBYE"]);
+    let mut again = Vec::new();
+    assert!(!a.poll_close(t0 + 3 * MS, &mut again), "once");
+    // Never written, and the deadline passes: handed back, then the goodbye.
+    let mut a = connected(t0);
+    a.send(t0, &n("m"), &n("s"), Bytes::from_static(b"stuck"), false)
+        .unwrap();
+    a.begin_close(t0 + 10 * MS);
+    let mut out = Vec::new();
+    assert!(a.poll_close(t0 + 20 * MS, &mut out));
+    assert_eq!(goodbye(&out), vec!["ACK", "GOODBYE"]);
+    let failed: Vec<_> = std::iter::from_fn(|| a.poll_event())
+        .filter_map(|e| match e {
+            SessionEvent::Failed { messages, reason } => Some((messages.len(), reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed, vec![(1, FailReason::ShutDown)]);
+}
