@@ -3,8 +3,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use batchwire_core::bundler::FlushReason;
-
 use crate::event::HandshakeFailure;
 
 /// One peer's counters (atomics; the IO threads add to them).
@@ -35,7 +33,7 @@ pub(crate) struct PeerCounters {
     /// Pieces (FRAGMENT frames) numbered for the peer, and received from it.
     pub fragments_sent: AtomicU64,
     pub fragments_received: AtomicU64,
-    /// Flushes by reason, indexed by `reason_index`.
+    /// Flushes by reason, indexed by `FlushReason::index`.
     pub flushes: [AtomicU64; 4],
     /// Writes by messages per write: bucket i counts writes of 2^i ..= 2^(i+1)-1 messages.
     pub per_write: [AtomicU64; HIST_BUCKETS],
@@ -43,15 +41,6 @@ pub(crate) struct PeerCounters {
 
 /// Buckets of the messages-per-write histogram (up to 2^24 messages per write).
 const HIST_BUCKETS: usize = 25;
-
-pub(crate) fn reason_index(r: FlushReason) -> usize {
-    match r {
-        FlushReason::Drained => 0,
-        FlushReason::SizeReached => 1,
-        FlushReason::Timer => 2,
-        FlushReason::Single => 3,
-    }
-}
 
 /// A snapshot of one peer's counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]

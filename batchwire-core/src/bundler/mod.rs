@@ -50,6 +50,18 @@ pub enum FlushReason {
     Single,
 }
 
+impl FlushReason {
+    /// Its place in a count per reason (drained, size reached, timer, single).
+    pub const fn index(self) -> usize {
+        match self {
+            FlushReason::Drained => 0,
+            FlushReason::SizeReached => 1,
+            FlushReason::Timer => 2,
+            FlushReason::Single => 3,
+        }
+    }
+}
+
 /// What the writer should do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {

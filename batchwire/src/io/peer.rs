@@ -95,7 +95,9 @@ thread_local! {
 }
 
 /// The `dispatching` lock, held while a session turn's events are acted on.
-struct Dispatching<'a>(#[allow(dead_code)] MutexGuard<'a, ()>);
+struct Dispatching<'a> {
+    _guard: MutexGuard<'a, ()>,
+}
 
 impl Drop for Dispatching<'_> {
     fn drop(&mut self) {
@@ -253,7 +255,7 @@ impl Peer {
         );
         let now = Instant::now();
         let r = f(&mut s, now);
-        let mut events: Vec<SessionEvent> = std::iter::from_fn(|| s.poll_event()).collect();
+        let events: Vec<SessionEvent> = std::iter::from_fn(|| s.poll_event()).collect();
         // Declared down: what is queued for it can only go to it. Taken in this turn (the
         // lane refusing new messages first), so a message in pieces among it is given up
         // on the session still held: what runs while `dispatching` is held never takes
@@ -267,7 +269,6 @@ impl Peer {
             let (msgs, in_pieces) = self.lane.take_failed();
             if in_pieces {
                 s.give_up_pieces();
-                events.extend(std::iter::from_fn(|| s.poll_event()));
             }
             failed_on_down = msgs;
         }
@@ -287,7 +288,7 @@ impl Peer {
         let _order = (!events.is_empty()).then(|| {
             let g = self.dispatching.lock().unwrap_or_else(|p| p.into_inner());
             DISPATCHING.set(true);
-            Dispatching(g)
+            Dispatching { _guard: g }
         });
         drop(s);
         if full_before && !full_after {

@@ -33,7 +33,6 @@ use crate::io::conn::Conn;
 use crate::io::lane::{Next, decode_frames};
 use crate::io::peer::Peer;
 use crate::io::shutdown::Shutdown;
-use crate::stats::reason_index;
 
 /// What a writer needs besides its peer.
 pub(crate) struct WriterCfg {
@@ -234,7 +233,7 @@ fn hold(peer: &Peer, batch: &mut Batch, reason: FlushReason) {
 
 fn count_held(peer: &Peer, n: u64, reason: FlushReason) {
     peer.stats.messages_sent.fetch_add(n, Relaxed);
-    peer.stats.flushes[reason_index(reason)].fetch_add(1, Relaxed);
+    peer.stats.flushes[reason.index()].fetch_add(1, Relaxed);
 }
 
 /// Number `frames` into `peer`'s window, or hand them back if it is down (the bundler
