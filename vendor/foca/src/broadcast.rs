@@ -104,6 +104,14 @@ impl Invalidates for &[u8] {
     }
 }
 
+/// Patched: entries that did not fit the buffer before `fill` stops looking.
+/// It went on until the buffer was exactly full, which it hardly ever is, so
+/// it popped and pushed back every entry of the backlog for every message
+/// sent: with a thousand members joining, a backlog of a thousand updates,
+/// and most of a node's CPU. What did not fit keeps its place and its
+/// transmissions for the next message.
+pub(crate) const MAX_MISSES: usize = 8;
+
 pub(crate) struct Broadcasts<V> {
     flip: alloc::collections::BinaryHeap<Entry<V>>,
     flop: alloc::collections::BinaryHeap<Entry<V>>,
@@ -146,8 +154,9 @@ where
 
         let mut num_taken = 0;
         let mut remaining = max_items;
+        let mut misses = 0;
 
-        while buffer.has_remaining_mut() && remaining > 0 {
+        while buffer.has_remaining_mut() && remaining > 0 && misses < MAX_MISSES {
             let Some(mut node) = self.flip.pop() else {
                 break;
             };
@@ -159,6 +168,8 @@ where
 
                 buffer.put_slice(&node.data);
                 node.remaining_tx -= 1;
+            } else {
+                misses += 1;
             }
 
             if node.remaining_tx > 0 {
@@ -184,7 +195,9 @@ where
         let mut num_taken = 0;
         let mut remaining = max_items;
 
-        while buffer.has_remaining_mut() && remaining > 0 {
+        let mut misses = 0;
+
+        while buffer.has_remaining_mut() && remaining > 0 && misses < MAX_MISSES {
             let Some(mut node) = self.flip.pop() else {
                 break;
             };
@@ -198,6 +211,8 @@ where
                 buffer.put_u16(node.data.len() as u16);
                 buffer.put_slice(&node.data);
                 node.remaining_tx -= 1;
+            } else {
+                misses += 1;
             }
 
             if node.remaining_tx > 0 {
@@ -393,5 +408,36 @@ mod tests {
         assert_eq!(&b"foo"[..], &buf[..3]);
         buf.advance(3);
         assert!(buf.is_empty());
+    }
+
+    // Patched: `fill` gives up after `MAX_MISSES` entries that did not fit,
+    // instead of looking at the whole backlog; what it skipped is kept as it
+    // was.
+    #[test]
+    fn fill_stops_looking_after_a_few_misses() {
+        let mut bcs = Broadcasts::new();
+        const KEYS: [&str; 20] = [
+            "k00", "k01", "k02", "k03", "k04", "k05", "k06", "k07", "k08", "k09", "k10", "k11",
+            "k12", "k13", "k14", "k15", "k16", "k17", "k18", "k19",
+        ];
+        for k in KEYS {
+            bcs.add_or_replace(Key(k), b"0123456789".to_vec(), 5);
+        }
+        // Last in the order (fewest transmissions left), and small enough for
+        // the space that is left once the others fill the buffer.
+        bcs.add_or_replace(Key("tiny"), b"t".to_vec(), 1);
+
+        let mut buf = Vec::new();
+        let mut limited = (&mut buf).limit(25);
+        assert_eq!(2, bcs.fill(&mut limited, usize::MAX));
+        assert_eq!(20, buf.len());
+        // 21 entries, none dropped: the tiny one was never looked at.
+        assert_eq!(21, bcs.len());
+
+        // With room, everything is still sent, each entry once a message.
+        let mut buf = Vec::new();
+        assert_eq!(21, bcs.fill(&mut buf, usize::MAX));
+        assert_eq!(20, bcs.len(), "the tiny one had one transmission");
+        assert!(buf.ends_with(b"t"));
     }
 }

@@ -34,7 +34,10 @@ pub trait Identity: Clone + Eq + fmt::Debug {
     /// an example of one)
     ///
     /// It's a good idea to have this type as lean as possible
-    type Addr: PartialEq;
+    ///
+    /// (Patched: `Ord`, so the member list finds a member by its address
+    /// in an index instead of a scan of every member.)
+    type Addr: Ord;
 
     /// Opt-in on auto-rejoining by providing a new identity.
     ///

@@ -2,7 +2,7 @@
  * License, v. 2.0. If a copy of the MPL was not distributed with this
  * file, You can obtain one at https://mozilla.org/MPL/2.0/. */
 extern crate alloc;
-use alloc::vec::Vec;
+use alloc::{collections::BTreeMap, vec::Vec};
 
 use rand::{
     RngExt,
@@ -133,14 +133,19 @@ impl<T> Member<T> {
     }
 }
 
-pub(crate) struct Members<T> {
+pub(crate) struct Members<T: crate::Identity> {
     pub(crate) inner: Vec<Member<T>>,
+    /// Patched: where each member sits in `inner`, by address (one member an
+    /// address). Finding a member was a scan of `inner` for every update and
+    /// every packet's sender; with a thousand members that scan was a tenth
+    /// of a node's CPU.
+    index: BTreeMap<T::Addr, usize>,
     cursor: usize,
     num_active: usize,
 }
 
 #[cfg(test)]
-impl<T> Members<T> {
+impl<T: crate::Identity> Members<T> {
     pub(crate) fn len(&self) -> usize {
         self.inner.len()
     }
@@ -160,11 +165,42 @@ where
         //     inner is always empty outside of tests
         let num_active = inner.iter().filter(|member| member.is_active()).count();
 
-        Self {
+        let mut members = Self {
             cursor: 0,
             num_active,
             inner,
+            index: BTreeMap::new(),
+        };
+        members.reindex();
+        members
+    }
+
+    /// Builds `index` again from `inner` (after a shuffle: once a round of
+    /// probes).
+    fn reindex(&mut self) {
+        self.index = self
+            .inner
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.id.addr(), i))
+            .collect();
+    }
+
+    /// Where the member with `addr` sits in `inner`.
+    fn position_of(&self, addr: &T::Addr) -> Option<usize> {
+        let pos = *self.index.get(addr)?;
+        debug_assert!(self.inner[pos].id.addr() == *addr, "index out of date");
+        Some(pos)
+    }
+
+    /// Swaps two members of `inner`, keeping `index` right.
+    fn swap(&mut self, a: usize, b: usize) {
+        if a == b {
+            return;
         }
+        self.inner.swap(a, b);
+        self.index.insert(self.inner[a].id.addr(), a);
+        self.index.insert(self.inner[b].id.addr(), b);
     }
 
     // Next member that's considered active
@@ -173,6 +209,7 @@ where
         // Round-robin with a shuffle at the end
         if self.cursor >= self.inner.len() {
             self.inner.shuffle(&mut rng);
+            self.reindex();
             self.cursor = 0;
         }
 
@@ -265,12 +302,16 @@ where
     }
 
     pub(crate) fn remove_if_down(&mut self, id: &T) -> Option<Member<T>> {
-        let position = self
-            .inner
-            .iter()
-            .position(|member| &member.id == id && member.state == State::Down);
-
-        position.map(|pos| self.inner.swap_remove(pos))
+        let pos = self
+            .position_of(&id.addr())
+            .filter(|pos| &self.inner[*pos].id == id && self.inner[*pos].state == State::Down)?;
+        let last = self.inner.len() - 1;
+        self.swap(pos, last);
+        let removed = self.inner.pop();
+        if let Some(m) = &removed {
+            self.index.remove(&m.id.addr());
+        }
+        removed
     }
 
     pub(crate) fn iter_active(&self) -> impl Iterator<Item = &Member<T>> {
@@ -278,9 +319,8 @@ where
     }
 
     pub(crate) fn is_active(&self, id: &T) -> bool {
-        self.inner
-            .iter()
-            .any(|member| &member.id == id && member.is_active())
+        self.position_of(&id.addr())
+            .is_some_and(|pos| &self.inner[pos].id == id && self.inner[pos].is_active())
     }
 
     pub(crate) fn apply_existing_if<F: Fn(&Member<T>) -> bool>(
@@ -289,9 +329,8 @@ where
         condition: F,
     ) -> Option<ApplySummary<T>> {
         if let Some(known_member) = self
-            .inner
-            .iter_mut()
-            .find(|member| member.id.addr() == update.id().addr())
+            .position_of(&update.id().addr())
+            .map(|pos| &mut self.inner[pos])
         {
             let id_conflict = known_member.id != update.id;
 
@@ -363,6 +402,7 @@ where
                 let is_active_now = update.is_active();
 
                 // Insert at the end and swap with a random position.
+                self.index.insert(update.id().addr(), self.inner.len());
                 self.inner.push(update);
                 let inserted_at = self.inner.len() - 1;
 
@@ -370,7 +410,7 @@ where
                     .choose(&mut rng)
                     .unwrap_or(inserted_at);
 
-                self.inner.swap(swap_idx, inserted_at);
+                self.swap(swap_idx, inserted_at);
 
                 if is_active_now {
                     self.num_active = self.num_active.saturating_add(1);
@@ -840,5 +880,51 @@ mod tests {
 
         assert_eq!(ConflictResult::Lost, summary.conflict,);
         assert!(!summary.apply_successful, "must not apply if conflict lost");
+    }
+
+    // Patched: the index by address stays right through inserts (each swapped
+    // to a random place), removals, updates and the shuffles of `next`.
+    #[test]
+    fn the_index_follows_every_move() {
+        const NAMES: [&str; 40] = [
+            "a0", "a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "b0", "b1", "b2", "b3",
+            "b4", "b5", "b6", "b7", "b8", "b9", "c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7",
+            "c8", "c9", "d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "d9",
+        ];
+        let mut members = Members::new(Vec::new());
+        let mut rng = SmallRng::seed_from_u64(0xF0CA);
+        let check = |members: &Members<Id>| {
+            assert_eq!(members.index.len(), members.inner.len());
+            for (i, m) in members.inner.iter().enumerate() {
+                assert_eq!(members.position_of(&m.id.addr()), Some(i), "{:?}", m.id);
+            }
+        };
+        for round in 0..5 {
+            for (i, name) in NAMES.iter().enumerate() {
+                let update = if (i + round) % 3 == 0 {
+                    Member::down(Id(name))
+                } else {
+                    Member::new(Id(name), round as u16, State::Alive)
+                };
+                let _ = members.apply(update, &mut rng);
+                check(&members);
+            }
+            for name in NAMES.iter().step_by(3 + round) {
+                let _ = members.remove_if_down(&Id(name));
+                check(&members);
+            }
+            for _ in 0..2 * NAMES.len() {
+                let _ = members.next(&mut rng);
+                check(&members);
+            }
+            for name in NAMES {
+                let listed = members.inner.iter().find(|m| m.id == Id(name));
+                assert_eq!(
+                    members.is_active(&Id(name)),
+                    listed.is_some_and(|m| m.is_active())
+                );
+            }
+        }
+        assert!(members.inner.len() > 10);
     }
 }
