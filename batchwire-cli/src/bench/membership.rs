@@ -42,6 +42,8 @@ struct Seen {
     live: usize,
     /// (when, membership bytes sent, all bytes sent) from its latest counters.
     sent: Option<(Instant, u64, u64)>,
+    /// Membership packets read and sent so far, from its latest counters.
+    packets: (u64, u64),
     /// When it first saw every other node live.
     full_at: Option<Instant>,
     /// Suspicions and downs it reported (false alarms while nobody failed).
@@ -116,6 +118,9 @@ impl Lines {
                 .collect();
             if let (Some(out_b), Some(all)) = (nums.get(3), nums.last()) {
                 s.sent = Some((at, *out_b, *all));
+                if let (Some(i), Some(o)) = (nums.first(), nums.get(2)) {
+                    s.packets = (*i, *o);
+                }
             }
         }
     }
@@ -248,6 +253,8 @@ struct RunFigures {
     join_cpu_total_s: f64,
     /// Suspicions and downs all nodes reported until converged (no node had failed).
     join_alarms: (u64, u64),
+    /// Membership packets each node read and sent from its start to rest (medians).
+    join_packets: (f64, f64),
     /// The node that saw all last, and the member it learnt last.
     slowest: String,
     down_all_s: f64,
@@ -345,6 +352,22 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
         // What the join cost: each node's CPU from its start until now (the settle included).
         let join_cpu_ms = med_max(cpu0.clone());
         let join_cpu_total_s = cpu0.iter().sum::<f64>() / 1000.0;
+        let join_packets = (
+            median(
+                &mut lines
+                    .seen
+                    .iter()
+                    .map(|s| s.packets.0 as f64)
+                    .collect::<Vec<_>>(),
+            ),
+            median(
+                &mut lines
+                    .seen
+                    .iter()
+                    .map(|s| s.packets.1 as f64)
+                    .collect::<Vec<_>>(),
+            ),
+        );
         let tc = Instant::now();
         lines.until(rest, |_| false);
         let used: Vec<(u64, u64, f64)> = procs.iter().map(|p| usage(p.child.id())).collect();
@@ -437,6 +460,7 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
             join_cpu_ms,
             join_cpu_total_s,
             join_alarms,
+            join_packets,
             slowest,
             down_all_s: (all_down - tk).as_secs_f64(),
             down_median_s: median(&mut each),
@@ -477,7 +501,7 @@ pub fn run(
             progress.running(format!("membership: {n} nodes, run {}", r + 1));
             let f = one_run(n, rest, opts)?;
             progress.done(format!(
-                "  {n} nodes: converged {:.2} s (all started by {:.2} s; median node {:.2} s, 90th percentile {:.2} s, last {}; CPU to rest {:.0} ms per node, largest {:.0}, {:.1} s in all; false alarms: {} suspected, {} down), down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
+                "  {n} nodes: converged {:.2} s (all started by {:.2} s; median node {:.2} s, 90th percentile {:.2} s, last {}; CPU to rest {:.0} ms per node, largest {:.0}, {:.1} s in all; {:.0} membership packets in and {:.0} out per node to rest; false alarms: {} suspected, {} down), down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
                 f.converge_s,
                 f.spawned_s,
                 f.converge_p50_s,
@@ -486,6 +510,8 @@ pub fn run(
                 f.join_cpu_ms.0,
                 f.join_cpu_ms.1,
                 f.join_cpu_total_s,
+                f.join_packets.0,
+                f.join_packets.1,
                 f.join_alarms.0,
                 f.join_alarms.1,
                 f.down_all_s,
