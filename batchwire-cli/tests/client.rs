@@ -29,6 +29,12 @@ impl Dir {
     fn file(&self, name: &str) -> String {
         self.0.join(name).to_str().unwrap().to_string()
     }
+    /// The end of node `name`'s log (see [`node`]).
+    fn log(&self, name: &str) -> String {
+        let all = std::fs::read_to_string(self.file(&format!("{name}.log"))).unwrap_or_default();
+        let from = all.len().saturating_sub(4000);
+        all.get(from..).unwrap_or(&all).to_string()
+    }
 }
 impl Drop for Dir {
     fn drop(&mut self) {
@@ -38,11 +44,14 @@ impl Drop for Dir {
 
 /// `batchwire node NAME` on `listen`, joining `join` if given.
 fn node(dir: &Dir, name: &str, listen: SocketAddr, join: Option<SocketAddr>) -> Proc {
+    // Its log (warnings and errors) is kept beside the secret, for a failure to show.
+    let log = std::fs::File::create(dir.file(&format!("{name}.log"))).unwrap();
     let mut cmd = Command::new(EXE);
     cmd.args(["node", "--name", name, "--listen", &listen.to_string()])
         .args(["--secret-file", &dir.file("secret"), "--stats-every", "0"])
+        .env("BATCHWIRE_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(log);
     if let Some(j) = join {
         cmd.args(["--join", &j.to_string()]);
     }
@@ -135,8 +144,10 @@ fn the_client_sends_requests_listens_and_shows_members_and_status() {
         }
         assert!(
             Instant::now() < deadline,
-            "no view with a and b: {}",
-            stderr(&o)
+            "no view with a and b: {}\nnode a's log:\n{}\nnode b's log:\n{}",
+            stderr(&o),
+            dir.log("a"),
+            dir.log("b")
         );
         std::thread::sleep(Duration::from_millis(200));
     };
