@@ -52,7 +52,12 @@ pub fn free_run(n: u16) -> u16 {
             continue;
         }
         let base = (LOW + start) as u16;
-        if (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+        // UDP as well: a node with membership binds its datagram socket on the same port,
+        // and a port free for TCP may be taken for UDP.
+        if (0..n).all(|i| {
+            TcpListener::bind(("127.0.0.1", base + i)).is_ok()
+                && std::net::UdpSocket::bind(("127.0.0.1", base + i)).is_ok()
+        }) {
             return base;
         }
     }
