@@ -340,9 +340,15 @@ fn cost_at_scale() {
     let c: Vec<MemberCounters> = net.nodes.iter().flatten().map(|m| m.counters()).collect();
     let sum = |f: fn(&MemberCounters) -> u64| c.iter().map(f).sum::<u64>() / n as u64;
     eprintln!(
-        "per node: {} packets in, {} updates of old news, {} syncs answered",
+        "per node: {} packets in ({} KB), {} out ({} KB), {} updates of old news, {} syncs asked, {} answered in full ({} members in them), {} agreed",
         sum(|c| c.packets_in),
+        sum(|c| c.bytes_in) / 1000,
+        sum(|c| c.packets_out),
+        sum(|c| c.bytes_out) / 1000,
         sum(|c| c.old_news),
-        sum(|c| c.syncs_answered)
+        sum(|c| c.syncs_asked),
+        sum(|c| c.syncs_answered),
+        sum(|c| c.sync_members),
+        sum(|c| c.syncs_agreed)
     );
 }
