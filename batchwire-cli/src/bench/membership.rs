@@ -352,22 +352,10 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
         // What the join cost: each node's CPU from its start until now (the settle included).
         let join_cpu_ms = med_max(cpu0.clone());
         let join_cpu_total_s = cpu0.iter().sum::<f64>() / 1000.0;
-        let join_packets = (
-            median(
-                &mut lines
-                    .seen
-                    .iter()
-                    .map(|s| s.packets.0 as f64)
-                    .collect::<Vec<_>>(),
-            ),
-            median(
-                &mut lines
-                    .seen
-                    .iter()
-                    .map(|s| s.packets.1 as f64)
-                    .collect::<Vec<_>>(),
-            ),
-        );
+        let packets = |f: fn(&Seen) -> u64| {
+            median(&mut lines.seen.iter().map(|s| f(s) as f64).collect::<Vec<_>>())
+        };
+        let join_packets = (packets(|s| s.packets.0), packets(|s| s.packets.1));
         let tc = Instant::now();
         lines.until(rest, |_| false);
         let used: Vec<(u64, u64, f64)> = procs.iter().map(|p| usage(p.child.id())).collect();
