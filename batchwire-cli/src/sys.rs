@@ -125,9 +125,9 @@ pub fn is_root() -> bool {
 /// Let the calling thread run ahead of ordinary processes (nice -10) while `ahead`, or put
 /// it back (nice 0). The processes and threads it starts meanwhile run at the ordinary
 /// priority: the policy is set with `SCHED_RESET_ON_FORK`. The membership bench starts a
-/// thousand node processes from one thread; at the ordinary priority that thread got a
-/// thousandth of the CPUs once the first nodes ran, and starting them took 17-20 s, which
-/// the convergence time then measured. Going ahead needs `CAP_SYS_NICE` (root has it).
+/// thousand node processes from one thread; at the ordinary priority that thread shared two
+/// CPUs with every node already running, and starting them took 16-20 s (3-7 s ahead),
+/// which the convergence time then measured. Going ahead needs `CAP_SYS_NICE` (root has it).
 #[cfg(target_os = "linux")]
 pub fn run_ahead(ahead: bool) -> std::io::Result<()> {
     let policy = libc::SCHED_OTHER | if ahead { libc::SCHED_RESET_ON_FORK } else { 0 };

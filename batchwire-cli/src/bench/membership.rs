@@ -116,11 +116,9 @@ impl Lines {
                 .split(|c: char| !c.is_ascii_digit())
                 .filter_map(|t| t.parse().ok())
                 .collect();
-            if let (Some(out_b), Some(all)) = (nums.get(3), nums.last()) {
+            if let ([p_in, _, p_out, out_b, ..], Some(all)) = (&nums[..], nums.last()) {
                 s.sent = Some((at, *out_b, *all));
-                if let (Some(i), Some(o)) = (nums.first(), nums.get(2)) {
-                    s.packets = (*i, *o);
-                }
+                s.packets = (*p_in, *p_out);
             }
         }
     }

@@ -194,7 +194,6 @@ where
 
         let mut num_taken = 0;
         let mut remaining = max_items;
-
         let mut misses = 0;
 
         while buffer.has_remaining_mut() && remaining > 0 && misses < MAX_MISSES {
