@@ -98,6 +98,11 @@ enum Cmd {
         /// for clusters of hundreds of members.
         #[arg(long)]
         stats_brief: bool,
+        /// End each `member ...` line with the time the node printed it: nanoseconds of
+        /// the host's monotonic clock (CLOCK_MONOTONIC), to line up the lines of several
+        /// nodes on one host (the membership bench does).
+        #[arg(long)]
+        event_times: bool,
         /// Serve the node's counters for Prometheus at http://ADDR/metrics: a port (on
         /// 127.0.0.1) or an address (0.0.0.0:9100 to serve other hosts too)
         #[arg(long, value_parser = metrics_http::parse_addr)]
@@ -302,6 +307,7 @@ fn main() -> ExitCode {
             stats_every,
             stats_json,
             stats_brief,
+            event_times,
             metrics_listen,
             run_for,
             handshake_timeout_ms,
@@ -354,6 +360,7 @@ fn main() -> ExitCode {
             built.and_then(|(cfg, mut extras)| {
                 extras.stats_json = stats_json;
                 extras.stats_brief = stats_brief;
+                extras.event_times = event_times;
                 run_node(cfg, &extras, run_for)
             })
         }

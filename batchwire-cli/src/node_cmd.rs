@@ -29,6 +29,7 @@ pub(crate) fn run_node(
     let status = node
         .mailbox(client::STATUS_MAILBOX)
         .map_err(|e| e.to_string())?;
+    print_members(&node, extras.event_times);
     let done = AtomicBool::new(false);
     std::thread::scope(|scope| {
         // Status requests are answered by a thread of their own, so they never wait behind
@@ -113,19 +114,6 @@ pub(crate) fn echo_loop(
     started: Instant,
     last_published: &mut Option<Instant>,
 ) -> Result<(), String> {
-    // Subscribe first, then print the view as it stands: members that joined before the
-    // subscription are printed from the view (one may be printed twice), none is missed.
-    let events = node.events();
-    for m in node.members() {
-        let what = match m.state {
-            batchwire::MemberState::Alive => "joined",
-            batchwire::MemberState::Suspect => "suspected",
-            batchwire::MemberState::Down => "down",
-            _ => "left",
-        };
-        outln!("member {what} {} {} {}", m.name, m.addr, m.incarnation);
-    }
-    print_member_events(events);
     outln!("node {} listening on {}", node.name(), node.local_addr());
     let start = Instant::now();
     let mut last_stats = Instant::now();
@@ -214,9 +202,40 @@ pub(crate) fn echo_loop(
     Ok(())
 }
 
-/// Print each membership event as one line on stdout, as it happens:
-/// `member joined|suspected|alive|down|left NAME ADDR INCARNATION`.
-pub(crate) fn print_member_events(events: std::sync::mpsc::Receiver<batchwire::Event>) {
+/// Print the members, then each membership event as it happens, one line each on stdout:
+/// `member joined|suspected|alive|down|left NAME ADDR INCARNATION`, and with `times` the
+/// host's monotonic time in nanoseconds after that (`--event-times`).
+fn print_members(node: &Node, times: bool) {
+    let time = |times| {
+        if times {
+            format!(" {}", sys::monotonic_ns())
+        } else {
+            String::new()
+        }
+    };
+    // Subscribe first, then print the view as it stands: members that joined before the
+    // subscription are printed from the view (one may be printed twice), none is missed.
+    let events = node.events();
+    for m in node.members() {
+        let what = match m.state {
+            batchwire::MemberState::Alive => "joined",
+            batchwire::MemberState::Suspect => "suspected",
+            batchwire::MemberState::Down => "down",
+            _ => "left",
+        };
+        outln!(
+            "member {what} {} {} {}{}",
+            m.name,
+            m.addr,
+            m.incarnation,
+            time(times)
+        );
+    }
+    print_member_events(events, times);
+}
+
+/// The event printer of [`print_members`], on a thread of its own.
+fn print_member_events(events: std::sync::mpsc::Receiver<batchwire::Event>, times: bool) {
     use batchwire::Event as E;
     let spawned = std::thread::Builder::new()
         .name("member-events".into())
@@ -226,6 +245,8 @@ pub(crate) fn print_member_events(events: std::sync::mpsc::Receiver<batchwire::E
             // joining were a thousand writes (and wake-ups of whoever reads) per node.
             let mut lines = String::new();
             while let Ok(first) = events.recv() {
+                // One time for the lines of one wake-up: they came together.
+                let time = if times { sys::monotonic_ns() } else { 0 };
                 for e in std::iter::once(first).chain(events.try_iter().take(1024)) {
                     let (what, m) = match &e {
                         E::MemberJoined { member } => ("joined", member),
@@ -235,11 +256,16 @@ pub(crate) fn print_member_events(events: std::sync::mpsc::Receiver<batchwire::E
                         E::MemberLeft { member } => ("left", member),
                         _ => continue,
                     };
-                    let _ = writeln!(
+                    let _ = write!(
                         lines,
                         "member {what} {} {} {}",
                         m.name, m.addr, m.incarnation
                     );
+                    let _ = if times {
+                        writeln!(lines, " {time}")
+                    } else {
+                        writeln!(lines)
+                    };
                 }
                 if !lines.is_empty() {
                     out!("{lines}");

@@ -194,6 +194,8 @@ pub struct Extras {
     pub stats_json: bool,
     /// `--stats-brief`: only the node's own counters.
     pub stats_brief: bool,
+    /// `--event-times`: member lines end with the host's monotonic time.
+    pub event_times: bool,
     /// Serve metrics for Prometheus here.
     pub metrics_listen: Option<SocketAddr>,
     /// The TLS files, to check at start that the certificate names the node (every peer
@@ -268,6 +270,7 @@ pub fn build(flags: Flags, file: CliFile) -> Result<(NodeConfig, Extras), String
         metrics_listen: flags.metrics_listen.or(file.metrics_listen),
         stats_json: false,
         stats_brief: false,
+        event_times: false,
         tls,
     };
     Ok((cfg, extras))

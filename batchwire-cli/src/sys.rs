@@ -147,6 +147,56 @@ pub fn run_ahead(ahead: bool) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The host's monotonic clock (CLOCK_MONOTONIC, which `std::time::Instant` reads on Linux)
+/// in nanoseconds: comparable between processes of one host, so the membership bench can
+/// take the time a node saw a change from the node itself (`--event-times`).
+#[cfg(target_os = "linux")]
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes one timespec, which lives in this frame.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Elsewhere there is no clock shared with other processes: 0.
+#[cfg(not(target_os = "linux"))]
+pub fn monotonic_ns() -> u64 {
+    0
+}
+
+/// Which of `fds` have something to read (or were closed), waiting at most `limit` for
+/// one (poll(2)); none on an error (an interrupted wait).
+pub fn readable<'a, F: std::os::fd::AsRawFd + 'a>(
+    fds: impl Iterator<Item = &'a F>,
+    limit: std::time::Duration,
+) -> Vec<usize> {
+    let mut polled: Vec<libc::pollfd> = fds
+        .map(|f| libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = limit.as_millis().min(60_000) as libc::c_int;
+    // SAFETY: poll(2) reads and writes `polled.len()` pollfd entries, all in `polled`,
+    // which outlives the call; the descriptors are kept open by the borrowed `fds`.
+    let n = unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, ms) };
+    if n <= 0 {
+        return Vec::new();
+    }
+    polled
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.revents != 0)
+        .map(|(k, _)| k)
+        .collect()
+}
+
 /// Elsewhere the thread keeps its priority.
 #[cfg(not(target_os = "linux"))]
 pub fn run_ahead(_ahead: bool) -> std::io::Result<()> {

@@ -17,14 +17,14 @@
 //! connections on demand: `--idle-close-ms`, default 2000 here; 0 runs the full mesh).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
 use batchwire::MembershipConfig;
 
+use super::pipes::Pipes;
 use super::{BenchResult, Context, Progress, Table};
 
 /// One node process.
@@ -64,7 +64,7 @@ impl Seen {
 
 /// The lines of every process, as (node index, arrival, line).
 struct Lines {
-    tx: Sender<(usize, Instant, String)>,
+    pipes: Pipes,
     rx: Receiver<(usize, Instant, String)>,
     seen: Vec<Seen>,
     /// How many nodes the run has.
@@ -87,10 +87,19 @@ fn spread(seen: &[Seen], t0: Instant) -> (f64, f64) {
 }
 
 impl Lines {
-    fn take(&mut self, i: usize, at: Instant, line: &str) {
+    /// Take one line of node `i`, read at `at`; for a member line, its time.
+    fn take(&mut self, i: usize, at: Instant, line: &str) -> Option<Instant> {
         let s = &mut self.seen[i];
         let w: Vec<&str> = line.split_whitespace().collect();
-        if let ["member", what, name, _addr, inc] = w[..] {
+        let member = match w[..] {
+            ["member", what, name, _, inc] => Some((what, name, inc, None)),
+            ["member", what, name, _, inc, time] => Some((what, name, inc, time.parse().ok())),
+            _ => None,
+        };
+        if let Some((what, name, inc, time)) = member {
+            // The node's own time for the line (`--event-times`), when it gave one: the
+            // reader below runs behind the nodes and may take the line late.
+            let at = time.map_or(at, |t| node_instant(t, at));
             let inc = inc.parse().unwrap_or(0);
             let old = s
                 .members
@@ -110,6 +119,7 @@ impl Lines {
                 s.full_at = Some(at);
                 s.completed_by = name.to_string();
             }
+            return Some(at);
         } else if let Some(rest) = line.trim().strip_prefix("membership: ") {
             // "in P packets / B B, out P packets / B B, ...; all peers: sent S B"
             let nums: Vec<u64> = rest
@@ -121,10 +131,11 @@ impl Lines {
                 s.packets = (*p_in, *p_out);
             }
         }
+        None
     }
 
-    /// Take lines until `done` holds or `timeout` passes; returns when it held (the
-    /// arrival of the last line taken before it did). `done` is asked after each run of
+    /// Take lines until `done` holds or `timeout` passes; returns when it held (the time
+    /// of the latest member line taken before it did). `done` is asked after each run of
     /// lines already waiting, not after every line (a thousand nodes print a million).
     fn until(
         &mut self,
@@ -138,19 +149,24 @@ impl Lines {
                 return Some(last.unwrap_or_else(Instant::now));
             }
             let left = end.checked_duration_since(Instant::now())?;
-            if let Ok((i, at, l)) = self.rx.recv_timeout(left.min(Duration::from_millis(50))) {
-                self.take(i, at, &l);
-                last = Some(at);
-                for _ in 0..10_000 {
-                    let Ok((i, at, l)) = self.rx.try_recv() else {
-                        break;
-                    };
-                    self.take(i, at, &l);
-                    last = Some(at);
+            if let Ok(first) = self.rx.recv_timeout(left.min(Duration::from_millis(50))) {
+                let waiting = std::iter::from_fn(|| self.rx.try_recv().ok()).take(10_000);
+                let lines: Vec<_> = std::iter::once(first).chain(waiting).collect();
+                for (i, at, l) in lines {
+                    last = last.max(self.take(i, at, &l));
                 }
             }
         }
     }
+}
+
+/// The `Instant` of `ns` on the host's monotonic clock (which `Instant` reads), given
+/// `arrival`, when the line was read: no later than that.
+fn node_instant(ns: u64, arrival: Instant) -> Instant {
+    let ago = crate::sys::monotonic_ns().saturating_sub(ns);
+    Instant::now()
+        .checked_sub(Duration::from_nanos(ago))
+        .map_or(arrival, |t| t.min(arrival))
 }
 
 fn free_addrs(n: usize) -> Result<Vec<SocketAddr>, String> {
@@ -176,7 +192,7 @@ fn spawn(
     name: &str,
     addr: SocketAddr,
     seed: Option<SocketAddr>,
-    tx: &Sender<(usize, Instant, String)>,
+    pipes: &Pipes,
     opts: NodeOpts,
 ) -> Result<Proc, String> {
     let exe = std::env::current_exe().ctx("finding the batchwire binary")?;
@@ -184,7 +200,7 @@ fn spawn(
     cmd.args(["node", "--name", name, "--listen", &addr.to_string()])
         .arg("--secret-file")
         .arg(dir.join("secret"))
-        .args(["--stats-every", "1", "--stats-brief"])
+        .args(["--stats-every", "1", "--stats-brief", "--event-times"])
         .args(["--idle-close-ms", &opts.idle_close_ms.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
@@ -203,16 +219,7 @@ fn spawn(
         cmd.args(["--join", &s.to_string()]);
     }
     let mut child = cmd.spawn().ctx("starting a node process")?;
-    let out = child.stdout.take().ok_or("no stdout")?;
-    let tx = tx.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if tx.send((i, Instant::now(), line)).is_err() {
-                break;
-            }
-        }
-    });
+    pipes.add(i, child.stdout.take().ok_or("no stdout")?);
     Ok(Proc { child })
 }
 
@@ -285,7 +292,7 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
     let addrs = free_addrs(n)?;
     let (tx, rx) = channel();
     let mut lines = Lines {
-        tx,
+        pipes: Pipes::start(tx),
         rx,
         seen: vec![Seen::default(); n],
         nodes: n,
@@ -307,7 +314,15 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
         let t0 = Instant::now();
         let started = (0..n).try_for_each(|i| {
             let seed = (i > 0).then_some(addrs[0]);
-            procs.push(spawn(&dir, i, &names[i], addrs[i], seed, &lines.tx, opts)?);
+            procs.push(spawn(
+                &dir,
+                i,
+                &names[i],
+                addrs[i],
+                seed,
+                &lines.pipes,
+                opts,
+            )?);
             Ok::<_, String>(())
         });
         let spawned_s = t0.elapsed().as_secs_f64();
@@ -406,7 +421,15 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
         // 4. Rejoin: the same name and port, a new incarnation.
         lines.seen[v] = Seen::default();
         let tr = Instant::now();
-        procs[v] = spawn(&dir, v, &victim, addrs[v], Some(addrs[0]), &lines.tx, opts)?;
+        procs[v] = spawn(
+            &dir,
+            v,
+            &victim,
+            addrs[v],
+            Some(addrs[0]),
+            &lines.pipes,
+            opts,
+        )?;
         let back = |s: &[Seen]| {
             s[v].live() == n - 1
                 && s.iter().enumerate().filter(|(i, _)| *i != v).all(|(_, x)| {
@@ -594,4 +617,57 @@ pub fn run(
         d.suspicion_timeout + d.probe_period
     );
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node's time a second ago is a second before now, give or take the calls between;
+    /// a time not yet come (or no shared clock) is the arrival.
+    #[test]
+    fn a_node_time_is_placed_on_this_clock_no_later_than_its_arrival() {
+        let arrival = Instant::now() + Duration::from_secs(5);
+        let second_ago = crate::sys::monotonic_ns() - 1_000_000_000;
+        let at = node_instant(second_ago, arrival);
+        let ago = Instant::now() - at;
+        assert!(
+            ago >= Duration::from_secs(1) && ago < Duration::from_millis(1500),
+            "{ago:?}"
+        );
+        let early = Instant::now() - Duration::from_secs(1);
+        assert_eq!(node_instant(second_ago + 10_000_000_000, early), early);
+    }
+
+    /// Member lines with and without the node's time; the time, when there, is the one
+    /// the view records, and the node is full once it sees the others.
+    #[test]
+    fn member_lines_with_the_nodes_time_and_without() {
+        let (_tx, rx) = channel();
+        let mut lines = Lines {
+            pipes: Pipes::start(_tx.clone()),
+            rx,
+            seen: vec![Seen::default(); 3],
+            nodes: 3,
+        };
+        let then = crate::sys::monotonic_ns() - 2_000_000_000;
+        let read = Instant::now();
+        let t = lines.take(0, read, &format!("member joined m001 127.0.0.1:1 1 {then}"));
+        let t = t.expect("a member line");
+        assert!(read - t >= Duration::from_secs(2), "{:?}", read - t);
+        assert!(lines.seen[0].full_at.is_none());
+        let u = lines.take(0, read, "member suspected m002 127.0.0.1:2 3");
+        assert_eq!(u, Some(read));
+        assert_eq!(lines.seen[0].full_at, Some(read));
+        assert_eq!(lines.seen[0].alarms, (1, 0));
+        assert_eq!(
+            lines.take(
+                0,
+                read,
+                "membership: in 1 packets / 2 B, out 3 packets / 4 B; all peers: sent 5 B"
+            ),
+            None
+        );
+        assert_eq!(lines.seen[0].packets, (1, 3));
+    }
 }

@@ -13,6 +13,7 @@ pub mod membership;
 pub mod mperf;
 mod payloads;
 pub mod pingpong;
+mod pipes;
 pub mod plot;
 mod rawtcp;
 pub mod roundtrip;
