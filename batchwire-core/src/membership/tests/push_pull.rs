@@ -352,3 +352,72 @@ fn cost_at_scale() {
         sum(|c| c.syncs_agreed)
     );
 }
+
+/// Not a test of behaviour: when each node of a large cluster first sees every other
+/// live, with the nodes joining over a spread of time as a thousand processes started
+/// together do (run by hand, in release, `--ignored --nocapture`; N from BW_SCALE_N,
+/// default 512, the spread from BW_SCALE_SPREAD_MS, default 4000).
+#[test]
+#[ignore]
+fn tail_at_scale() {
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let n = env("BW_SCALE_N", 512) as usize;
+    let spread = Duration::from_millis(env("BW_SCALE_SPREAD_MS", 4000));
+    let mut net = Net::new(n, cfg());
+    net.batched = true;
+    let seed = net.node(0).me().clone();
+    let mut full: Vec<Option<Duration>> = vec![None; n];
+    let t0 = net.now;
+    let mut joined = 1;
+    let mut checked = net.now;
+    let live = |m: &Membership| {
+        m.view_unsorted()
+            .iter()
+            .filter(|(_, s)| matches!(s, MemberState::Alive | MemberState::Suspect))
+            .count()
+    };
+    while net.now - t0 < Duration::from_secs(120) {
+        // Node i joins at i/n of the spread.
+        while joined < n && (net.now - t0) >= spread * joined as u32 / n as u32 {
+            let now = net.now;
+            net.node(joined).handle_join(now, seed.clone());
+            joined += 1;
+        }
+        net.step();
+        if net.now - checked >= Duration::from_millis(100) {
+            checked = net.now;
+            for (i, f) in full.iter_mut().enumerate() {
+                if f.is_none() && live(net.nodes[i].as_ref().unwrap()) + 1 == n {
+                    *f = Some(net.now - t0);
+                }
+            }
+            if full.iter().all(Option::is_some) {
+                break;
+            }
+        }
+    }
+    let mut t: Vec<f64> = full
+        .iter()
+        .map(|f| f.map_or(f64::INFINITY, |d| d.as_secs_f64()))
+        .collect();
+    t.sort_by(f64::total_cmp);
+    let at = |q: f64| t[((t.len() as f64 - 1.0) * q).round() as usize];
+    let c: Vec<MemberCounters> = net.nodes.iter().flatten().map(|m| m.counters()).collect();
+    let sum = |f: fn(&MemberCounters) -> u64| c.iter().map(f).sum::<u64>() / n as u64;
+    eprintln!(
+        "{n} nodes joining over {spread:?}: every node full by {:.2} s (median {:.2}, 90th {:.2}, 99th {:.2}); per node {} packets in, {} out, {} syncs asked, {} answered in full",
+        at(1.0),
+        at(0.5),
+        at(0.9),
+        at(0.99),
+        sum(|c| c.packets_in),
+        sum(|c| c.packets_out),
+        sum(|c| c.syncs_asked),
+        sum(|c| c.syncs_answered),
+    );
+}
