@@ -54,13 +54,49 @@ pub use types::{
     MembershipConfig, ViewDelta,
 };
 
-/// A packet foca asked to send.
+/// A packet to send.
 struct Send {
     to: MemberId,
     body: Bytes,
-    /// A TurnUndead ("the cluster thinks you are down"): sent only to a member that is
-    /// down in this node's view (see `Membership::after`).
-    down_notice: bool,
+    kind: Kind,
+}
+
+/// What a packet is, for the counters (and one rule: a TurnUndead, "the cluster thinks
+/// you are down", is sent only to a member that is down in this node's view, see
+/// `Membership::after`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    /// SWIM's failure detection: pings, acks, indirect probes and their answers.
+    Probe,
+    /// SWIM's periodic gossip of updates.
+    Gossip,
+    /// A TurnUndead.
+    DownNotice,
+    /// A datagram of a full-state answer (see [`sync`]).
+    StateAnswer,
+    /// Anything else: announces and their answers, state asks, leave notices.
+    Other,
+}
+
+impl Kind {
+    /// The kind of a SWIM packet, by its header.
+    fn of_swim(data: &[u8]) -> Kind {
+        use foca::Message as M;
+        match PostcardCodec.decode_header(data) {
+            Ok(foca::Header::<MemberId> { message, .. }) => match message {
+                M::Ping(_)
+                | M::Ack(_)
+                | M::PingReq { .. }
+                | M::IndirectPing { .. }
+                | M::IndirectAck { .. }
+                | M::ForwardedAck { .. } => Kind::Probe,
+                M::Gossip => Kind::Gossip,
+                M::TurnUndead => Kind::DownNotice,
+                _ => Kind::Other,
+            },
+            Err(_) => Kind::Other,
+        }
+    }
 }
 
 /// What foca asks for while handling one input.
@@ -76,16 +112,14 @@ impl Runtime<MemberId> for Out {
         // has no notification): nothing here.
     }
     fn send_to(&mut self, to: MemberId, data: &[u8]) {
-        let down_notice = PostcardCodec
-            .decode_header(data)
-            .is_ok_and(|h: foca::Header<MemberId>| h.message == foca::Message::TurnUndead);
+        let kind = Kind::of_swim(data);
         let mut b = BytesMut::with_capacity(data.len() + 1);
         b.put_u8(TAG_SWIM);
         b.put_slice(data);
         self.sends.push_back(Send {
             to,
             body: b.freeze(),
-            down_notice,
+            kind,
         });
     }
     fn submit_after(&mut self, event: Timer<MemberId>, after: Duration) {
@@ -395,7 +429,7 @@ impl Membership {
             self.out.sends.push_back(Send {
                 to: id,
                 body: Bytes::from_static(&[TAG_LEAVE]),
-                down_notice: false,
+                kind: Kind::Other,
             });
         }
         let r = self.foca.leave_cluster(&mut self.out);
@@ -492,7 +526,14 @@ impl Membership {
     /// The next packet to send: to whom, and the MEMBER body (sealed into a datagram by
     /// the IO layer).
     pub fn poll_transmit(&mut self) -> Option<(MemberId, Bytes)> {
-        let Send { to, body, .. } = self.out.sends.pop_front()?;
+        let Send { to, body, kind } = self.out.sends.pop_front()?;
+        let c = &mut self.counters;
+        match kind {
+            Kind::Probe => c.probes_out += 1,
+            Kind::Gossip => c.gossip_out += 1,
+            Kind::StateAnswer => c.state_out += 1,
+            Kind::DownNotice | Kind::Other => {}
+        }
         self.counters.packets_out += 1;
         self.counters.bytes_out += body.len() as u64;
         Some((to, body))

@@ -36,6 +36,7 @@
 //! | `batchwire_late_replies_total`, `batchwire_stray_replies_total` | counter | node |
 //! | `batchwire_members` | gauge (members in this node's view) | node, state (alive, suspect, down, left) |
 //! | `batchwire_membership_packets_total`, `batchwire_membership_bytes_total` | counter | node, direction (in, out) |
+//! | `batchwire_membership_packets_sent_by_kind_total` | counter | node, kind (probe, gossip, state) |
 //! | `batchwire_membership_dropped_total` | counter | node, reason (rate_limited, violation, behind, view_full, refused, send_failed) |
 //! | `batchwire_build_info` | gauge, always 1 | node, version |
 //!
@@ -217,6 +218,10 @@ fn describe() {
         "batchwire_membership_packets_total",
         "Membership packets, by direction.",
     );
+    c(
+        "batchwire_membership_packets_sent_by_kind_total",
+        "Membership packets sent: probes and their answers, gossip, full-state answers.",
+    );
     describe_counter!(
         "batchwire_membership_bytes_total",
         Unit::Bytes,
@@ -349,6 +354,14 @@ impl NodeStats {
             let l = [("node", node.clone()), ("direction", dir.to_string())];
             counter!("batchwire_membership_packets_total", &l).absolute(packets);
             counter!("batchwire_membership_bytes_total", &l).absolute(bytes);
+        }
+        for (kind, v) in [
+            ("probe", m.probes_out),
+            ("gossip", m.gossip_out),
+            ("state", m.state_out),
+        ] {
+            let l = [("node", node.clone()), ("kind", kind.to_string())];
+            counter!("batchwire_membership_packets_sent_by_kind_total", &l).absolute(v);
         }
         for (reason, v) in [
             ("rate_limited", m.rate_limited),

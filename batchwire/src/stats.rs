@@ -259,6 +259,13 @@ pub struct MembershipStats {
     pub bytes_in: u64,
     /// Packets sent to members.
     pub packets_out: u64,
+    /// Of those, SWIM's probes and their answers (pings, acks, indirect probes)...
+    pub probes_out: u64,
+    /// ...its gossip of updates...
+    pub gossip_out: u64,
+    /// ...and the datagrams of full-state answers (push-pull). The rest are announces and
+    /// their answers, state asks, leave and "you are down" notices.
+    pub state_out: u64,
     /// Their bytes.
     pub bytes_out: u64,
     /// Packets dropped by the per-peer rate limit (`frames_per_second`).
@@ -380,11 +387,14 @@ impl std::fmt::Display for NodeStats {
         let sent = self.bytes_sent;
         writeln!(
             f,
-            "  membership: in {} packets / {} B, out {} packets / {} B, rate-limited {}, violations {}, dropped {}, members refused {}, datagrams refused {}, unsent {}; all peers: sent {} B",
+            "  membership: in {} packets / {} B, out {} packets / {} B ({} probes, {} gossip, {} state), rate-limited {}, violations {}, dropped {}, members refused {}, datagrams refused {}, unsent {}; all peers: sent {} B",
             m.packets_in,
             m.bytes_in,
             m.packets_out,
             m.bytes_out,
+            m.probes_out,
+            m.gossip_out,
+            m.state_out,
             m.rate_limited,
             m.violations,
             m.inputs_dropped,

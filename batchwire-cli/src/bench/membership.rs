@@ -42,8 +42,10 @@ struct Seen {
     live: usize,
     /// (when, membership bytes sent, all bytes sent) from its latest counters.
     sent: Option<(Instant, u64, u64)>,
-    /// Membership packets read and sent so far, from its latest counters.
+    /// Membership packets read and sent so far, from its latest counters, and of those
+    /// sent: probes, gossip and full-state answers.
     packets: (u64, u64),
+    sent_kinds: [u64; 3],
     /// When it first saw every other node live.
     full_at: Option<Instant>,
     /// Suspicions and downs it reported (false alarms while nobody failed).
@@ -121,14 +123,18 @@ impl Lines {
             }
             return Some(at);
         } else if let Some(rest) = line.trim().strip_prefix("membership: ") {
-            // "in P packets / B B, out P packets / B B, ...; all peers: sent S B"
+            // "in P packets / B B, out P packets / B B (P probes, G gossip, S state), ...;
+            // all peers: sent S B"
             let nums: Vec<u64> = rest
                 .split(|c: char| !c.is_ascii_digit())
                 .filter_map(|t| t.parse().ok())
                 .collect();
-            if let ([p_in, _, p_out, out_b, ..], Some(all)) = (&nums[..], nums.last()) {
+            if let ([p_in, _, p_out, out_b, probes, gossip, state, ..], Some(all)) =
+                (&nums[..], nums.last())
+            {
                 s.sent = Some((at, *out_b, *all));
                 s.packets = (*p_in, *p_out);
+                s.sent_kinds = [*probes, *gossip, *state];
             }
         }
         None
@@ -258,8 +264,10 @@ struct RunFigures {
     join_cpu_total_s: f64,
     /// Suspicions and downs all nodes reported until converged (no node had failed).
     join_alarms: (u64, u64),
-    /// Membership packets each node read and sent from its start to rest (medians).
+    /// Membership packets each node read and sent from its start to rest (medians), and
+    /// of those sent, probes, gossip and full-state answers (medians).
     join_packets: (f64, f64),
+    join_sent_kinds: [f64; 3],
     /// The node that saw all last, and the member it learnt last.
     slowest: String,
     down_all_s: f64,
@@ -369,6 +377,11 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
             median(&mut lines.seen.iter().map(|s| f(s) as f64).collect::<Vec<_>>())
         };
         let join_packets = (packets(|s| s.packets.0), packets(|s| s.packets.1));
+        let join_sent_kinds = [
+            packets(|s| s.sent_kinds[0]),
+            packets(|s| s.sent_kinds[1]),
+            packets(|s| s.sent_kinds[2]),
+        ];
         let tc = Instant::now();
         lines.until(rest, |_| false);
         let used: Vec<(u64, u64, f64)> = procs.iter().map(|p| usage(p.child.id())).collect();
@@ -470,6 +483,7 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
             join_cpu_total_s,
             join_alarms,
             join_packets,
+            join_sent_kinds,
             slowest,
             down_all_s: (all_down - tk).as_secs_f64(),
             down_median_s: median(&mut each),
@@ -510,7 +524,7 @@ pub fn run(
             progress.running(format!("membership: {n} nodes, run {}", r + 1));
             let f = one_run(n, rest, opts)?;
             progress.done(format!(
-                "  {n} nodes: converged {:.2} s (all started by {:.2} s; median node {:.2} s, 90th percentile {:.2} s, last {}; CPU to rest {:.0} ms per node, largest {:.0}, {:.1} s in all; {:.0} membership packets in and {:.0} out per node to rest; false alarms: {} suspected, {} down), down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
+                "  {n} nodes: converged {:.2} s (all started by {:.2} s; median node {:.2} s, 90th percentile {:.2} s, last {}; CPU to rest {:.0} ms per node, largest {:.0}, {:.1} s in all; {:.0} membership packets in and {:.0} out per node to rest ({:.0} probes, {:.0} gossip, {:.0} state); false alarms: {} suspected, {} down), down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
                 f.converge_s,
                 f.spawned_s,
                 f.converge_p50_s,
@@ -521,6 +535,9 @@ pub fn run(
                 f.join_cpu_total_s,
                 f.join_packets.0,
                 f.join_packets.1,
+                f.join_sent_kinds[0],
+                f.join_sent_kinds[1],
+                f.join_sent_kinds[2],
                 f.join_alarms.0,
                 f.join_alarms.1,
                 f.down_all_s,
@@ -664,10 +681,11 @@ mod tests {
             lines.take(
                 0,
                 read,
-                "membership: in 1 packets / 2 B, out 3 packets / 4 B; all peers: sent 5 B"
+                "membership: in 1 packets / 2 B, out 3 packets / 4 B (1 probes, 2 gossip, 0 state); all peers: sent 5 B"
             ),
             None
         );
         assert_eq!(lines.seen[0].packets, (1, 3));
+        assert_eq!(lines.seen[0].sent_kinds, [1, 2, 0]);
     }
 }

@@ -35,7 +35,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use foca::{Codec, Member, State};
 use rand::Rng;
 
-use super::{MAX_PACKET, MemberError, MemberId, Membership, Send, TAG_STATE, TAG_STATE_ASK};
+use super::{Kind, MAX_PACKET, MemberError, MemberId, Membership, Send, TAG_STATE, TAG_STATE_ASK};
 use crate::codec::Name;
 
 /// Most sync asks a node answers a second, from all members together.
@@ -88,7 +88,7 @@ impl Membership {
         self.out.sends.push_back(Send {
             to,
             body,
-            down_notice: false,
+            kind: Kind::Other,
         });
     }
 
@@ -160,7 +160,7 @@ impl Membership {
                 self.out.sends.push_back(Send {
                     to: to.clone(),
                     body: full.freeze(),
-                    down_notice: false,
+                    kind: Kind::StateAnswer,
                 });
                 body.put_u8(TAG_STATE);
             }
@@ -170,7 +170,7 @@ impl Membership {
             self.out.sends.push_back(Send {
                 to,
                 body: body.freeze(),
-                down_notice: false,
+                kind: Kind::StateAnswer,
             });
         }
         Ok(())

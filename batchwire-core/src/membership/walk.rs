@@ -58,9 +58,9 @@ impl Membership {
         // one when a refuted suspicion's timer fires).
         let before = self.out.sends.len();
         let foca = &self.foca;
-        self.out
-            .sends
-            .retain(|s| !s.down_notice || !foca.iter_members().any(|m| *m.id() == s.to));
+        self.out.sends.retain(|s| {
+            s.kind != Kind::DownNotice || !foca.iter_members().any(|m| *m.id() == s.to)
+        });
         self.counters.stale_down_notices += (before - self.out.sends.len()) as u64;
         if !walk {
             return;

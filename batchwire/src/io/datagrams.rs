@@ -207,6 +207,10 @@ pub(crate) struct MemberStats {
     pub bytes_out: std::sync::atomic::AtomicU64,
     pub packets_in: std::sync::atomic::AtomicU64,
     pub packets_out: std::sync::atomic::AtomicU64,
+    /// Of those: probes and their answers, gossip, full-state answers.
+    pub probes_out: std::sync::atomic::AtomicU64,
+    pub gossip_out: std::sync::atomic::AtomicU64,
+    pub state_out: std::sync::atomic::AtomicU64,
     pub rate_limited: std::sync::atomic::AtomicU64,
     pub violations: std::sync::atomic::AtomicU64,
     pub members_refused: std::sync::atomic::AtomicU64,

@@ -143,6 +143,9 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
     s.bytes_out.store(c.bytes_out, Relaxed);
     s.packets_in.store(c.packets_in, Relaxed);
     s.packets_out.store(c.packets_out, Relaxed);
+    s.probes_out.store(c.probes_out, Relaxed);
+    s.gossip_out.store(c.gossip_out, Relaxed);
+    s.state_out.store(c.state_out, Relaxed);
     s.rate_limited.store(c.rate_limited, Relaxed);
     s.members_refused.store(c.members_refused, Relaxed);
     let mut forgotten = ctx.forgotten.borrow_mut();

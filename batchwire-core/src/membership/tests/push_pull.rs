@@ -340,11 +340,14 @@ fn cost_at_scale() {
     let c: Vec<MemberCounters> = net.nodes.iter().flatten().map(|m| m.counters()).collect();
     let sum = |f: fn(&MemberCounters) -> u64| c.iter().map(f).sum::<u64>() / n as u64;
     eprintln!(
-        "per node: {} packets in ({} KB), {} out ({} KB), {} updates of old news, {} syncs asked, {} answered in full ({} members in them), {} agreed",
+        "per node: {} packets in ({} KB), {} out ({} KB: {} probes, {} gossip, {} state), {} updates of old news, {} syncs asked, {} answered in full ({} members in them), {} agreed",
         sum(|c| c.packets_in),
         sum(|c| c.bytes_in) / 1000,
         sum(|c| c.packets_out),
         sum(|c| c.bytes_out) / 1000,
+        sum(|c| c.probes_out),
+        sum(|c| c.gossip_out),
+        sum(|c| c.state_out),
         sum(|c| c.old_news),
         sum(|c| c.syncs_asked),
         sum(|c| c.syncs_answered),
@@ -410,14 +413,51 @@ fn tail_at_scale() {
     let c: Vec<MemberCounters> = net.nodes.iter().flatten().map(|m| m.counters()).collect();
     let sum = |f: fn(&MemberCounters) -> u64| c.iter().map(f).sum::<u64>() / n as u64;
     eprintln!(
-        "{n} nodes joining over {spread:?}: every node full by {:.2} s (median {:.2}, 90th {:.2}, 99th {:.2}); per node {} packets in, {} out, {} syncs asked, {} answered in full",
+        "{n} nodes joining over {spread:?}: every node full by {:.2} s (median {:.2}, 90th {:.2}, 99th {:.2}); per node {} packets in, {} out ({} probes, {} gossip, {} state), {} syncs asked, {} answered in full",
         at(1.0),
         at(0.5),
         at(0.9),
         at(0.99),
         sum(|c| c.packets_in),
         sum(|c| c.packets_out),
+        sum(|c| c.probes_out),
+        sum(|c| c.gossip_out),
+        sum(|c| c.state_out),
         sum(|c| c.syncs_asked),
         sum(|c| c.syncs_answered),
     );
+}
+
+/// Packets out are counted by kind: joining takes gossip and full-state answers; once the
+/// joining rounds are over, a node at rest sends probes and acks (and digest asks, which
+/// agree, and announces), no gossip and no state.
+#[test]
+fn packets_out_are_counted_by_kind() {
+    let mut net = Net::at_rest(8, cfg());
+    let total = |net: &Net| {
+        let mut t = MemberCounters::default();
+        for c in net.nodes.iter().flatten().map(|m| m.counters()) {
+            t.packets_out += c.packets_out;
+            t.probes_out += c.probes_out;
+            t.gossip_out += c.gossip_out;
+            t.state_out += c.state_out;
+        }
+        t
+    };
+    let joined = total(&net);
+    assert!(joined.gossip_out > 0 && joined.state_out > 0, "{joined:?}");
+    assert!(
+        joined.probes_out + joined.gossip_out + joined.state_out <= joined.packets_out,
+        "{joined:?}"
+    );
+    // The joining rounds of full-state asks end (an answer told nothing new), then 5 s
+    // at rest.
+    net.run_until(Duration::from_secs(10), |_| false);
+    let settled = total(&net);
+    net.run_until(Duration::from_secs(5), |_| false);
+    let rest = total(&net);
+    assert_eq!(rest.gossip_out, settled.gossip_out, "gossip at rest");
+    assert_eq!(rest.state_out, settled.state_out, "full answers at rest");
+    // Each of the 8 probes a member a second, and is answered: at least 2 x 8 x 4.
+    assert!(rest.probes_out - settled.probes_out >= 64, "{rest:?}");
 }
