@@ -337,10 +337,16 @@ fn cost_at_scale() {
         "at rest: CPU {cpu:?} for {rest:?} simulated: {:.3} % of a core per node",
         cpu.as_secs_f64() / rest.as_secs_f64() / n as f64 * 100.0
     );
+    eprintln!("per node: {}", per_node(&net));
+}
+
+/// What the nodes of `net` did, averaged per node: packets and bytes both ways, what the
+/// packets sent were, old news, syncs (for the measurements by hand).
+fn per_node(net: &Net) -> String {
     let c: Vec<MemberCounters> = net.nodes.iter().flatten().map(|m| m.counters()).collect();
-    let sum = |f: fn(&MemberCounters) -> u64| c.iter().map(f).sum::<u64>() / n as u64;
-    eprintln!(
-        "per node: {} packets in ({} KB), {} out ({} KB: {} probes, {} gossip, {} state), {} updates of old news, {} syncs asked, {} answered in full ({} members in them), {} agreed",
+    let sum = |f: fn(&MemberCounters) -> u64| c.iter().map(f).sum::<u64>() / c.len() as u64;
+    format!(
+        "{} packets in ({} KB), {} out ({} KB: {} probes, {} gossip, {} state), {} updates of old news, {} syncs asked, {} answered in full ({} members in them), {} agreed",
         sum(|c| c.packets_in),
         sum(|c| c.bytes_in) / 1000,
         sum(|c| c.packets_out),
@@ -353,7 +359,7 @@ fn cost_at_scale() {
         sum(|c| c.syncs_answered),
         sum(|c| c.sync_members),
         sum(|c| c.syncs_agreed)
-    );
+    )
 }
 
 /// Not a test of behaviour: when each node of a large cluster first sees every other
@@ -410,21 +416,13 @@ fn tail_at_scale() {
         .collect();
     t.sort_by(f64::total_cmp);
     let at = |q: f64| t[((t.len() as f64 - 1.0) * q).round() as usize];
-    let c: Vec<MemberCounters> = net.nodes.iter().flatten().map(|m| m.counters()).collect();
-    let sum = |f: fn(&MemberCounters) -> u64| c.iter().map(f).sum::<u64>() / n as u64;
     eprintln!(
-        "{n} nodes joining over {spread:?}: every node full by {:.2} s (median {:.2}, 90th {:.2}, 99th {:.2}); per node {} packets in, {} out ({} probes, {} gossip, {} state), {} syncs asked, {} answered in full",
+        "{n} nodes joining over {spread:?}: every node full by {:.2} s (median {:.2}, 90th {:.2}, 99th {:.2}); per node {}",
         at(1.0),
         at(0.5),
         at(0.9),
         at(0.99),
-        sum(|c| c.packets_in),
-        sum(|c| c.packets_out),
-        sum(|c| c.probes_out),
-        sum(|c| c.gossip_out),
-        sum(|c| c.state_out),
-        sum(|c| c.syncs_asked),
-        sum(|c| c.syncs_answered),
+        per_node(&net),
     );
 }
 
