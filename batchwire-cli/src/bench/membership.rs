@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
 use batchwire::MembershipConfig;
@@ -27,152 +27,12 @@ use batchwire::MembershipConfig;
 use super::pipes::Pipes;
 use super::{BenchResult, Context, Progress, Table};
 
+mod lines;
+use lines::{Lines, Seen, spread};
+
 /// One node process.
 struct Proc {
     child: Child,
-}
-
-/// What one node has said so far.
-#[derive(Default, Clone)]
-struct Seen {
-    /// Member name → (state word, incarnation, when).
-    members: HashMap<String, (String, u64, Instant)>,
-    /// Of `members`, those live (joined, alive or suspected): kept as lines come, so a
-    /// thousand nodes' views are not counted again at every line.
-    live: usize,
-    /// (when, membership bytes sent, all bytes sent) from its latest counters.
-    sent: Option<(Instant, u64, u64)>,
-    /// Membership packets read and sent so far, from its latest counters, and of those
-    /// sent: probes, gossip and full-state answers.
-    packets: (u64, u64),
-    sent_kinds: [u64; 3],
-    /// When it first saw every other node live.
-    full_at: Option<Instant>,
-    /// Suspicions and downs it reported (false alarms while nobody failed).
-    alarms: (u64, u64),
-    /// The member whose news completed its view (at `full_at`).
-    completed_by: String,
-}
-
-fn is_live(state: &str) -> bool {
-    state == "joined" || state == "alive" || state == "suspected"
-}
-
-impl Seen {
-    fn live(&self) -> usize {
-        self.live
-    }
-}
-
-/// The lines of every process, as (node index, arrival, line).
-struct Lines {
-    pipes: Pipes,
-    rx: Receiver<(usize, Instant, String)>,
-    seen: Vec<Seen>,
-    /// How many nodes the run has.
-    nodes: usize,
-}
-
-/// When the median node and the 90th-percentile node first saw every other node live, in
-/// seconds since `t0` (infinite if one never did).
-fn spread(seen: &[Seen], t0: Instant) -> (f64, f64) {
-    let mut t: Vec<f64> = seen
-        .iter()
-        .map(|s| {
-            s.full_at
-                .map_or(f64::INFINITY, |at| (at - t0).as_secs_f64())
-        })
-        .collect();
-    t.sort_by(|a, b| a.total_cmp(b));
-    let at = |q: f64| t[((t.len() as f64 - 1.0) * q).round() as usize];
-    (at(0.5), at(0.9))
-}
-
-impl Lines {
-    /// Take one line of node `i`, read at `at`; for a member line, its time.
-    fn take(&mut self, i: usize, at: Instant, line: &str) -> Option<Instant> {
-        let s = &mut self.seen[i];
-        let w: Vec<&str> = line.split_whitespace().collect();
-        let member = match w[..] {
-            ["member", what, name, _, inc] => Some((what, name, inc, None)),
-            ["member", what, name, _, inc, time] => Some((what, name, inc, time.parse().ok())),
-            _ => None,
-        };
-        if let Some((what, name, inc, time)) = member {
-            // The node's own time for the line (`--event-times`), when it gave one: the
-            // reader below runs behind the nodes and may take the line late.
-            let at = time.map_or(at, |t| node_instant(t, at));
-            let inc = inc.parse().unwrap_or(0);
-            let old = s
-                .members
-                .insert(name.to_string(), (what.to_string(), inc, at));
-            let was = old.is_some_and(|o| is_live(&o.0));
-            match what {
-                "suspected" => s.alarms.0 += 1,
-                "down" => s.alarms.1 += 1,
-                _ => {}
-            }
-            match (was, is_live(what)) {
-                (false, true) => s.live += 1,
-                (true, false) => s.live -= 1,
-                _ => {}
-            }
-            if s.full_at.is_none() && s.live + 1 == self.nodes {
-                s.full_at = Some(at);
-                s.completed_by = name.to_string();
-            }
-            return Some(at);
-        } else if let Some(rest) = line.trim().strip_prefix("membership: ") {
-            // "in P packets / B B, out P packets / B B (P probes, G gossip, S state), ...;
-            // all peers: sent S B"
-            let nums: Vec<u64> = rest
-                .split(|c: char| !c.is_ascii_digit())
-                .filter_map(|t| t.parse().ok())
-                .collect();
-            if let ([p_in, _, p_out, out_b, probes, gossip, state, ..], Some(all)) =
-                (&nums[..], nums.last())
-            {
-                s.sent = Some((at, *out_b, *all));
-                s.packets = (*p_in, *p_out);
-                s.sent_kinds = [*probes, *gossip, *state];
-            }
-        }
-        None
-    }
-
-    /// Take lines until `done` holds or `timeout` passes; returns when it held (the time
-    /// of the latest member line taken before it did). `done` is asked after each run of
-    /// lines already waiting, not after every line (a thousand nodes print a million).
-    fn until(
-        &mut self,
-        timeout: Duration,
-        mut done: impl FnMut(&[Seen]) -> bool,
-    ) -> Option<Instant> {
-        let end = Instant::now() + timeout;
-        let mut last = None;
-        loop {
-            if done(&self.seen) {
-                return Some(last.unwrap_or_else(Instant::now));
-            }
-            let left = end.checked_duration_since(Instant::now())?;
-            if let Ok(first) = self.rx.recv_timeout(left.min(Duration::from_millis(50))) {
-                let waiting = std::iter::from_fn(|| self.rx.try_recv().ok()).take(10_000);
-                let lines: Vec<_> = std::iter::once(first).chain(waiting).collect();
-                for (i, at, l) in lines {
-                    last = last.max(self.take(i, at, &l));
-                }
-            }
-        }
-    }
-}
-
-/// The `Instant` of `ns` on the host's monotonic clock (which `Instant` reads), given
-/// `arrival`, when the line was read: no later than that.
-fn node_instant(ns: u64, arrival: Instant) -> Instant {
-    let ago = crate::sys::monotonic_ns().saturating_sub(ns);
-    Instant::now()
-        .checked_sub(Duration::from_nanos(ago))
-        .map_or(arrival, |t| t.min(arrival))
 }
 
 fn free_addrs(n: usize) -> Result<Vec<SocketAddr>, String> {
@@ -634,58 +494,4 @@ pub fn run(
         d.suspicion_timeout + d.probe_period
     );
     Ok(results)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A node's time a second ago is a second before now, give or take the calls between;
-    /// a time not yet come (or no shared clock) is the arrival.
-    #[test]
-    fn a_node_time_is_placed_on_this_clock_no_later_than_its_arrival() {
-        let arrival = Instant::now() + Duration::from_secs(5);
-        let second_ago = crate::sys::monotonic_ns() - 1_000_000_000;
-        let at = node_instant(second_ago, arrival);
-        let ago = Instant::now() - at;
-        assert!(
-            ago >= Duration::from_secs(1) && ago < Duration::from_millis(1500),
-            "{ago:?}"
-        );
-        let early = Instant::now() - Duration::from_secs(1);
-        assert_eq!(node_instant(second_ago + 10_000_000_000, early), early);
-    }
-
-    /// Member lines with and without the node's time; the time, when there, is the one
-    /// the view records, and the node is full once it sees the others.
-    #[test]
-    fn member_lines_with_the_nodes_time_and_without() {
-        let (_tx, rx) = channel();
-        let mut lines = Lines {
-            pipes: Pipes::start(_tx.clone()),
-            rx,
-            seen: vec![Seen::default(); 3],
-            nodes: 3,
-        };
-        let then = crate::sys::monotonic_ns() - 2_000_000_000;
-        let read = Instant::now();
-        let t = lines.take(0, read, &format!("member joined m001 127.0.0.1:1 1 {then}"));
-        let t = t.expect("a member line");
-        assert!(read - t >= Duration::from_secs(2), "{:?}", read - t);
-        assert!(lines.seen[0].full_at.is_none());
-        let u = lines.take(0, read, "member suspected m002 127.0.0.1:2 3");
-        assert_eq!(u, Some(read));
-        assert_eq!(lines.seen[0].full_at, Some(read));
-        assert_eq!(lines.seen[0].alarms, (1, 0));
-        assert_eq!(
-            lines.take(
-                0,
-                read,
-                "membership: in 1 packets / 2 B, out 3 packets / 4 B (1 probes, 2 gossip, 0 state); all peers: sent 5 B"
-            ),
-            None
-        );
-        assert_eq!(lines.seen[0].packets, (1, 3));
-        assert_eq!(lines.seen[0].sent_kinds, [1, 2, 0]);
-    }
 }
