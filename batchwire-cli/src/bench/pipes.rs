@@ -70,7 +70,16 @@ fn read_all(added: Receiver<(usize, ChildStdout)>, lines: Sender<(usize, Instant
             let p = &mut pipes[k];
             // Readable: one read does not block (it may return what a write left so far).
             let n = match p.out.read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Ok(0) | Err(_) => {
+                    // Closed: a last line without its newline is still a line.
+                    if !p.partial.is_empty() {
+                        let line = String::from_utf8_lossy(&p.partial).into_owned();
+                        p.partial.clear();
+                        if lines.send((p.i, Instant::now(), line)).is_err() {
+                            return;
+                        }
+                    }
                     closed.push(k);
                     continue;
                 }
@@ -109,9 +118,9 @@ mod tests {
             .expect("sh")
     }
 
-    /// Every line of every child, whole (a line written in two parts is one line), in
-    /// each child's order, tagged with the child's index; the thread ends when the
-    /// children are done and the handle is dropped.
+    /// Every line of every child, whole (a line written in two parts is one line, a last
+    /// one without its newline too), in each child's order, tagged with the child's index;
+    /// the thread ends when the children are done and the handle is dropped.
     #[test]
     fn every_line_of_every_child_whole_and_in_order() {
         let (tx, rx) = channel();
@@ -119,7 +128,7 @@ mod tests {
         let mut kids = Vec::new();
         for i in 0..3 {
             let mut c = child(&format!(
-                "printf 'x{i} one\\nx{i} tw'; sleep 0.1; printf 'o\\n\\nx{i} three\\n'"
+                "printf 'x{i} one\\nx{i} tw'; sleep 0.1; printf 'o\\n\\nx{i} three\\nx{i} end'"
             ));
             pipes.add(i, c.stdout.take().unwrap());
             kids.push(c);
@@ -138,7 +147,8 @@ mod tests {
                 &[
                     format!("x{i} one"),
                     format!("x{i} two"),
-                    format!("x{i} three")
+                    format!("x{i} three"),
+                    format!("x{i} end")
                 ]
             );
         }
