@@ -534,8 +534,8 @@ impl Membership {
             Kind::StateAnswer => c.state_out += 1,
             Kind::DownNotice | Kind::Other => {}
         }
-        self.counters.packets_out += 1;
-        self.counters.bytes_out += body.len() as u64;
+        c.packets_out += 1;
+        c.bytes_out += body.len() as u64;
         Some((to, body))
     }
 

@@ -259,15 +259,16 @@ pub struct MembershipStats {
     pub bytes_in: u64,
     /// Packets sent to members.
     pub packets_out: u64,
-    /// Of those, SWIM's probes and their answers (pings, acks, indirect probes)...
+    /// Their bytes.
+    pub bytes_out: u64,
+    /// Of the packets sent, SWIM's probes and their answers (pings, acks, indirect
+    /// probes)...
     pub probes_out: u64,
     /// ...its gossip of updates...
     pub gossip_out: u64,
     /// ...and the datagrams of full-state answers (push-pull). The rest are announces and
     /// their answers, state asks, leave and "you are down" notices.
     pub state_out: u64,
-    /// Their bytes.
-    pub bytes_out: u64,
     /// Packets dropped by the per-peer rate limit (`frames_per_second`).
     pub rate_limited: u64,
     /// Packets that broke the rules (dropped): a SWIM sender field that is not the

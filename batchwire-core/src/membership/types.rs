@@ -276,11 +276,12 @@ pub struct MemberCounters {
     pub bytes_in: u64,
     pub packets_out: u64,
     pub bytes_out: u64,
-    /// Of `packets_out`: SWIM's probes and their answers (pings, acks, indirect probes),
-    /// its periodic gossip, and the datagrams of full-state answers (see `Membership`'s
-    /// `sync`). The rest are announces and their answers, state asks and notices.
+    /// Of `packets_out`: SWIM's probes and their answers (pings, acks, indirect probes)...
     pub probes_out: u64,
+    /// ...its periodic gossip...
     pub gossip_out: u64,
+    /// ...and the datagrams of full-state answers (see `Membership`'s `sync`). The rest
+    /// are announces and their answers, state asks and notices.
     pub state_out: u64,
     /// Packets dropped by the per-peer rate limit.
     pub rate_limited: u64,
