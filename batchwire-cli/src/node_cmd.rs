@@ -206,7 +206,7 @@ pub(crate) fn echo_loop(
 /// `member joined|suspected|alive|down|left NAME ADDR INCARNATION`, and with `times` the
 /// host's monotonic time in nanoseconds after that (`--event-times`).
 fn print_members(node: &Node, times: bool) {
-    let time = |times| {
+    let time = || {
         if times {
             format!(" {}", sys::monotonic_ns())
         } else {
@@ -228,7 +228,7 @@ fn print_members(node: &Node, times: bool) {
             m.name,
             m.addr,
             m.incarnation,
-            time(times)
+            time()
         );
     }
     print_member_events(events, times);

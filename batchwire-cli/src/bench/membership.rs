@@ -159,12 +159,10 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
     std::fs::write(dir.join("secret"), "batchwire-bench-membership").ctx("writing the secret")?;
     let addrs = free_addrs(n)?;
     let (tx, rx) = channel();
-    let mut lines = Lines {
-        pipes: Pipes::start(tx),
-        rx,
-        seen: vec![Seen::default(); n],
-        nodes: n,
-    };
+    // Every node's stdout, read on one thread (it ends when the run is over: this handle
+    // dropped, every node gone).
+    let pipes = Pipes::start(tx);
+    let mut lines = Lines::new(rx, n);
     let names: Vec<String> = (0..n).map(|i| format!("m{i:03}")).collect();
     let mut procs: Vec<Proc> = Vec::with_capacity(n);
     let res = (|| {
@@ -182,15 +180,7 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
         let t0 = Instant::now();
         let started = (0..n).try_for_each(|i| {
             let seed = (i > 0).then_some(addrs[0]);
-            procs.push(spawn(
-                &dir,
-                i,
-                &names[i],
-                addrs[i],
-                seed,
-                &lines.pipes,
-                opts,
-            )?);
+            procs.push(spawn(&dir, i, &names[i], addrs[i], seed, &pipes, opts)?);
             Ok::<_, String>(())
         });
         let spawned_s = t0.elapsed().as_secs_f64();
@@ -294,15 +284,7 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
         // 4. Rejoin: the same name and port, a new incarnation.
         lines.seen[v] = Seen::default();
         let tr = Instant::now();
-        procs[v] = spawn(
-            &dir,
-            v,
-            &victim,
-            addrs[v],
-            Some(addrs[0]),
-            &lines.pipes,
-            opts,
-        )?;
+        procs[v] = spawn(&dir, v, &victim, addrs[v], Some(addrs[0]), &pipes, opts)?;
         let back = |s: &[Seen]| {
             s[v].live() == n - 1
                 && s.iter().enumerate().filter(|(i, _)| *i != v).all(|(_, x)| {

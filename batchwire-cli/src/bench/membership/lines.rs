@@ -6,8 +6,6 @@ use std::collections::HashMap;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use crate::bench::pipes::Pipes;
-
 /// What one node has said so far.
 #[derive(Default, Clone)]
 pub(super) struct Seen {
@@ -42,11 +40,13 @@ impl Seen {
 
 /// The lines of every process, as (node index, arrival, line).
 pub(super) struct Lines {
-    pub(super) pipes: Pipes,
-    pub(super) rx: Receiver<(usize, Instant, String)>,
+    rx: Receiver<(usize, Instant, String)>,
     pub(super) seen: Vec<Seen>,
     /// How many nodes the run has.
-    pub(super) nodes: usize,
+    nodes: usize,
+    /// This process's clock and the host's monotonic clock read together, once per run of
+    /// lines (see [`node_instant`]): not twice per line of a million.
+    clock: (Instant, u64),
 }
 
 /// When the median node and the 90th-percentile node first saw every other node live, in
@@ -65,6 +65,16 @@ pub(super) fn spread(seen: &[Seen], t0: Instant) -> (f64, f64) {
 }
 
 impl Lines {
+    /// The lines of `nodes` nodes, as they come on `rx` (from [`crate::bench::pipes::Pipes`]).
+    pub(super) fn new(rx: Receiver<(usize, Instant, String)>, nodes: usize) -> Lines {
+        Lines {
+            rx,
+            seen: vec![Seen::default(); nodes],
+            nodes,
+            clock: now(),
+        }
+    }
+
     /// Take one line of node `i`, read at `at`; for a member line, its time.
     pub(super) fn take(&mut self, i: usize, at: Instant, line: &str) -> Option<Instant> {
         let s = &mut self.seen[i];
@@ -76,8 +86,8 @@ impl Lines {
         };
         if let Some((what, name, inc, time)) = member {
             // The node's own time for the line (`--event-times`), when it gave one: the
-            // reader below runs behind the nodes and may take the line late.
-            let at = time.map_or(at, |t| node_instant(t, at));
+            // one reader takes each pipe up to a pause late, later on a busy machine.
+            let at = time.map_or(at, |t| node_instant(t, at, self.clock));
             let inc = inc.parse().unwrap_or(0);
             let old = s
                 .members
@@ -132,6 +142,7 @@ impl Lines {
             }
             let left = end.checked_duration_since(Instant::now())?;
             if let Ok(first) = self.rx.recv_timeout(left.min(Duration::from_millis(50))) {
+                self.clock = now();
                 let waiting = std::iter::from_fn(|| self.rx.try_recv().ok()).take(10_000);
                 let lines: Vec<_> = std::iter::once(first).chain(waiting).collect();
                 for (i, at, l) in lines {
@@ -142,11 +153,18 @@ impl Lines {
     }
 }
 
+/// Both clocks now: this process's and the host's monotonic one (in nanoseconds).
+fn now() -> (Instant, u64) {
+    (Instant::now(), crate::sys::monotonic_ns())
+}
+
 /// The `Instant` of `ns` on the host's monotonic clock (which `Instant` reads), given
-/// `arrival`, when the line was read: no later than that.
-fn node_instant(ns: u64, arrival: Instant) -> Instant {
-    let ago = crate::sys::monotonic_ns().saturating_sub(ns);
-    Instant::now()
+/// `arrival`, when the line was read, and `clock`, both clocks read together before it
+/// (see [`now`]): no later than the arrival.
+fn node_instant(ns: u64, arrival: Instant, clock: (Instant, u64)) -> Instant {
+    let ago = clock.1.saturating_sub(ns);
+    clock
+        .0
         .checked_sub(Duration::from_nanos(ago))
         .map_or(arrival, |t| t.min(arrival))
 }
@@ -154,6 +172,7 @@ fn node_instant(ns: u64, arrival: Instant) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::pipes::Pipes;
     use std::sync::mpsc::channel;
 
     /// A node's time a second ago is a second before now, give or take the calls between;
@@ -162,28 +181,27 @@ mod tests {
     fn a_node_time_is_placed_on_this_clock_no_later_than_its_arrival() {
         let arrival = Instant::now() + Duration::from_secs(5);
         let second_ago = crate::sys::monotonic_ns() - 1_000_000_000;
-        let at = node_instant(second_ago, arrival);
+        let at = node_instant(second_ago, arrival, now());
         let ago = Instant::now() - at;
         assert!(
             ago >= Duration::from_secs(1) && ago < Duration::from_millis(1500),
             "{ago:?}"
         );
         let early = Instant::now() - Duration::from_secs(1);
-        assert_eq!(node_instant(second_ago + 10_000_000_000, early), early);
+        assert_eq!(
+            node_instant(second_ago + 10_000_000_000, early, now()),
+            early
+        );
     }
 
     /// Member lines with and without the node's time; the time, when there, is the one
     /// the view records, and the node is full once it sees the others.
     #[test]
     fn member_lines_with_the_nodes_time_and_without() {
-        let (_tx, rx) = channel();
-        let mut lines = Lines {
-            pipes: Pipes::start(_tx.clone()),
-            rx,
-            seen: vec![Seen::default(); 3],
-            nodes: 3,
-        };
+        let (tx, rx) = channel();
         let then = crate::sys::monotonic_ns() - 2_000_000_000;
+        let _pipes = Pipes::start(tx);
+        let mut lines = Lines::new(rx, 3);
         let read = Instant::now();
         let t = lines.take(0, read, &format!("member joined m001 127.0.0.1:1 1 {then}"));
         let t = t.expect("a member line");
