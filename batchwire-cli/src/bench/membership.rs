@@ -304,7 +304,7 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
                     .fold(HashMap::new(), |mut m, (_, x)| {
                         let k = match x.members.get(&victim) {
                             Some(m) if m.1 == old_inc => format!("{} (old incarnation)", m.0),
-                            Some(m) => m.0.clone(),
+                            Some(m) => m.0.to_string(),
                             None => "unknown".into(),
                         };
                         *m.entry(k).or_default() += 1;

@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 /// What one node has said so far.
 #[derive(Default, Clone)]
 pub(super) struct Seen {
-    /// Member name → (state word, incarnation, when).
-    pub(super) members: HashMap<String, (String, u64, Instant)>,
+    /// Member name → (state word, incarnation, when). Sized for every node at its first
+    /// member line: grown a doubling at a time, a thousand nodes' maps were most of the
+    /// bench's own CPU and page faults during a join, beside the nodes it measures.
+    pub(super) members: HashMap<String, (&'static str, u64, Instant)>,
     /// Of `members`, those live (joined, alive or suspected): kept as lines come, so a
     /// thousand nodes' views are not counted again at every line.
     pub(super) live: usize,
@@ -32,13 +34,22 @@ fn is_live(state: &str) -> bool {
     state == "joined" || state == "alive" || state == "suspected"
 }
 
+/// The state word of a member line, without a copy (a word the bench does not know is
+/// kept as "other", which is not live).
+fn word(what: &str) -> &'static str {
+    ["joined", "alive", "suspected", "down", "left"]
+        .into_iter()
+        .find(|w| *w == what)
+        .unwrap_or("other")
+}
+
 impl Seen {
     pub(super) fn live(&self) -> usize {
         self.live
     }
 }
 
-/// The lines of every process, as (node index, arrival, line).
+/// The lines of every process, as (node index, arrival, lines) from [`crate::bench::pipes::Pipes`].
 pub(super) struct Lines {
     rx: Receiver<(usize, Instant, String)>,
     pub(super) seen: Vec<Seen>,
@@ -78,10 +89,27 @@ impl Lines {
     /// Take one line of node `i`, read at `at`; for a member line, its time.
     pub(super) fn take(&mut self, i: usize, at: Instant, line: &str) -> Option<Instant> {
         let s = &mut self.seen[i];
-        let w: Vec<&str> = line.split_whitespace().collect();
-        let member = match w[..] {
-            ["member", what, name, _, inc] => Some((what, name, inc, None)),
-            ["member", what, name, _, inc, time] => Some((what, name, inc, time.parse().ok())),
+        let mut words = line.split_whitespace();
+        let w: [Option<&str>; 7] = std::array::from_fn(|_| words.next());
+        let member = match w {
+            [
+                Some("member"),
+                Some(what),
+                Some(name),
+                Some(_),
+                Some(inc),
+                None,
+                _,
+            ] => Some((what, name, inc, None)),
+            [
+                Some("member"),
+                Some(what),
+                Some(name),
+                Some(_),
+                Some(inc),
+                Some(time),
+                None,
+            ] => Some((what, name, inc, time.parse().ok())),
             _ => None,
         };
         if let Some((what, name, inc, time)) = member {
@@ -89,10 +117,16 @@ impl Lines {
             // one reader takes each pipe up to a pause late, later on a busy machine.
             let at = time.map_or(at, |t| node_instant(t, at, self.clock));
             let inc = inc.parse().unwrap_or(0);
-            let old = s
-                .members
-                .insert(name.to_string(), (what.to_string(), inc, at));
-            let was = old.is_some_and(|o| is_live(&o.0));
+            if s.members.capacity() == 0 {
+                s.members.reserve(self.nodes);
+            }
+            let now = (word(what), inc, at);
+            // The name is copied only the first time the node names that member.
+            let old = match s.members.get_mut(name) {
+                Some(v) => Some(std::mem::replace(v, now)),
+                None => s.members.insert(name.to_string(), now),
+            };
+            let was = old.is_some_and(|o| is_live(o.0));
             match what {
                 "suspected" => s.alarms.0 += 1,
                 "down" => s.alarms.1 += 1,
@@ -145,8 +179,10 @@ impl Lines {
                 self.clock = now();
                 let waiting = std::iter::from_fn(|| self.rx.try_recv().ok()).take(10_000);
                 let lines: Vec<_> = std::iter::once(first).chain(waiting).collect();
-                for (i, at, l) in lines {
-                    last = last.max(self.take(i, at, &l));
+                for (i, at, text) in lines {
+                    for l in text.lines() {
+                        last = last.max(self.take(i, at, l));
+                    }
                 }
             }
         }
