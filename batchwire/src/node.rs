@@ -269,8 +269,8 @@ impl Node {
         EventStream::new(self.rt.events.subscribe_async())
     }
 
-    /// Threads this node runs now (acceptor, ticker, dialers, writers, one per connection
-    /// or handshake in progress).
+    /// Threads this node runs now (acceptor, ticker, dialers, writers, one per
+    /// authenticated connection; inbound handshakes in progress run on the acceptor's).
     pub fn threads(&self) -> usize {
         self.rt.threads()
     }

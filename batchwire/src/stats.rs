@@ -303,7 +303,8 @@ pub struct HandshakeStats {
     pub busy: u64,
     /// Errors accepting a connection (e.g. out of file descriptors).
     pub accept_errors: u64,
-    /// Inbound connections closed because no thread could be started for them.
+    /// Authenticated inbound connections closed because no thread could be started for
+    /// them (a handshake in progress has none: the acceptor's event loop runs it).
     pub spawn_errors: u64,
     /// Handshakes in progress cut to make room for one from an address holding fewer
     /// places (see `NodeConfig::max_handshakes`).
@@ -311,6 +312,8 @@ pub struct HandshakeStats {
     /// Inbound connections that took a place kept for known addresses (configured
     /// peers, seeds, members) because the strangers' places were all taken.
     pub reserved: u64,
+    /// Inbound handshakes in progress now (each a socket and a few KiB, no thread).
+    pub pending: u64,
 }
 
 impl HandshakeStats {
@@ -359,6 +362,7 @@ impl SecurityCounters {
             spawn_errors: self.spawn_errors.load(Relaxed),
             evicted: self.evicted.load(Relaxed),
             reserved: self.reserved.load(Relaxed),
+            pending: 0,
         }
     }
 }

@@ -133,7 +133,6 @@ impl Link {
                 .map_err(io_err)?
                 .into(),
         };
-        conn.set_buffer_limit(None);
         let mut io = DeadlineIo {
             sock: &sock,
             deadline,
@@ -145,13 +144,22 @@ impl Link {
         while conn.wants_write() {
             conn.write_tls(&mut io)?;
         }
-        Ok(Link::Tls {
+        Ok(Link::tls_established(sock, conn))
+    }
+
+    /// The link of a blocking socket whose TLS handshake `conn` has done (the acceptor
+    /// drives inbound ones without blocking, see `io::accept`). Plaintext and records that
+    /// `conn` still holds come first on the link.
+    pub fn tls_established(sock: TcpStream, mut conn: rustls::Connection) -> Link {
+        // The writer and reader bound what they hand rustls themselves.
+        conn.set_buffer_limit(None);
+        Link::Tls {
             sock,
             state: Mutex::new(TlsState { conn }),
             pending_out: AtomicBool::new(false),
             waker: OnceLock::new(),
             cipher: Mutex::new(Cipher::default()),
-        })
+        }
     }
 
     pub fn sock(&self) -> &TcpStream {

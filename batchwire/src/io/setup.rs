@@ -35,7 +35,7 @@ use crate::io::shutdown::Shutdown;
 use crate::stats::SecurityCounters;
 
 /// Handshake frames are small; anything bigger than this before authentication is refused.
-const HANDSHAKE_MAX_FRAME: usize = 4096;
+pub(crate) const HANDSHAKE_MAX_FRAME: usize = 4096;
 
 /// What connections need, shared by the acceptor's threads and the dialers.
 pub(crate) struct Setup {
@@ -65,10 +65,25 @@ pub(crate) struct Setup {
     seed_addrs: Mutex<Vec<SocketAddr>>,
 }
 
-/// Which end of a fresh connection this node is.
+/// A connection whose batchwire handshake is done: the peer proved the cluster secret
+/// (its certificate, with TLS, is checked next).
+pub(crate) struct Handshaken {
+    pub link: Link,
+    pub info: PeerInfo,
+    /// Bytes read past the handshake.
+    pub buf: BytesMut,
+    pub addr: SocketAddr,
+    /// The connection's one deadline for everything before it carries messages.
+    pub deadline: Instant,
+    /// This node dialled it.
+    pub dialled: bool,
+    /// Dialled to join through a seed.
+    pub joining: bool,
+}
+
+/// Which dialled connection this is (inbound ones are set up by the acceptor's event
+/// loop, `io::accept`, then go on at [`Setup::established`]).
 pub(crate) enum Side {
-    /// Accepted, holding one of the handshake places.
-    Accept(HandshakeSlot),
     /// Dialled the peer called so.
     Dial(Name),
     /// Dialled a seed's address, not knowing its name.
@@ -181,6 +196,12 @@ impl Setup {
         })
     }
 
+    /// Inbound handshakes in progress.
+    pub fn pending_handshakes(&self) -> usize {
+        let g = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        g.strangers + g.known
+    }
+
     /// Whether `ip` is the address of a configured peer, a seed or a member in the view.
     fn knows(&self, ip: IpAddr) -> bool {
         self.statics.iter().any(|(_, a)| a.ip() == ip)
@@ -203,18 +224,17 @@ impl Setup {
         g.extend_from_slice(addrs);
     }
 
-    /// Run a fresh connection to its end. An inbound handshake's place (in `side`) is
-    /// freed once the peer is authenticated. Returns whether the handshake succeeded.
+    /// Run a dialled connection to its end (on the dialler's thread). Returns whether the
+    /// handshake succeeded.
     pub fn run(&self, stream: TcpStream, side: Side) -> bool {
         let Ok(addr) = stream.peer_addr() else {
             return false; // already gone
         };
-        let (expect, slot, joining) = match side {
-            Side::Accept(slot) => (None, Some(slot), false),
-            Side::Dial(name) => (Some(name), None, false),
-            Side::Join => (None, None, true),
+        let (expect, joining) = match side {
+            Side::Dial(name) => (Some(name), false),
+            Side::Join => (None, true),
         };
-        let dialled = expect.is_some() || joining;
+        let dialled = true;
         // Every log line of this connection says which it is: its handshake first, then
         // (once the peer proved who it is) the connection with the peer's name and
         // incarnation.
@@ -231,23 +251,58 @@ impl Setup {
             .open(stream, expect.as_ref(), joining, deadline)
             .and_then(|link| {
                 let (info, buf) = self.handshake(&link, expect.clone(), joining, deadline)?;
-                self.check_certificate(&link, &info)?;
-                Ok((Arc::new(link), info, buf))
+                Ok((link, info, buf))
             });
         let (link, info, buf) = match setup {
             Ok(x) => x,
             Err(e) => {
-                let peer = match &e {
-                    LinkError::Handshake(h) => h.peer().map(|p| p.to_string()),
-                    LinkError::Certificate { peer, .. } => Some(peer.clone()),
-                    _ => None,
-                };
-                self.failed(addr, peer.or(expect.map(|n| n.to_string())), &e);
+                self.handshake_failed(addr, expect.map(|n| n.to_string()), &e);
                 return false;
             }
         };
-        drop(slot);
         drop(hs_span);
+        let h = Handshaken {
+            link,
+            info,
+            buf,
+            addr,
+            deadline,
+            dialled,
+            joining,
+        };
+        self.established(h, None)
+    }
+
+    /// A handshake failed: count, log and report it, naming the peer if it got that far
+    /// (else `expect`, the peer dialled).
+    pub fn handshake_failed(&self, addr: SocketAddr, expect: Option<String>, e: &LinkError) {
+        let peer = match e {
+            LinkError::Handshake(h) => h.peer().map(|p| p.to_string()),
+            LinkError::Certificate { peer, .. } => Some(peer.clone()),
+            _ => None,
+        };
+        self.failed(addr, peer.or(expect), e);
+    }
+
+    /// Run a connection whose handshake is done to its end: with TLS the certificate's
+    /// name first, then (the inbound handshake's place freed) RESUME, the reader and the
+    /// teardown. Returns whether the peer was authenticated.
+    pub fn established(&self, h: Handshaken, slot: Option<HandshakeSlot>) -> bool {
+        let Handshaken {
+            link,
+            info,
+            buf,
+            addr,
+            deadline,
+            dialled,
+            joining,
+        } = h;
+        if let Err(e) = self.check_certificate(&link, &info) {
+            self.handshake_failed(addr, None, &e);
+            return false;
+        }
+        let link = Arc::new(link);
+        drop(slot);
         let _span = tracing::info_span!(
             "conn",
             node = %self.name,

@@ -18,9 +18,9 @@ impl Threads {
         self.spawn_with(std::thread::Builder::new().name(name), f)
     }
 
-    /// Start a thread for an inbound connection: a stranger can make up to
-    /// `max_handshakes` of these, so each reserves a smaller stack than the default 2 MiB
-    /// (the handshake, TLS and the reader need far less).
+    /// Start a thread for an inbound connection whose peer proved the cluster secret (up
+    /// to `max_peers` of these): each reserves a smaller stack than the default 2 MiB (TLS
+    /// and the reader need far less).
     pub fn spawn_inbound(
         &self,
         name: String,

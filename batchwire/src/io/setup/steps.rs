@@ -33,25 +33,22 @@ impl Setup {
         })
     }
 
-    /// Drive the sans-IO handshake over the blocking link, finishing by `deadline`.
-    /// Returns the peer and any bytes read past the handshake.
-    pub(super) fn handshake(
+    /// The role of an accepting end: a peer this node dials itself is refused.
+    pub(crate) fn accept_role(&self) -> Role {
+        Role::Accept {
+            refuse: self.dials.clone(),
+        }
+    }
+
+    /// A handshake machine for a connection whose setup must be over by `deadline`.
+    pub(crate) fn new_handshake(
         &self,
-        link: &Link,
-        expect: Option<Name>,
-        joining: bool,
+        role: Role,
         deadline: Instant,
-    ) -> Result<(PeerInfo, BytesMut), LinkError> {
+    ) -> Result<Handshake, LinkError> {
         let mut nonce = [0u8; 16];
         getrandom::fill(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
-        let role = match expect {
-            Some(expect) => Role::Dial { expect },
-            None if joining => Role::Join,
-            None => Role::Accept {
-                refuse: self.dials.clone(),
-            },
-        };
-        let mut hs = Handshake::new(
+        Ok(Handshake::new(
             HandshakeConfig {
                 name: self.name.clone(),
                 incarnation: self.incarnation,
@@ -66,7 +63,33 @@ impl Setup {
                 .checked_sub(self.config.handshake_timeout)
                 .unwrap_or(deadline),
             self.config.handshake_timeout,
-        );
+        ))
+    }
+
+    /// A TLS server connection for an inbound socket, if this node runs TLS.
+    pub(crate) fn tls_server(&self) -> Option<Result<rustls::ServerConnection, LinkError>> {
+        let tls = self.tls.as_ref()?;
+        Some(
+            rustls::ServerConnection::new(tls.server.clone())
+                .map_err(|e| LinkError::Tls(e.to_string())),
+        )
+    }
+
+    /// Drive the sans-IO handshake over the blocking link, finishing by `deadline`.
+    /// Returns the peer and any bytes read past the handshake.
+    pub(super) fn handshake(
+        &self,
+        link: &Link,
+        expect: Option<Name>,
+        joining: bool,
+        deadline: Instant,
+    ) -> Result<(PeerInfo, BytesMut), LinkError> {
+        let role = match expect {
+            Some(expect) => Role::Dial { expect },
+            None if joining => Role::Join,
+            None => self.accept_role(),
+        };
+        let mut hs = self.new_handshake(role, deadline)?;
         let mut buf = BytesMut::with_capacity(HANDSHAKE_MAX_FRAME);
         let mut out = Vec::new();
         loop {
