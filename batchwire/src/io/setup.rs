@@ -1,7 +1,8 @@
 //! A connection from its first byte to its last: TLS (if configured), the batchwire
 //! handshake and the RESUME exchange, all within one deadline; then the reader; then the
-//! teardown. Dialers and the acceptor's connection threads run [`Setup::run`]; every step
-//! is commented, in the manner of mini-redis' `connection.rs`.
+//! teardown. Dialers run [`Setup::run`]; inbound connections are set up by the acceptor's
+//! event loop (`io::accept`), and their thread goes on at [`Setup::established`]. Every
+//! step is commented, in the manner of mini-redis' `connection.rs`.
 
 mod steps;
 
@@ -573,31 +574,4 @@ fn refuse(link: &Link, code: frame::RefuseCode, reason: String) {
     let mut out = Vec::new();
     Frame::Refuse(frame::Refuse { code, reason }).encode(&mut out);
     let _ = link.write_all(&out);
-}
-
-/// One small read while the connection is being set up, with what is left of `deadline`
-/// as its timeout: end of stream and running out of time are errors.
-fn read_small(
-    link: &Link,
-    buf: &mut BytesMut,
-    deadline: Instant,
-    timeout: Duration,
-) -> Result<(), LinkError> {
-    let timed_out = LinkError::HandshakeTimeout(timeout);
-    if link.set_deadline(deadline).is_err() {
-        return Err(timed_out);
-    }
-    match link.read_append(buf, 512, true) {
-        Ok(0) => Err(LinkError::Eof),
-        Ok(_) => Ok(()),
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ) =>
-        {
-            Err(timed_out)
-        }
-        Err(e) => Err(e.into()),
-    }
 }

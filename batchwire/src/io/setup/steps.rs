@@ -287,3 +287,30 @@ impl Setup {
         Ok(Some((conn, buf)))
     }
 }
+
+/// One small read while the connection is being set up, with what is left of `deadline`
+/// as its timeout: end of stream and running out of time are errors.
+fn read_small(
+    link: &Link,
+    buf: &mut BytesMut,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(), LinkError> {
+    let timed_out = LinkError::HandshakeTimeout(timeout);
+    if link.set_deadline(deadline).is_err() {
+        return Err(timed_out);
+    }
+    match link.read_append(buf, 512, true) {
+        Ok(0) => Err(LinkError::Eof),
+        Ok(_) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(timed_out)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
