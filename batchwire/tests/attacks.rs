@@ -259,6 +259,63 @@ fn slow_loris_is_cut_at_the_deadline_with_and_without_tls() {
     }
 }
 
+/// The acceptor sets up every inbound connection on one event loop: 30 clients (from 30
+/// addresses) trickling a HELLO a byte every 50 ms hold up no other handshake. A peer that
+/// logs in whole, and one that sends its handshake a byte at a time, both get the node's
+/// RESUME (the connection's own thread has taken over from the loop) while they trickle.
+#[test]
+fn trickling_clients_hold_up_no_other_handshake() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let cfg =
+        NodeConfig::new("b", free_addrs(1)[0], SECRET).handshake_timeout(Duration::from_secs(5));
+    let b = Node::start(cfg).unwrap();
+    let addr = b.local_addr();
+    let stop = AtomicBool::new(false);
+    let (whole, trickled) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut loris: Vec<(TcpStream, Vec<u8>)> = (0..30)
+                .filter_map(|i| {
+                    let st = connect_from(&format!("127.0.3.{}", 1 + i), addr).ok()?;
+                    let mut v = Vec::new();
+                    hello("loris", 1, [0; 16]).encode(&mut v);
+                    Some((st, v))
+                })
+                .collect();
+            assert_eq!(loris.len(), 30);
+            let deadline = Instant::now() + T;
+            while !stop.load(Relaxed) && Instant::now() < deadline {
+                for (st, v) in &mut loris {
+                    if !v.is_empty() {
+                        let _ = st.write_all(&v[..1]);
+                        v.remove(0);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let t0 = Instant::now();
+        let mut r = login(addr, "a1", "b", 7);
+        let whole = matches!(r.recv(T), Some(Frame::Resume(_))).then(|| t0.elapsed());
+        let t1 = Instant::now();
+        let mut r = login_trickled(addr, "a2", "b", 9, Some(Duration::from_millis(1)));
+        let trickled = matches!(r.recv(T), Some(Frame::Resume(_))).then(|| t1.elapsed());
+        // The trickling clients were all still in their handshakes meanwhile.
+        let h = b.stats().handshakes;
+        stop.store(true, Relaxed);
+        assert_eq!(h.pending, 30, "{h:?}");
+        (whole, trickled)
+    });
+    assert!(
+        whole.is_some_and(|t| t < Duration::from_secs(1)),
+        "{whole:?}"
+    );
+    assert!(
+        trickled.is_some_and(|t| t < Duration::from_secs(3)),
+        "{trickled:?}"
+    );
+}
+
 /// A client socket from `ip` (any loopback address works on Linux).
 /// Attack 5 (the handshake cap): 300 silent connections from one address hold at most
 /// `max_handshakes_per_address` places; the rest are closed at once and counted, and a real

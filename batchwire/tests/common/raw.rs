@@ -97,6 +97,18 @@ pub fn incarnation_of(addr: SocketAddr) -> u64 {
 /// Log in to the node at `addr` as `name` (dialling, with the secret), as a real peer
 /// would. Returns the connection after the handshake.
 pub fn login(addr: SocketAddr, name: &str, expect: &str, incarnation: u64) -> Raw {
+    login_trickled(addr, name, expect, incarnation, None)
+}
+
+/// [`login`], writing each of its frames a byte at a time with `pause` between the bytes
+/// if given.
+pub fn login_trickled(
+    addr: SocketAddr,
+    name: &str,
+    expect: &str,
+    incarnation: u64,
+    pause: Option<Duration>,
+) -> Raw {
     let mut r = Raw::connect(addr);
     let mut hs = Handshake::new(
         HandshakeConfig {
@@ -111,7 +123,17 @@ pub fn login(addr: SocketAddr, name: &str, expect: &str, incarnation: u64) -> Ra
     );
     loop {
         while let Some(f) = hs.poll_transmit() {
-            r.send(&f);
+            match pause {
+                None => r.send(&f),
+                Some(p) => {
+                    let mut out = Vec::new();
+                    f.encode(&mut out);
+                    for b in out {
+                        r.s.write_all(&[b]).unwrap();
+                        std::thread::sleep(p);
+                    }
+                }
+            }
         }
         if hs.is_done() {
             return r;
