@@ -396,3 +396,51 @@ fn sixty_four_members_each_talking_to_eight_get_everything_once_in_order() {
         .sum();
     assert_eq!(failed, 0);
 }
+
+/// An inbound connection costs its node no reader thread: the acceptor's event loop reads
+/// it. Eight nodes dial one (their names sort first) and stream to it; its threads grow by
+/// at most one per peer (the peer's writer), and every message arrives once, in order.
+#[test]
+fn inbound_connections_cost_no_reader_thread() {
+    let hub = Node::start(NodeConfig::new("z", "127.0.0.1:0".parse().unwrap(), SECRET)).unwrap();
+    let inbox = hub.mailbox("inbox").unwrap();
+    let base = hub.threads();
+    let leaves: Vec<Node> = (0..8)
+        .map(|i| {
+            let c = NodeConfig::new(format!("a{i}"), "127.0.0.1:0".parse().unwrap(), SECRET)
+                .peer("z", hub.local_addr());
+            Node::start(c).unwrap()
+        })
+        .collect();
+    const N: u64 = 2000;
+    std::thread::scope(|s| {
+        for l in &leaves {
+            s.spawn(move || {
+                let mb = l.mailbox("out").unwrap();
+                for k in 0..N {
+                    mb.send(&to("z", "inbox"), k.to_le_bytes().to_vec())
+                        .unwrap();
+                }
+            });
+        }
+    });
+    let mut next = std::collections::HashMap::new();
+    let deadline = Instant::now() + T;
+    let mut got = 0;
+    while got < 8 * N && Instant::now() < deadline {
+        let Ok(e) = inbox.recv_timeout(Duration::from_secs(1)) else {
+            continue;
+        };
+        let n = next.entry(e.from.node().to_string()).or_insert(0u64);
+        assert_eq!(u64::from_le_bytes(e.payload[..].try_into().unwrap()), *n);
+        *n += 1;
+        got += 1;
+    }
+    assert_eq!(got, 8 * N, "{next:?}");
+    let threads = hub.threads();
+    assert_eq!(hub.connected_peers().len(), 8);
+    assert!(
+        threads <= base + 8,
+        "{threads} threads with 8 inbound peers (from {base}): a reader thread each?"
+    );
+}

@@ -12,6 +12,8 @@
 //! start a connection's thread is logged, counted and retried after a pause.
 
 mod inbound;
+mod reading;
+pub(crate) use reading::{Adopted, Reading};
 
 use std::net::TcpListener;
 use std::os::fd::AsRawFd;
@@ -27,6 +29,11 @@ use crate::io::logs::warn_limited;
 use crate::io::setup::Setup;
 use crate::io::threads::Threads;
 use inbound::{Inbound, Progress};
+use reading::Readers;
+
+/// After the node stops, inbound connections still open this long are closed (the node
+/// closes every current one itself soon after it stops).
+const LAST_READS: Duration = Duration::from_secs(2);
 
 /// The pause after a failed accept (typically EMFILE) before the next.
 const PAUSE: Duration = Duration::from_millis(50);
@@ -81,6 +88,8 @@ struct Acceptor {
     table: Table,
     /// After a failed accept: when to try again.
     accept_at: Option<Instant>,
+    /// The inbound connections this loop reads.
+    readers: Readers,
 }
 
 impl Acceptor {
@@ -92,6 +101,9 @@ impl Acceptor {
             LISTENER,
             Interest::READABLE,
         )?;
+        let waker = std::sync::Arc::new(mio::Waker::new(poll.registry(), reading::WAKE)?);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _ = setup.reading.set(Reading::new(tx.clone(), waker.clone()));
         Ok(Acceptor {
             listener,
             setup,
@@ -99,34 +111,54 @@ impl Acceptor {
             poll,
             table: Table::default(),
             accept_at: None,
+            readers: Readers::new(rx, tx, waker),
         })
     }
 
     fn run(mut self) -> std::io::Result<()> {
         let mut events = Events::with_capacity(256);
+        // When the node stopped: no more accepting; the connections read here are read
+        // until they close (the node closes its current ones), at most `LAST_READS`.
+        let mut stopped: Option<Instant> = None;
         loop {
             let now = Instant::now();
-            let next = self
-                .table
-                .earliest()
-                .into_iter()
-                .chain(self.accept_at)
-                .min();
-            let timeout = next.map(|t| t.saturating_duration_since(now));
+            let next = self.table.earliest().into_iter().chain(self.accept_at);
+            let next = next.chain(stopped.map(|t| t + LAST_READS)).min();
+            let timeout = match self.readers.busy() {
+                true => Some(Duration::ZERO),
+                false => next.map(|t| t.saturating_duration_since(now)),
+            };
             match self.poll.poll(&mut events, timeout) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
-            if self.setup.shutdown.is_stopped() {
-                break;
+            if stopped.is_none() && self.setup.shutdown.is_stopped() {
+                stopped = Some(Instant::now());
+                self.stop_accepting();
             }
             let mut accept = false;
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => accept = true,
+                    reading::WAKE => {}
+                    Token(t) if t >= reading::BASE => {
+                        self.readers.ready(self.poll.registry(), &self.setup, t)
+                    }
                     Token(t) => self.drive(t - 1),
                 }
+            }
+            let registry = self.poll.registry();
+            self.readers.take_messages(registry, &self.setup);
+            self.readers.go_again(registry, &self.setup);
+            if let Some(t) = stopped {
+                if self.readers.is_empty() {
+                    return Ok(());
+                }
+                if t.elapsed() >= LAST_READS {
+                    self.readers.close_all();
+                }
+                continue;
             }
             let now = Instant::now();
             if self.accept_at.is_some_and(|t| t <= now) {
@@ -138,13 +170,19 @@ impl Acceptor {
             }
             self.expire(now);
         }
-        // Stopped: pending handshakes close with the loop.
+    }
+
+    /// The node stopped: no more connections; those in their handshakes close.
+    fn stop_accepting(&mut self) {
+        let _ = self
+            .poll
+            .registry()
+            .deregister(&mut SourceFd(&self.listener.as_raw_fd()));
         for i in 0..self.table.slots.len() {
             if let Some(c) = self.table.remove(i) {
                 self.forget(&c);
             }
         }
-        Ok(())
     }
 
     /// Take every connection waiting (the listener is edge-triggered).
