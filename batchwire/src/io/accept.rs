@@ -13,7 +13,6 @@
 
 mod inbound;
 mod reading;
-pub(crate) use reading::{Adopted, Reading};
 
 use std::net::TcpListener;
 use std::os::fd::AsRawFd;
@@ -25,6 +24,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use tracing::warn;
 
+use crate::io::adopt::Reading;
 use crate::io::logs::warn_limited;
 use crate::io::setup::Setup;
 use crate::io::threads::Threads;

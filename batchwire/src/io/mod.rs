@@ -20,6 +20,7 @@
 //! for an inbound one; or a thread that leads, with the read turn). Every wait has a wake-up or a deadline.
 
 pub(crate) mod accept;
+pub(crate) mod adopt;
 pub(crate) mod bundle;
 pub(crate) mod calls;
 pub(crate) mod conn;

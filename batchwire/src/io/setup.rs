@@ -65,7 +65,7 @@ pub(crate) struct Setup {
     /// The seeds' addresses as last resolved (the joiner's, at most `join::MAX_ADDRS`).
     seed_addrs: Mutex<Vec<SocketAddr>>,
     /// The acceptor's event loop, which reads inbound connections (set when it starts).
-    pub reading: std::sync::OnceLock<crate::io::accept::Reading>,
+    pub reading: std::sync::OnceLock<crate::io::adopt::Reading>,
 }
 
 /// A connection whose batchwire handshake is done: the peer proved the cluster secret
@@ -292,15 +292,8 @@ impl Setup {
     /// name first, then (the inbound handshake's place freed) RESUME, the reader and the
     /// teardown. Returns whether the peer was authenticated.
     pub fn established(&self, h: Handshaken, slot: Option<HandshakeSlot>) -> bool {
-        let Handshaken {
-            link,
-            info,
-            buf,
-            addr,
-            deadline,
-            dialled,
-            joining,
-        } = h;
+        let (link, info, buf, addr) = (h.link, h.info, h.buf, h.addr);
+        let (deadline, dialled, joining) = (h.deadline, h.dialled, h.joining);
         if let Err(e) = self.check_certificate(&link, &info) {
             self.handshake_failed(addr, None, &e);
             return false;
@@ -414,7 +407,7 @@ impl Setup {
         let reader = self.reader(&peer, &conn);
         reader.prepare(buf);
         if !dialled && let Some(r) = self.reading.get() {
-            let adopted = crate::io::accept::Adopted {
+            let adopted = crate::io::adopt::Adopted {
                 peer: peer.clone(),
                 conn: conn.clone(),
                 name: info.name.clone(),

@@ -10,18 +10,15 @@
 //! connection's teardown (`Setup::teardown`), as the reader thread did.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 
-use batchwire_core::codec::Name;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token, Waker};
 
-use crate::io::conn::Conn;
+use crate::io::adopt::{Adopted, Msg};
 use crate::io::mailbox::MailboxQueue;
-use crate::io::peer::Peer;
 use crate::io::read::Turn;
 use crate::io::setup::Setup;
 
@@ -34,48 +31,6 @@ pub(super) const BASE: usize = 1 << 30;
 
 /// The event loop's own wake-up.
 pub(super) const WAKE: Token = Token(usize::MAX - 1);
-
-/// A connection handed to the loop.
-pub(crate) struct Adopted {
-    pub peer: Arc<Peer>,
-    pub conn: Arc<Conn>,
-    pub name: Name,
-    pub addr: SocketAddr,
-}
-
-/// What other threads tell the loop.
-pub(super) enum Msg {
-    Adopt(Adopted),
-    /// A thread that led connection (place, generation) gave the read turn back.
-    Look(usize, u64),
-}
-
-/// The handle other threads use to give the loop connections to read.
-pub(crate) struct Reading {
-    tx: Mutex<Sender<Msg>>,
-    waker: Arc<Waker>,
-}
-
-impl Reading {
-    pub(super) fn new(tx: Sender<Msg>, waker: Arc<Waker>) -> Reading {
-        Reading {
-            tx: Mutex::new(tx),
-            waker,
-        }
-    }
-
-    /// Hand `a` (its reader prepared) to the loop. False if the loop has stopped: the
-    /// caller reads it itself.
-    pub fn adopt(&self, a: Adopted) -> bool {
-        let sent = self
-            .tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(Msg::Adopt(a))
-            .is_ok();
-        sent && self.waker.wake().is_ok()
-    }
-}
 
 /// One connection being read.
 struct Read1 {
