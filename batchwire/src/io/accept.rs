@@ -35,6 +35,9 @@ use reading::Readers;
 /// closes every current one itself soon after it stops).
 const LAST_READS: Duration = Duration::from_secs(2);
 
+/// Connections accepted per pass of the loop.
+const ACCEPTS: usize = 64;
+
 /// The pause after a failed accept (typically EMFILE) before the next.
 const PAUSE: Duration = Duration::from_millis(50);
 
@@ -88,6 +91,8 @@ struct Acceptor {
     table: Table,
     /// After a failed accept: when to try again.
     accept_at: Option<Instant>,
+    /// The last pass took its most connections: the next one goes on at once.
+    accept_more: bool,
     /// The inbound connections this loop reads.
     readers: Readers,
 }
@@ -111,11 +116,19 @@ impl Acceptor {
             poll,
             table: Table::default(),
             accept_at: None,
+            accept_more: false,
             readers: Readers::new(rx, tx, waker),
         })
     }
 
     fn run(mut self) -> std::io::Result<()> {
+        let r = self.serve();
+        // Whichever way it ended: nothing handed over is left unread and untorn-down.
+        self.readers.end_all(self.poll.registry(), &self.setup);
+        r
+    }
+
+    fn serve(&mut self) -> std::io::Result<()> {
         let mut events = Events::with_capacity(256);
         // When the node stopped: no more accepting; the connections read here are read
         // until they close (the node closes its current ones), at most `LAST_READS`.
@@ -124,7 +137,7 @@ impl Acceptor {
             let now = Instant::now();
             let next = self.table.earliest().into_iter().chain(self.accept_at);
             let next = next.chain(stopped.map(|t| t + LAST_READS)).min();
-            let timeout = match self.readers.busy() {
+            let timeout = match self.readers.busy() || self.accept_more {
                 true => Some(Duration::ZERO),
                 false => next.map(|t| t.saturating_duration_since(now)),
             };
@@ -165,7 +178,7 @@ impl Acceptor {
                 self.accept_at = None;
                 accept = true;
             }
-            if accept && self.accept_at.is_none() {
+            if (accept || self.accept_more) && self.accept_at.is_none() {
                 self.accept_all(now);
             }
             self.expire(now);
@@ -185,10 +198,13 @@ impl Acceptor {
         }
     }
 
-    /// Take every connection waiting (the listener is edge-triggered).
+    /// Take the connections waiting (the listener is edge-triggered), at most
+    /// [`ACCEPTS`] before the readers and the handshakes get their turns (then the next
+    /// pass goes on without waiting): a flood of connects cannot hold them up.
     fn accept_all(&mut self, now: Instant) {
         let setup = self.setup.clone();
-        loop {
+        self.accept_more = false;
+        for _ in 0..ACCEPTS {
             let (s, from) = match self.listener.accept() {
                 Ok(x) => x,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
@@ -238,6 +254,7 @@ impl Acceptor {
                 }
             }
         }
+        self.accept_more = true;
     }
 
     /// Run connection `i`'s setup as far as its socket allows.

@@ -30,27 +30,40 @@ pub(crate) enum Msg {
 
 /// The handle other threads use to give the loop connections to read.
 pub(crate) struct Reading {
-    tx: Mutex<Sender<Msg>>,
+    /// `None` once the loop has ended (it takes what was sent before, under this lock).
+    tx: Mutex<Option<Sender<Msg>>>,
     waker: Arc<Waker>,
 }
 
 impl Reading {
     pub(crate) fn new(tx: Sender<Msg>, waker: Arc<Waker>) -> Reading {
         Reading {
-            tx: Mutex::new(tx),
+            tx: Mutex::new(Some(tx)),
             waker,
         }
     }
 
-    /// Hand `a` (its reader prepared) to the loop. False if the loop has stopped: the
-    /// caller reads it itself.
+    /// Hand `a` (its reader prepared) to the loop. False if the loop has ended: the
+    /// caller reads it itself. Once this says true the loop reads the connection, or
+    /// tears it down if it ends first.
     pub fn adopt(&self, a: Adopted) -> bool {
-        let sent = self
-            .tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(Msg::Adopt(a))
-            .is_ok();
-        sent && self.waker.wake().is_ok()
+        let g = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let sent = g.as_ref().is_some_and(|tx| tx.send(Msg::Adopt(a)).is_ok());
+        drop(g);
+        if sent && let Err(e) = self.waker.wake() {
+            // It looks at its messages at least whenever one of its sockets is ready.
+            tracing::debug!(error = %e, "cannot wake the acceptor's event loop");
+        }
+        sent
+    }
+
+    /// Wake the loop (the node stops).
+    pub fn wake(&self) {
+        let _ = self.waker.wake();
+    }
+
+    /// The loop ends: no more hand-offs (those sent before are still in its channel).
+    pub(crate) fn close(&self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }

@@ -113,6 +113,8 @@ impl Conn {
         let Some(f) = self.on_turn_free.get() else {
             return;
         };
+        // Pairs with the fence in `loop_missed_turn`: the turn was given back before this.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if !self.loop_missed.swap(false, Ordering::SeqCst) {
             return;
         }
@@ -130,6 +132,8 @@ impl Conn {
     /// looks whether it left bytes unread (see [`Conn::turn_freed`]).
     pub fn loop_missed_turn(&self) {
         self.loop_missed.store(true, Ordering::SeqCst);
+        // Before the loop tries the turn again (see `turn_freed`).
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     /// A receiver leads with `wake` (`None`: it stopped).

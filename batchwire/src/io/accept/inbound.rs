@@ -49,6 +49,8 @@ pub(super) struct Inbound {
     pub deadline: Instant,
     /// Its place among the inbound handshakes (freed once the peer is authenticated).
     pub slot: Option<HandshakeSlot>,
+    /// This node's name (a REFUSE says it).
+    me: batchwire_core::codec::Name,
     /// Whether the socket is registered for writability too.
     pub writable: bool,
     pub span: tracing::Span,
@@ -85,6 +87,7 @@ impl Inbound {
             unsent: Vec::new(),
             deadline,
             slot: Some(slot),
+            me: setup.name.clone(),
             writable: false,
             span,
         })
@@ -152,7 +155,7 @@ impl Inbound {
                 Ok(None) => return Ok(()),
                 Err(e) => {
                     // Not a batchwire peer, or a broken one: say so, best effort.
-                    let reason = format!("bad handshake frame: {e}");
+                    let reason = format!("node {:?}: bad handshake frame: {e}", self.me.as_str());
                     let mut out = Vec::new();
                     Frame::Refuse(frame::Refuse {
                         code: RefuseCode::Protocol,

@@ -18,6 +18,7 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token, Waker};
 
 use crate::io::adopt::{Adopted, Msg};
+use crate::io::conn::LinkError;
 use crate::io::mailbox::MailboxQueue;
 use crate::io::read::Turn;
 use crate::io::setup::Setup;
@@ -161,13 +162,7 @@ impl Readers {
     }
 
     /// Connection `i`'s reading ended with `result`: forget it, tear it down.
-    fn end(
-        &mut self,
-        registry: &Registry,
-        setup: &Setup,
-        i: usize,
-        result: Result<(), crate::io::conn::LinkError>,
-    ) {
+    fn end(&mut self, registry: &Registry, setup: &Setup, i: usize, result: Result<(), LinkError>) {
         let Some(r) = self.slots.get_mut(i).and_then(Option::take) else {
             return;
         };
@@ -182,6 +177,29 @@ impl Readers {
             tracing::info_span!("conn", node = %setup.name, peer = %r.a.name, addr = %r.a.addr)
                 .entered();
         setup.teardown(&r.a.peer, &r.a.conn, &r.a.name, r.a.addr, result);
+    }
+
+    /// The loop ends (the node stopped, or its poll failed): no more hand-offs; every
+    /// connection still here, or handed over and not yet taken, is closed and torn down.
+    pub(super) fn end_all(&mut self, registry: &Registry, setup: &Setup) {
+        if let Some(r) = setup.reading.get() {
+            r.close();
+        }
+        while let Ok(m) = self.rx.try_recv() {
+            if let Msg::Adopt(a) = m {
+                a.conn.close();
+                let _span =
+                    tracing::info_span!("conn", node = %setup.name, peer = %a.name, addr = %a.addr)
+                        .entered();
+                setup.teardown(&a.peer, &a.conn, &a.name, a.addr, Err(LinkError::Eof));
+            }
+        }
+        for i in 0..self.slots.len() {
+            if let Some(r) = self.slots[i].as_ref() {
+                r.a.conn.close();
+                self.end(registry, setup, i, Err(LinkError::Eof));
+            }
+        }
     }
 
     /// The node stops: every connection read here is closed, and its reading ends (with
