@@ -12,7 +12,6 @@
 //! start a connection's thread is logged, counted and retried after a pause.
 
 mod inbound;
-mod reading;
 
 use std::net::TcpListener;
 use std::os::fd::AsRawFd;
@@ -24,16 +23,10 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use tracing::warn;
 
-use crate::io::adopt::Reading;
 use crate::io::logs::warn_limited;
 use crate::io::setup::Setup;
 use crate::io::threads::Threads;
 use inbound::{Inbound, Progress};
-use reading::Readers;
-
-/// After the node stops, inbound connections still open this long are closed (the node
-/// closes every current one itself soon after it stops).
-const LAST_READS: Duration = Duration::from_secs(2);
 
 /// Connections accepted per pass of the loop.
 const ACCEPTS: usize = 64;
@@ -93,8 +86,6 @@ struct Acceptor {
     accept_at: Option<Instant>,
     /// The last pass took its most connections: the next one goes on at once.
     accept_more: bool,
-    /// The inbound connections this loop reads.
-    readers: Readers,
 }
 
 impl Acceptor {
@@ -106,9 +97,6 @@ impl Acceptor {
             LISTENER,
             Interest::READABLE,
         )?;
-        let waker = std::sync::Arc::new(mio::Waker::new(poll.registry(), reading::WAKE)?);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let _ = setup.reading.set(Reading::new(tx.clone(), waker.clone()));
         Ok(Acceptor {
             listener,
             setup,
@@ -117,27 +105,20 @@ impl Acceptor {
             table: Table::default(),
             accept_at: None,
             accept_more: false,
-            readers: Readers::new(rx, tx, waker),
         })
     }
 
     fn run(mut self) -> std::io::Result<()> {
-        let r = self.serve();
-        // Whichever way it ended: nothing handed over is left unread and untorn-down.
-        self.readers.end_all(self.poll.registry(), &self.setup);
-        r
-    }
-
-    fn serve(&mut self) -> std::io::Result<()> {
         let mut events = Events::with_capacity(256);
-        // When the node stopped: no more accepting; the connections read here are read
-        // until they close (the node closes its current ones), at most `LAST_READS`.
-        let mut stopped: Option<Instant> = None;
         loop {
             let now = Instant::now();
-            let next = self.table.earliest().into_iter().chain(self.accept_at);
-            let next = next.chain(stopped.map(|t| t + LAST_READS)).min();
-            let timeout = match self.readers.busy() || self.accept_more {
+            let next = self
+                .table
+                .earliest()
+                .into_iter()
+                .chain(self.accept_at)
+                .min();
+            let timeout = match self.accept_more {
                 true => Some(Duration::ZERO),
                 false => next.map(|t| t.saturating_duration_since(now)),
             };
@@ -146,32 +127,15 @@ impl Acceptor {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
-            if stopped.is_none() && self.setup.shutdown.is_stopped() {
-                stopped = Some(Instant::now());
-                self.stop_accepting();
+            if self.setup.shutdown.is_stopped() {
+                break;
             }
             let mut accept = false;
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => accept = true,
-                    reading::WAKE => {}
-                    Token(t) if t >= reading::BASE => {
-                        self.readers.ready(self.poll.registry(), &self.setup, t)
-                    }
                     Token(t) => self.drive(t - 1),
                 }
-            }
-            let registry = self.poll.registry();
-            self.readers.take_messages(registry, &self.setup);
-            self.readers.go_again(registry, &self.setup);
-            if let Some(t) = stopped {
-                if self.readers.is_empty() {
-                    return Ok(());
-                }
-                if t.elapsed() >= LAST_READS {
-                    self.readers.close_all();
-                }
-                continue;
             }
             let now = Instant::now();
             if self.accept_at.is_some_and(|t| t <= now) {
@@ -183,24 +147,18 @@ impl Acceptor {
             }
             self.expire(now);
         }
-    }
-
-    /// The node stopped: no more connections; those in their handshakes close.
-    fn stop_accepting(&mut self) {
-        let _ = self
-            .poll
-            .registry()
-            .deregister(&mut SourceFd(&self.listener.as_raw_fd()));
+        // Stopped: pending handshakes close with the loop.
         for i in 0..self.table.slots.len() {
             if let Some(c) = self.table.remove(i) {
                 self.forget(&c);
             }
         }
+        Ok(())
     }
 
     /// Take the connections waiting (the listener is edge-triggered), at most
-    /// [`ACCEPTS`] before the readers and the handshakes get their turns (then the next
-    /// pass goes on without waiting): a flood of connects cannot hold them up.
+    /// [`ACCEPTS`] before the handshakes get their turns (then the next pass goes on
+    /// without waiting): a flood of connects cannot hold them up.
     fn accept_all(&mut self, now: Instant) {
         let setup = self.setup.clone();
         self.accept_more = false;

@@ -45,13 +45,6 @@ pub(crate) struct Conn {
     /// Tries to lead, ever: while they go on, the reader thread waits for the socket
     /// without the turn rather than in `recv(2)` with it (see `read.rs`).
     pub lead_tries: std::sync::atomic::AtomicU32,
-    /// Set when an event loop reads this connection (`io::accept`): asks it for another
-    /// look once a thread that led gives the read turn back (the loop learns of bytes by
-    /// their arrival, and the leader may have left some).
-    on_turn_free: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
-    /// The event loop found the read turn taken (a thread led) since a leader last gave it
-    /// back: the socket's edge it was woken for may have bytes that no one will read.
-    loop_missed: AtomicBool,
 }
 
 /// A connection's read state, with the read turn.
@@ -95,45 +88,7 @@ impl Conn {
             read: Mutex::new(None),
             lead_wake: Mutex::new(None),
             lead_tries: std::sync::atomic::AtomicU32::new(0),
-            on_turn_free: std::sync::OnceLock::new(),
-            loop_missed: AtomicBool::new(false),
         }
-    }
-
-    /// Have `f` called whenever a thread that led gives the read turn back.
-    pub fn set_on_turn_free(&self, f: Box<dyn Fn() + Send + Sync>) {
-        let _ = self.on_turn_free.set(f);
-    }
-
-    /// A thread that led gave the read turn back: if the event loop reading this
-    /// connection found the turn taken meanwhile and bytes are waiting, it looks again.
-    /// (Most often the leader read what the loop was woken for: then a zero-timeout poll
-    /// here saves waking the loop for nothing, once per call on a connection callers lead.)
-    pub fn turn_freed(&self) {
-        let Some(f) = self.on_turn_free.get() else {
-            return;
-        };
-        // Pairs with the fence in `loop_missed_turn`: the turn was given back before this.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if !self.loop_missed.swap(false, Ordering::SeqCst) {
-            return;
-        }
-        #[cfg(unix)]
-        if let Some(fd) = self.link.plain_fd() {
-            // The fd is the link's socket, open while `self` is borrowed.
-            if let Ok([false]) = crate::sys::poll_readable([fd], 0) {
-                return;
-            }
-        }
-        f();
-    }
-
-    /// The event loop found the read turn taken: the leader, when it gives the turn back,
-    /// looks whether it left bytes unread (see [`Conn::turn_freed`]).
-    pub fn loop_missed_turn(&self) {
-        self.loop_missed.store(true, Ordering::SeqCst);
-        // Before the loop tries the turn again (see `turn_freed`).
-        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     /// A receiver leads with `wake` (`None`: it stopped).

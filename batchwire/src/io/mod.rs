@@ -4,8 +4,7 @@
 //! - [`runtime`]: the node's parts (registries, event bus, shutdown, timer, threads), the
 //!   routing of sends, starting and stopping. The API (`Node`, `Mailbox`) sits on it.
 //! - thread bodies, each taking only what it uses: [`accept`] (an event loop that sets up
-//!   every inbound connection, TLS and handshake, without a thread each, and reads every
-//!   inbound connection once it carries messages), [`dial`] and
+//!   every inbound connection, TLS and handshake, without a thread each), [`dial`] and
 //!   [`setup`] (connections: TLS, handshake, RESUME, then [`read`]), [`write`] (a peer's writer),
 //!   [`bundle`] (transfer-queue), [`tick`] (the sessions' timers), [`membership`] (the
 //!   membership thread: SWIM's packets, joins, the view; its handle is [`members`]).
@@ -16,11 +15,9 @@
 //!
 //! Ownership: every protocol rule lives in the peer's `Session` (core); a peer's session is
 //! locked for one step at a time and never across a wait. Only the writer writes to a
-//! socket; only a connection's reader reads it (its thread, or the acceptor's event loop
-//! for an inbound one; or a thread that leads, with the read turn). Every wait has a wake-up or a deadline.
+//! socket; only a connection's reader reads it. Every wait has a wake-up or a deadline.
 
 pub(crate) mod accept;
-pub(crate) mod adopt;
 pub(crate) mod bundle;
 pub(crate) mod calls;
 pub(crate) mod conn;

@@ -97,25 +97,8 @@ pub(crate) struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    /// [`Reader::prepare`], then [`Reader::run_prepared`].
-    #[cfg(test)]
+    /// Read frames and act on them until the peer says goodbye (`Ok`) or something breaks.
     pub fn run(&self, buf: BytesMut) -> Result<(), LinkError> {
-        self.prepare(buf);
-        self.run_prepared()
-    }
-
-    /// The reader thread (after [`Reader::prepare`]): read frames and act on them until
-    /// the peer says goodbye (`Ok`) or something breaks.
-    pub fn run_prepared(&self) -> Result<(), LinkError> {
-        let r = self.read_until_end();
-        // No caller leads a connection whose reader stopped.
-        *self.conn.read_turn() = None;
-        r
-    }
-
-    /// Before the first read: this side's SYNC, and the read state (with `buf`, what was
-    /// read past the peer's RESUME) behind the read turn.
-    pub fn prepare(&self, buf: BytesMut) {
         // Where credit stands, as of what was delivered before this connection: the first
         // thing this side says on it (after RESUME).
         self.snapshot();
@@ -129,56 +112,10 @@ impl Reader<'_> {
             next_read: None,
             look: false,
         });
-    }
-
-    /// **An event loop's turn** (the acceptor's, for inbound connections; see
-    /// `io::accept`): with the read turn, act on what was read and read on without
-    /// waiting, at most `reads` times. A thread that leads has the turn meanwhile: this
-    /// turn does nothing, and the leader asks the loop for another once it gives the turn
-    /// back (`Conn::on_turn_free`), so the socket's edge is never missed. Never waits.
-    pub fn turn(&self, cache: &mut Option<Arc<MailboxQueue>>, reads: usize) -> Turn {
-        let mut turn = match self.conn.try_read_turn() {
-            Some(t) => t,
-            None => {
-                // Said before the second try: a leader that gives the turn back after it
-                // sees this and looks at the socket; one that gave it back before, this
-                // try finds free.
-                self.conn.loop_missed_turn();
-                match self.conn.try_read_turn() {
-                    Some(t) => t,
-                    None => return Turn::Idle,
-                }
-            }
-        };
-        let Some(side) = turn.as_mut() else {
-            return Turn::Ended(Err(LinkError::Eof));
-        };
-        let step = (|| {
-            for _ in 0..reads {
-                if let Some(end) = side.ended.take() {
-                    return Err(end);
-                }
-                if self.act(side, cache).map_err(Err)? {
-                    return Err(Ok(()));
-                }
-                if !self.read_once(side, false).map_err(Err)? {
-                    side.drained = true;
-                    self.say_idle(side);
-                    return Ok(Turn::Idle);
-                }
-            }
-            Ok(Turn::More)
-        })();
-        match step {
-            Ok(t) => t,
-            Err(end) => {
-                // As the reader thread does at the end (see `read_until_end`).
-                let piece = side.piece.take();
-                self.drop_in_place(piece.as_ref().map(|p| &p.head));
-                *turn = None;
-                Turn::Ended(end)
-            }
-        }
+        let r = self.read_until_end();
+        // No caller leads a connection whose reader stopped.
+        *self.conn.read_turn() = None;
+        r
     }
 
     /// The reader thread's loop: with the read turn, act on what was read and read more.
@@ -272,16 +209,6 @@ impl Reader<'_> {
         self.say_idle(side);
         Ok(false)
     }
-}
-
-/// What an event loop's [`Reader::turn`] came to.
-pub(crate) enum Turn {
-    /// Nothing more to read now (or a thread leads): wait for the socket.
-    Idle,
-    /// It read as often as it was allowed and there may be more: another turn soon.
-    More,
-    /// The connection ended (`Ok`: the peer said goodbye): tear it down.
-    Ended(Result<(), LinkError>),
 }
 
 /// What became of a run [`Reader::push_run`] was given.

@@ -64,8 +64,6 @@ pub(crate) struct Setup {
     statics: Vec<(Name, SocketAddr)>,
     /// The seeds' addresses as last resolved (the joiner's, at most `join::MAX_ADDRS`).
     seed_addrs: Mutex<Vec<SocketAddr>>,
-    /// The acceptor's event loop, which reads inbound connections (set when it starts).
-    pub reading: std::sync::OnceLock<crate::io::adopt::Reading>,
 }
 
 /// A connection whose batchwire handshake is done: the peer proved the cluster secret
@@ -134,7 +132,6 @@ impl Setup {
             members,
             statics,
             seed_addrs: Mutex::new(seed_addrs),
-            reading: std::sync::OnceLock::new(),
         }
     }
 
@@ -292,8 +289,15 @@ impl Setup {
     /// name first, then (the inbound handshake's place freed) RESUME, the reader and the
     /// teardown. Returns whether the peer was authenticated.
     pub fn established(&self, h: Handshaken, slot: Option<HandshakeSlot>) -> bool {
-        let (link, info, buf, addr) = (h.link, h.info, h.buf, h.addr);
-        let (deadline, dialled, joining) = (h.deadline, h.dialled, h.joining);
+        let Handshaken {
+            link,
+            info,
+            buf,
+            addr,
+            deadline,
+            dialled,
+            joining,
+        } = h;
         if let Err(e) = self.check_certificate(&link, &info) {
             self.handshake_failed(addr, None, &e);
             return false;
@@ -401,39 +405,78 @@ impl Setup {
         });
         self.announce(&info, dialled.then_some(addr));
 
-        // 4. Read until the connection ends one way or another: an inbound connection on
-        //    the acceptor's event loop (this thread ends here), a dialled one on this
-        //    thread (or an inbound one, if the loop has stopped).
-        let reader = self.reader(&peer, &conn);
-        reader.prepare(buf);
-        if !dialled && let Some(r) = self.reading.get() {
-            let adopted = crate::io::adopt::Adopted {
-                peer: peer.clone(),
-                conn: conn.clone(),
-                name: info.name.clone(),
-                addr,
-            };
-            if r.adopt(adopted) {
-                return true;
-            }
-        }
-        let result = reader.run_prepared();
-        self.teardown(&peer, &conn, &info.name, addr, result);
-        true
-    }
-
-    /// A reader of `peer`'s connection `conn`.
-    pub fn reader<'a>(&'a self, peer: &'a Peer, conn: &'a Conn) -> Reader<'a> {
-        Reader {
-            peer,
-            conn,
+        // 4. Read until the connection ends one way or another.
+        let reader = Reader {
+            peer: &peer,
+            conn: &conn,
             mailboxes: &self.mailboxes,
             events: &self.events,
             shared: self.shared.as_deref(),
             max_frame: self.config.max_frame(),
             max_payload: self.config.max_payload as u64,
             read_bytes: self.config.read_bytes,
+        };
+        let result = reader.run(buf);
+
+        // 5. Tear down: close both halves (the writer notices) and forget the connection.
+        //    One that another connection of the peer had already superseded (the join
+        //    connection once the canonical one is up, or a redundant one) ends quietly,
+        //    whoever closed it: nothing of the session depended on it.
+        let superseded = peer.current().is_some_and(|c| c.id != conn.id);
+        conn.close();
+        peer.session(|s, now| s.handle_disconnect(now, conn.id));
+        peer.uninstall(&conn);
+        // Connections on demand (not static peers): with nothing pending either way the
+        // session parks (closed for idleness, by either end, or broken while quiet); else
+        // a connection is wanted back at once.
+        let parked = self.config.on_demand()
+            && !peer.pinned.load(Relaxed)
+            && !superseded
+            && !self.shutdown.is_shutting_down()
+            && result.is_err()
+            && peer.park_or_redial();
+        let reason = match &result {
+            Ok(()) => CloseReason::Goodbye,
+            Err(e) => {
+                if e.is_violation() {
+                    peer.stats.violations.fetch_add(1, Relaxed);
+                }
+                e.close_reason()
+            }
+        };
+        let reason = match reason {
+            _ if self.shutdown.is_shutting_down() && result.is_err() => CloseReason::ShutDown,
+            CloseReason::Closed | CloseReason::Io(_) if superseded => CloseReason::Replaced,
+            // Closed by this end for idleness, or by the other (a clean close with nothing
+            // pending here either).
+            CloseReason::Closed | CloseReason::Io(_) if parked && conn.closed_idle() => {
+                CloseReason::Idle
+            }
+            CloseReason::Closed if parked => CloseReason::Idle,
+            CloseReason::Closed if peer.state() == batchwire_core::session::PeerState::Down => {
+                CloseReason::Down
+            }
+            r => r,
+        };
+        match &reason {
+            CloseReason::Goodbye => {
+                info!(node = %self.name, peer = %info.name, "peer said goodbye")
+            }
+            CloseReason::ShutDown | CloseReason::Replaced | CloseReason::Idle => {
+                debug!(node = %self.name, peer = %info.name, %reason, "connection closed")
+            }
+            CloseReason::Protocol(_) => {
+                warn_limited!(node = %self.name, peer = %info.name, %addr, %reason, "protocol violation; connection closed, nothing skipped")
+            }
+            _ => {
+                warn_limited!(node = %self.name, peer = %info.name, %addr, %reason, "connection lost; will resume")
+            }
         }
+        self.events.emit(Event::Disconnected {
+            peer: info.name.to_string(),
+            reason,
+        });
+        true
     }
 
     /// A connection is up with a seed we dialled (`dialled` is its address) or with a

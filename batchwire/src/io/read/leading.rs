@@ -70,21 +70,9 @@ impl Reader<'_> {
         }
         // Even if the turn is taken: the reader thread then leaves it free next time.
         self.conn.lead_tries.fetch_add(1, Relaxed);
-        // Dropped after the turn (declared before it): an event loop reading this
-        // connection looks again once the turn is free (see `Conn::turn_freed`).
-        struct Freed<'a>(&'a Conn, bool);
-        impl Drop for Freed<'_> {
-            fn drop(&mut self) {
-                if self.1 {
-                    self.0.turn_freed();
-                }
-            }
-        }
-        let mut freed = Freed(self.conn, false);
         let Some(mut turn) = self.conn.try_read_turn() else {
             return false;
         };
-        freed.1 = true;
         let Some(side) = turn.as_mut() else {
             return false;
         };

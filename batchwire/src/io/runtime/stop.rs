@@ -44,9 +44,6 @@ impl Runtime {
         if let Some(m) = &self.members {
             m.wake();
         }
-        if let Some(r) = self.setup.reading.get() {
-            r.wake();
-        }
         let wake = crate::io::reachable(self.local_addr);
         let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
         // 3. Give peers a moment to answer our goodbye by closing; then close the rest.

@@ -1,78 +1,9 @@
 //! The steps of one connection's setup: TLS, the handshake, the certificate's name, the
-//! RESUME exchange; and its teardown once its reading ended.
+//! RESUME exchange.
 
 use super::*;
 
 impl Setup {
-    /// After the reading ended with `result`: the connection's teardown, whoever read it.
-    pub fn teardown(
-        &self,
-        peer: &Arc<Peer>,
-        conn: &Arc<Conn>,
-        name: &Name,
-        addr: SocketAddr,
-        result: Result<(), LinkError>,
-    ) {
-        // 5. Tear down: close both halves (the writer notices) and forget the connection.
-        //    One that another connection of the peer had already superseded (the join
-        //    connection once the canonical one is up, or a redundant one) ends quietly,
-        //    whoever closed it: nothing of the session depended on it.
-        let superseded = peer.current().is_some_and(|c| c.id != conn.id);
-        conn.close();
-        peer.session(|s, now| s.handle_disconnect(now, conn.id));
-        peer.uninstall(conn);
-        // Connections on demand (not static peers): with nothing pending either way the
-        // session parks (closed for idleness, by either end, or broken while quiet); else
-        // a connection is wanted back at once.
-        let parked = self.config.on_demand()
-            && !peer.pinned.load(Relaxed)
-            && !superseded
-            && !self.shutdown.is_shutting_down()
-            && result.is_err()
-            && peer.park_or_redial();
-        let reason = match &result {
-            Ok(()) => CloseReason::Goodbye,
-            Err(e) => {
-                if e.is_violation() {
-                    peer.stats.violations.fetch_add(1, Relaxed);
-                }
-                e.close_reason()
-            }
-        };
-        let reason = match reason {
-            _ if self.shutdown.is_shutting_down() && result.is_err() => CloseReason::ShutDown,
-            CloseReason::Closed | CloseReason::Io(_) if superseded => CloseReason::Replaced,
-            // Closed by this end for idleness, or by the other (a clean close with nothing
-            // pending here either).
-            CloseReason::Closed | CloseReason::Io(_) if parked && conn.closed_idle() => {
-                CloseReason::Idle
-            }
-            CloseReason::Closed if parked => CloseReason::Idle,
-            CloseReason::Closed if peer.state() == batchwire_core::session::PeerState::Down => {
-                CloseReason::Down
-            }
-            r => r,
-        };
-        match &reason {
-            CloseReason::Goodbye => {
-                info!(node = %self.name, peer = %name, "peer said goodbye")
-            }
-            CloseReason::ShutDown | CloseReason::Replaced | CloseReason::Idle => {
-                debug!(node = %self.name, peer = %name, %reason, "connection closed")
-            }
-            CloseReason::Protocol(_) => {
-                warn_limited!(node = %self.name, peer = %name, %addr, %reason, "protocol violation; connection closed, nothing skipped")
-            }
-            _ => {
-                warn_limited!(node = %self.name, peer = %name, %addr, %reason, "connection lost; will resume")
-            }
-        }
-        self.events.emit(Event::Disconnected {
-            peer: name.to_string(),
-            reason,
-        });
-    }
-
     /// Wrap a fresh socket: plain, or after a TLS handshake (over by `deadline`).
     pub(super) fn open(
         &self,
