@@ -289,15 +289,8 @@ impl Setup {
     /// name first, then (the inbound handshake's place freed) RESUME, the reader and the
     /// teardown. Returns whether the peer was authenticated.
     pub fn established(&self, h: Handshaken, slot: Option<HandshakeSlot>) -> bool {
-        let Handshaken {
-            link,
-            info,
-            buf,
-            addr,
-            deadline,
-            dialled,
-            joining,
-        } = h;
+        let (link, info, buf, addr) = (h.link, h.info, h.buf, h.addr);
+        let (deadline, dialled, joining) = (h.deadline, h.dialled, h.joining);
         if let Err(e) = self.check_certificate(&link, &info) {
             self.handshake_failed(addr, None, &e);
             return false;
