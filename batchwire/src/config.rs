@@ -465,11 +465,11 @@ impl NodeConfig {
 
     /// Most inbound handshakes from strangers in progress at once. Each costs a socket and
     /// a few KiB on the acceptor's event loop (no thread: only a peer that proved the
-    /// cluster secret gets one) until it ends. When they are all taken, a connection from an address this node
-    /// knows (a configured peer, a seed, a member) takes one of as many places again kept
-    /// for those, and one from another address takes the oldest place of the address
-    /// holding the most, if that holds at least two more than it; otherwise it is closed
-    /// at once (and counted). Default 64.
+    /// cluster secret gets one) until it ends. When they are all taken, a connection from
+    /// an address this node knows (a configured peer, a seed, a member) takes one of as
+    /// many places again kept for those, and one from another address takes the oldest
+    /// place of the address holding the most, if that holds at least two more than it;
+    /// otherwise it is closed at once (and counted). Default 64.
     pub fn max_handshakes(mut self, n: usize) -> Self {
         self.max_handshakes = n;
         self

@@ -349,7 +349,8 @@ impl SecurityCounters {
         }
     }
 
-    pub fn snapshot(&self) -> HandshakeStats {
+    /// The counters, with `pending` handshakes in progress (the acceptor's table knows).
+    pub fn snapshot(&self, pending: u64) -> HandshakeStats {
         HandshakeStats {
             failed: HandshakeFailure::ALL
                 .iter()
@@ -362,7 +363,7 @@ impl SecurityCounters {
             spawn_errors: self.spawn_errors.load(Relaxed),
             evicted: self.evicted.load(Relaxed),
             reserved: self.reserved.load(Relaxed),
-            pending: 0,
+            pending,
         }
     }
 }

@@ -8,8 +8,9 @@
 //! (`max_handshakes_per_address` from one address; known addresses have places of their
 //! own, see `Setup::slot`): beyond that a new connection is closed at once and counted.
 //! Each has the node's `handshake_timeout` to finish. Nothing ends the loop but the node
-//! stopping (it wakes the loop with a connection of its own): a failure to accept or to
-//! start a connection's thread is logged, counted and retried after a pause.
+//! stopping (it wakes the loop with a connection of its own): a failure to accept is
+//! logged, counted and retried after a pause; one to start an authenticated connection's
+//! thread is logged and counted, and that connection closes (its peer dials again).
 
 mod inbound;
 
@@ -220,7 +221,8 @@ impl Acceptor {
         let Some(c) = self.table.slots.get_mut(i).and_then(Option::as_mut) else {
             return;
         };
-        let progress = c.span.clone().in_scope(|| c.drive());
+        let setup = &self.setup;
+        let progress = c.span.clone().in_scope(|| c.drive(setup));
         match progress {
             Progress::Waiting { writable } => {
                 if writable != c.writable {

@@ -5,8 +5,8 @@
 //!   routing of sends, starting and stopping. The API (`Node`, `Mailbox`) sits on it.
 //! - thread bodies, each taking only what it uses: [`accept`] (an event loop that sets up
 //!   every inbound connection, TLS and handshake, without a thread each), [`dial`] and
-//!   [`setup`] (connections: TLS, handshake, RESUME, then [`read`]), [`write`] (a peer's writer),
-//!   [`bundle`] (transfer-queue), [`tick`] (the sessions' timers), [`membership`] (the
+//!   [`setup`] (connections: TLS, handshake, RESUME, then [`read`]), [`write`] (a peer's
+//!   writer), [`bundle`] (transfer-queue), [`tick`] (the sessions' timers), [`membership`] (the
 //!   membership thread: SWIM's packets, joins, the view; its handle is [`members`]).
 //! - handles: [`peers`] and [`peer`] (a peer's session, lane and connection), [`lane`],
 //!   [`calls`] (requests in flight; its timer thread), [`wakers`] (tasks waiting for room),

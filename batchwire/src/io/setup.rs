@@ -38,6 +38,12 @@ use crate::stats::SecurityCounters;
 /// Handshake frames are small; anything bigger than this before authentication is refused.
 pub(crate) const HANDSHAKE_MAX_FRAME: usize = 4096;
 
+/// Whether bytes where a HELLO should be are a TLS record (handshake 0x16 or alert 0x15,
+/// version 3.x): the peer runs TLS and this node does not.
+pub(crate) fn looks_like_tls(buf: &[u8]) -> bool {
+    buf.len() >= 2 && matches!(buf[0], 0x15 | 0x16) && buf[1] == 3
+}
+
 /// What connections need, shared by the acceptor's threads and the dialers.
 pub(crate) struct Setup {
     pub name: Name,
@@ -197,6 +203,14 @@ impl Setup {
         })
     }
 
+    /// The REFUSE that answers a handshake frame that does not decode.
+    pub fn bad_frame_refusal(&self, e: &frame::FrameError) -> Frame {
+        Frame::Refuse(frame::Refuse {
+            code: frame::RefuseCode::Protocol,
+            reason: format!("node {:?}: bad handshake frame: {e}", self.name.as_str()),
+        })
+    }
+
     /// Inbound handshakes in progress.
     pub fn pending_handshakes(&self) -> usize {
         let g = self.slots.lock().unwrap_or_else(|p| p.into_inner());
@@ -235,11 +249,11 @@ impl Setup {
             Side::Dial(name) => (Some(name), false),
             Side::Join => (None, true),
         };
-        let dialled = true;
         // Every log line of this connection says which it is: its handshake first, then
         // (once the peer proved who it is) the connection with the peer's name and
         // incarnation.
-        let hs_span = tracing::info_span!("handshake", node = %self.name, %addr, dialled).entered();
+        let hs_span =
+            tracing::info_span!("handshake", node = %self.name, %addr, dialled = true).entered();
         // Small messages must not wait for Nagle: batching is the bundler's job.
         let _ = stream.set_nodelay(true);
         // One deadline for everything before the connection carries messages.
@@ -251,7 +265,7 @@ impl Setup {
         let setup = self
             .open(stream, expect.as_ref(), joining, deadline)
             .and_then(|link| {
-                let (info, buf) = self.handshake(&link, expect.clone(), joining, deadline)?;
+                let (info, buf) = self.handshake(&link, expect.clone(), deadline)?;
                 Ok((link, info, buf))
             });
         let (link, info, buf) = match setup {
@@ -268,7 +282,7 @@ impl Setup {
             buf,
             addr,
             deadline,
-            dialled,
+            dialled: true,
             joining,
         };
         self.established(h, None)

@@ -15,13 +15,13 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
-use batchwire_core::frame::{self, Frame, RefuseCode};
+use batchwire_core::frame;
 use batchwire_core::handshake::Handshake;
 use bytes::BytesMut;
 
 use crate::io::conn::LinkError;
 use crate::io::link::Link;
-use crate::io::setup::{HANDSHAKE_MAX_FRAME, HandshakeSlot, Handshaken, Setup};
+use crate::io::setup::{HANDSHAKE_MAX_FRAME, HandshakeSlot, Handshaken, Setup, looks_like_tls};
 
 /// Bytes read from the socket at once while setting up.
 const CHUNK: usize = 4096;
@@ -49,8 +49,6 @@ pub(super) struct Inbound {
     pub deadline: Instant,
     /// Its place among the inbound handshakes (freed once the peer is authenticated).
     pub slot: Option<HandshakeSlot>,
-    /// This node's name (a REFUSE says it).
-    me: batchwire_core::codec::Name,
     /// Whether the socket is registered for writability too.
     pub writable: bool,
     pub span: tracing::Span,
@@ -87,7 +85,6 @@ impl Inbound {
             unsent: Vec::new(),
             deadline,
             slot: Some(slot),
-            me: setup.name.clone(),
             writable: false,
             span,
         })
@@ -95,8 +92,8 @@ impl Inbound {
 
     /// Go as far as the socket allows: read what is there, act on it, write what is owed.
     /// Called when the socket is ready (and once at the start).
-    pub fn drive(&mut self) -> Progress {
-        match self.step() {
+    pub fn drive(&mut self, setup: &Setup) -> Progress {
+        match self.step(setup) {
             Ok(p) => p,
             Err(e) => {
                 // Whatever the machine queued on the way out (a REFUSE) goes if it can.
@@ -107,9 +104,9 @@ impl Inbound {
         }
     }
 
-    fn step(&mut self) -> Result<Progress, LinkError> {
+    fn step(&mut self, setup: &Setup) -> Result<Progress, LinkError> {
         loop {
-            self.take_frames()?;
+            self.take_frames(setup)?;
             self.queue_out();
             let owed = self.flush()?;
             if self.hs.peer().is_some() {
@@ -137,15 +134,12 @@ impl Inbound {
 
     /// Decode and act on the whole frames read (none while TLS is still shaking hands, none
     /// once the peer is known).
-    fn take_frames(&mut self) -> Result<(), LinkError> {
+    fn take_frames(&mut self, setup: &Setup) -> Result<(), LinkError> {
         if self.tls.as_ref().is_some_and(|t| t.is_handshaking()) {
             return Ok(());
         }
         while self.hs.peer().is_none() {
-            let b = &self.buf;
-            // A TLS record (handshake 0x16 or alert 0x15, version 3.x) where a HELLO should
-            // be: the peer runs TLS and this node does not.
-            if self.tls.is_none() && b.len() >= 2 && matches!(b[0], 0x15 | 0x16) && b[1] == 3 {
+            if self.tls.is_none() && looks_like_tls(&self.buf) {
                 return Err(LinkError::PeerSpeaksTls);
             }
             match frame::decode(&mut self.buf, HANDSHAKE_MAX_FRAME) {
@@ -154,16 +148,11 @@ impl Inbound {
                 }
                 Ok(None) => return Ok(()),
                 Err(e) => {
-                    // Not a batchwire peer, or a broken one: say so, best effort.
-                    let reason = format!("node {:?}: bad handshake frame: {e}", self.me.as_str());
+                    // Not a batchwire peer, or a broken one: say so, best effort (`drive`
+                    // writes it on the way out).
                     let mut out = Vec::new();
-                    Frame::Refuse(frame::Refuse {
-                        code: RefuseCode::Protocol,
-                        reason,
-                    })
-                    .encode(&mut out);
+                    setup.bad_frame_refusal(&e).encode(&mut out);
                     self.send(&out);
-                    let _ = self.flush();
                     return Err(e.into());
                 }
             }

@@ -137,10 +137,10 @@ impl Runtime {
             bytes_sent,
             undeliverable: self.mailboxes.missing(),
             local_messages: self.local_messages.load(Ordering::Relaxed),
-            handshakes: crate::stats::HandshakeStats {
-                pending: self.setup.pending_handshakes() as u64,
-                ..self.setup.security.snapshot()
-            },
+            handshakes: self
+                .setup
+                .security
+                .snapshot(self.setup.pending_handshakes() as u64),
             events_dropped: self.events.dropped(),
             membership: self.membership_stats(),
             requests: self.request_stats(),

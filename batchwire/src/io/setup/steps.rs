@@ -75,19 +75,19 @@ impl Setup {
         )
     }
 
-    /// Drive the sans-IO handshake over the blocking link, finishing by `deadline`.
-    /// Returns the peer and any bytes read past the handshake.
+    /// Drive the sans-IO handshake of a dialled connection (to `expect`, or a seed's
+    /// address when `None`) over the blocking link, finishing by `deadline`. Returns the
+    /// peer and any bytes read past the handshake. (Inbound connections are set up by the
+    /// acceptor's loop.)
     pub(super) fn handshake(
         &self,
         link: &Link,
         expect: Option<Name>,
-        joining: bool,
         deadline: Instant,
     ) -> Result<(PeerInfo, BytesMut), LinkError> {
         let role = match expect {
             Some(expect) => Role::Dial { expect },
-            None if joining => Role::Join,
-            None => self.accept_role(),
+            None => Role::Join,
         };
         let mut hs = self.new_handshake(role, deadline)?;
         let mut buf = BytesMut::with_capacity(HANDSHAKE_MAX_FRAME);
@@ -107,10 +107,7 @@ impl Setup {
             }
             // Read until a whole frame is buffered.
             let frame = loop {
-                // A TLS record (handshake 0x16 or alert 0x15, version 3.x) where a HELLO
-                // should be: the peer runs TLS and this node does not.
-                if !link.is_tls() && buf.len() >= 2 && matches!(buf[0], 0x15 | 0x16) && buf[1] == 3
-                {
+                if !link.is_tls() && looks_like_tls(&buf) {
                     return Err(LinkError::PeerSpeaksTls);
                 }
                 match frame::decode(&mut buf, HANDSHAKE_MAX_FRAME) {
@@ -118,9 +115,9 @@ impl Setup {
                     Ok(None) => {}
                     Err(e) => {
                         // Not a batchwire peer, or a broken one: say so, best effort.
-                        let reason =
-                            format!("node {:?}: bad handshake frame: {e}", self.name.as_str());
-                        refuse(link, frame::RefuseCode::Protocol, reason);
+                        let mut out = Vec::new();
+                        self.bad_frame_refusal(&e).encode(&mut out);
+                        let _ = link.write_all(&out);
                         return Err(e.into());
                     }
                 }
