@@ -28,7 +28,7 @@ use super::pipes::Pipes;
 use super::{BenchResult, Context, Progress, Table};
 
 mod lines;
-use lines::{Lines, Seen, spread};
+use lines::{Lines, Seen, learnt, spread};
 
 /// One node process.
 struct Proc {
@@ -119,6 +119,8 @@ struct RunFigures {
     /// When the median and the 90th-percentile node first saw all others.
     converge_p50_s: f64,
     converge_p90_s: f64,
+    /// When half, 90%, 99% and 99.9% of all (node, member) pairs had been learnt.
+    learnt_s: [f64; 4],
     /// CPU per node (ms, median and largest) and of all nodes (s) from their start to rest.
     join_cpu_ms: (f64, f64),
     join_cpu_total_s: f64,
@@ -200,6 +202,7 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
         })?;
         let converge_s = (done - t0).as_secs_f64();
         let (converge_p50_s, converge_p90_s) = spread(&lines.seen, t0);
+        let learnt_s = learnt(&lines.seen, t0);
         let join_alarms = lines
             .seen
             .iter()
@@ -320,6 +323,7 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
             converge_s,
             spawned_s,
             converge_p50_s,
+            learnt_s,
             converge_p90_s,
             join_cpu_ms,
             join_cpu_total_s,
@@ -366,12 +370,16 @@ pub fn run(
             progress.running(format!("membership: {n} nodes, run {}", r + 1));
             let f = one_run(n, rest, opts)?;
             progress.done(format!(
-                "  {n} nodes: converged {:.2} s (all started by {:.2} s; median node {:.2} s, 90th percentile {:.2} s, last {}; CPU to rest {:.0} ms per node, largest {:.0}, {:.1} s in all; {:.0} membership packets in and {:.0} out per node to rest ({:.0} probes, {:.0} gossip, {:.0} state); false alarms: {} suspected, {} down), down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
+                "  {n} nodes: converged {:.2} s (all started by {:.2} s; median node {:.2} s, 90th percentile {:.2} s, last {}; pairs learnt: half by {:.2} s, 90% {:.2}, 99% {:.2}, 99.9% {:.2}; CPU to rest {:.0} ms per node, largest {:.0}, {:.1} s in all; {:.0} membership packets in and {:.0} out per node to rest ({:.0} probes, {:.0} gossip, {:.0} state); false alarms: {} suspected, {} down), down seen by all {:.2} s, rejoined {:.2} s, {:.0} B/s membership per node at rest",
                 f.converge_s,
                 f.spawned_s,
                 f.converge_p50_s,
                 f.converge_p90_s,
                 f.slowest,
+                f.learnt_s[0],
+                f.learnt_s[1],
+                f.learnt_s[2],
+                f.learnt_s[3],
                 f.join_cpu_ms.0,
                 f.join_cpu_ms.1,
                 f.join_cpu_total_s,

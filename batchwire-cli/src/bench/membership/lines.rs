@@ -75,6 +75,24 @@ pub(super) fn spread(seen: &[Seen], t0: Instant) -> (f64, f64) {
     (at(0.5), at(0.9))
 }
 
+/// When each share of all (node, member) pairs had been learnt: the times of the lines
+/// that made each member live in each node's view, in seconds since `t0`, at 50%, 90%, 99% and
+/// 99.9%. Where the join's time goes: a long tail past 99% is a few updates that
+/// gossip missed, a late 50% is a slow spread.
+pub(super) fn learnt(seen: &[Seen], t0: Instant) -> [f64; 4] {
+    let mut t: Vec<f64> = seen
+        .iter()
+        .flat_map(|s| s.members.values())
+        .filter(|(state, _, _)| is_live(state))
+        .map(|(_, _, at)| at.saturating_duration_since(t0).as_secs_f64())
+        .collect();
+    if t.is_empty() {
+        return [f64::NAN; 4];
+    }
+    t.sort_by(|a, b| a.total_cmp(b));
+    [0.5, 0.9, 0.99, 0.999].map(|q| t[((t.len() as f64 - 1.0) * q).round() as usize])
+}
+
 impl Lines {
     /// The lines of `nodes` nodes, as they come on `rx` (from [`crate::bench::pipes::Pipes`]).
     pub(super) fn new(rx: Receiver<(usize, Instant, String)>, nodes: usize) -> Lines {
