@@ -181,6 +181,11 @@ pub struct Membership {
     /// the member then at place i, `None` for this node, a down or refused member, or a
     /// place not compared since the list last shrank.
     order: Vec<Option<(MemberId, foca::Incarnation, State)>>,
+    /// Members named by the inputs since the last pass of `after` (packets' senders and
+    /// the updates they carried): the only ones a pass after packets looks at. At most
+    /// `max_members`; past that, `dirty_all` and the whole list is walked.
+    dirty: Vec<Name>,
+    dirty_all: bool,
     /// Members that sent a leave notice (name → start and bump), so their going down is
     /// reported as a leave.
     left: HashMap<Name, (u64, u16), NameHash>,
@@ -280,6 +285,8 @@ impl Membership {
             view_whole: true,
             fed: HashMap::default(),
             order: Vec::new(),
+            dirty: Vec::new(),
+            dirty_all: false,
             swim: HashMap::default(),
             left: HashMap::default(),
             events: VecDeque::new(),
@@ -586,6 +593,7 @@ mod types;
 mod walk;
 
 use health::is_probe_timer;
+use walk::Walk;
 
 #[cfg(test)]
 mod tests;

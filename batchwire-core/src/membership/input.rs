@@ -14,15 +14,15 @@ impl Membership {
         body: &[u8],
     ) -> Result<(), MemberError> {
         let walk = self.frame_in(now, from, body)?;
-        self.after(now, walk);
+        self.after_walk(now, walk);
         Ok(())
     }
 
     /// MEMBER bodies read together (a socket's backlog), as `handle_frame` each, except
-    /// that SWIM's member list is compared with the view once, after the last. That walk
-    /// looks at every member; after each packet, at a thousand members joining (nearly
-    /// every packet has news then), it was most of a node's work, and a node that falls
-    /// behind reads larger batches. A body that breaks the rules goes to `refused` with
+    /// that SWIM's member list is compared with the view once, after the last, and only
+    /// for the members the packets named (`Walk::Named`). A walk of every member after
+    /// each packet, at a thousand members joining (nearly every packet has news then),
+    /// was most of a node's work. A body that breaks the rules goes to `refused` with
     /// the reason, and the others are taken.
     pub fn handle_frames<'a>(
         &mut self,
@@ -30,28 +30,29 @@ impl Membership {
         frames: impl IntoIterator<Item = (&'a Name, &'a [u8])>,
         mut refused: impl FnMut(&'a Name, MemberError),
     ) {
-        let (mut walk, mut any) = (false, false);
+        let (mut walk, mut any) = (Walk::Not, false);
         for (from, body) in frames {
             match self.frame_in(now, from, body) {
                 Ok(w) => {
-                    walk |= w;
+                    walk = walk.max(w);
                     any = true;
                 }
                 Err(e) => refused(from, e),
             }
         }
         if any {
-            self.after(now, walk);
+            self.after_walk(now, walk);
         }
     }
 
-    /// One MEMBER body into SWIM; returns whether SWIM's list may have changed.
+    /// One MEMBER body into SWIM; returns how much of SWIM's list may have changed (with
+    /// `Walk::Named`, the members it named are noted, see `name_dirty`).
     pub(super) fn frame_in(
         &mut self,
         now: Instant,
         from: &Name,
         body: &[u8],
-    ) -> Result<bool, MemberError> {
+    ) -> Result<Walk, MemberError> {
         let Some((&tag, packet)) = body.split_first() else {
             return Err(MemberError::Empty);
         };
@@ -63,12 +64,12 @@ impl Membership {
         }
         if !self.admit(now, from) {
             self.counters.rate_limited += 1;
-            return Ok(false);
+            return Ok(Walk::Not);
         }
         self.counters.packets_in += 1;
         self.counters.bytes_in += body.len() as u64;
-        // Whether SWIM's member list may have changed (see `after`).
-        let mut walk = true;
+        // How much of SWIM's member list may have changed (see `after_walk`).
+        let walk;
         match tag {
             TAG_SWIM => {
                 // The sender field must be the connection's peer: no member speaks for
@@ -85,8 +86,13 @@ impl Membership {
                 }
                 // A packet from the member itself is direct evidence that it is alive.
                 self.note_heard(now, from, header.src.started);
-                let (fresh, news) = self.without_old_news(packet, &header, body);
-                walk = news;
+                let (fresh, named) = self.without_old_news(packet, &header, body);
+                // "You are down": foca renews this node's identity.
+                walk = if matches!(header.message, foca::Message::TurnUndead) {
+                    Walk::All
+                } else {
+                    named
+                };
                 let packet = fresh.as_deref().unwrap_or(packet);
                 match self.foca.handle_data(packet, &mut self.out) {
                     Ok(()) => {}
@@ -113,6 +119,8 @@ impl Membership {
                     .iter_membership_state()
                     .find(|m| m.id().name == *from)
                     .map(|m| (m.id().clone(), m.state()));
+                walk = Walk::Named;
+                self.name_dirty(from);
                 if let Some((id, state)) = known {
                     if self.left.len() >= self.cfg.max_members {
                         self.left.clear();
@@ -128,9 +136,13 @@ impl Membership {
                     }
                 }
             }
-            TAG_STATE_ASK if packet.is_empty() => self.handle_state_ask(now, from, None)?,
+            TAG_STATE_ASK if packet.is_empty() => {
+                self.handle_state_ask(now, from, None)?;
+                walk = Walk::Not;
+            }
             TAG_STATE_ASK if packet.len() == sync::DIGEST_LEN => {
-                self.handle_state_ask(now, from, Some(packet))?
+                self.handle_state_ask(now, from, Some(packet))?;
+                walk = Walk::Not;
             }
             TAG_STATE_ASK => {
                 return Err(MemberError::Malformed(format!(
@@ -139,7 +151,13 @@ impl Membership {
                     sync::DIGEST_LEN
                 )));
             }
-            TAG_STATE => walk = self.handle_state(packet)?,
+            TAG_STATE => {
+                walk = if self.handle_state(packet)? {
+                    Walk::Named
+                } else {
+                    Walk::Not
+                }
+            }
             other => return Err(MemberError::UnknownTag(other)),
         }
         Ok(walk)
@@ -186,16 +204,18 @@ impl Membership {
     /// incarnation, alive to suspect to down, or a newer identity that wins), so what it
     /// held once it never takes back. Updates about this node are always left in.
     ///
-    /// Also says whether the packet may change SWIM's member list at all: not when every
+    /// Also says how much of SWIM's member list the packet may change: nothing when every
     /// update was old news and its sender is live here under the same id and incarnation
     /// (foca takes a packet's sender as alive; a down sender is looked at again, as what
-    /// is reported of it depends on when it was last heard).
+    /// is reported of it depends on when it was last heard); else the members it names
+    /// (noted with `name_dirty`: its sender, its updates that are news), or all of it if
+    /// it does not decode.
     pub(super) fn without_old_news(
         &mut self,
         packet: &[u8],
         header: &foca::Header<MemberId>,
         body: &[u8],
-    ) -> (Option<Vec<u8>>, bool) {
+    ) -> (Option<Vec<u8>>, Walk) {
         let src_known = self
             .swim
             .get(&header.src.name)
@@ -207,8 +227,16 @@ impl Membership {
             header.message,
             foca::Message::Announce | foca::Message::Broadcast
         );
+        if !src_known {
+            self.name_dirty(&header.src.name);
+        }
         if !updates || body.len() < 2 {
-            return (None, !(src_known && body.is_empty()));
+            return match (src_known && body.is_empty(), body.is_empty()) {
+                (true, _) => (None, Walk::Not),
+                (false, true) => (None, Walk::Named),
+                // A body foca reads otherwise (or not at all).
+                (false, false) => (None, Walk::All),
+            };
         }
         let count = u16::from_be_bytes([body[0], body[1]]);
         let mut rest = &body[2..];
@@ -218,19 +246,24 @@ impl Membership {
         for _ in 0..count {
             let before = rest;
             let Ok(m): Result<Member<MemberId>, _> = PostcardCodec.decode_member(&mut rest) else {
-                return (None, true);
+                return (None, Walk::All);
             };
             if self.is_old_news(&m) {
                 old += 1;
             } else {
                 kept.push(&before[..before.len() - rest.len()]);
+                self.name_dirty(&m.id().name);
                 if self.fed.len() < self.cfg.max_members.saturating_mul(2) {
                     let (id, inc, state) = (m.id().clone(), m.incarnation(), m.state());
                     self.fed.insert(id.name.detached(), (id, inc, state));
                 }
             }
         }
-        let news = !kept.is_empty() || !src_known;
+        let news = if !kept.is_empty() || !src_known {
+            Walk::Named
+        } else {
+            Walk::Not
+        };
         if old == 0 {
             return (None, news);
         }

@@ -199,6 +199,9 @@ impl Membership {
         self.counters.sync_members += members.len() as u64;
         let told = members.len();
         members.retain(|m| !self.is_old_news(m));
+        for m in &members {
+            self.name_dirty(&m.id().name);
+        }
         self.counters.old_news += (told - members.len()) as u64;
         // For the joining rounds (see `sync_tries`).
         self.sync_round.0 = true;

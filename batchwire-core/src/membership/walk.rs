@@ -45,8 +45,13 @@ impl Membership {
     }
 
     /// After any input: turn foca's timer requests into deadlines, and compare the member
-    /// list with the view to report what changed.
+    /// list with the view to report what changed: all of it (`walk`), or nothing.
     pub(super) fn after(&mut self, now: Instant, walk: bool) {
+        self.after_walk(now, if walk { Walk::All } else { Walk::Not });
+    }
+
+    /// `after`, comparing with the view as much of the list as `walk` says.
+    pub(super) fn after_walk(&mut self, now: Instant, walk: Walk) {
         for (t, mut d) in self.out.timers.drain(..) {
             if is_probe_timer(&t) {
                 d *= 1 + self.slowness;
@@ -62,17 +67,49 @@ impl Membership {
             s.kind != Kind::DownNotice || !foca.iter_members().any(|m| *m.id() == s.to)
         });
         self.counters.stale_down_notices += (before - self.out.sends.len()) as u64;
-        if !walk {
+        let walk = if self.dirty_all { Walk::All } else { walk };
+        let dirty = std::mem::take(&mut self.dirty);
+        self.dirty_all = false;
+        if walk == Walk::Not {
+            self.dirty = dirty;
+            self.dirty.clear();
             return;
         }
         self.fed.clear();
-        let mut announce = Vec::new();
-        let mut sync_from = None;
+        let mut pass = Pass::default();
+        let me = self.foca.identity().name.clone();
+        if walk == Walk::Named {
+            // Only the members the inputs named (each packet's sender and the updates it
+            // carried): what else SWIM lists did not move. A member is found through
+            // foca's index, and skipped if it is as this node last took it.
+            for name in &dirty {
+                if *name == me {
+                    continue;
+                }
+                let Some(m) = self.foca.member_by_addr(name) else {
+                    continue;
+                };
+                let same = self.swim.get(name).is_some_and(|(id, inc, state)| {
+                    id == m.id() && *inc == m.incarnation() && *state == m.state()
+                });
+                if same && m.state() != State::Down {
+                    continue;
+                }
+                let m = m.clone();
+                self.look_at(now, &m, &mut pass);
+            }
+            self.dirty = dirty;
+            self.dirty.clear();
+            self.after_pass(now, pass);
+            return;
+        }
+        self.dirty = dirty;
+        self.dirty.clear();
         // Of the members SWIM lists, those in the view once this pass is done.
         let mut listed = 0;
-        let me = self.foca.identity().name.clone();
         let mut pos = 0;
-        let mut view_moved = false;
+        // Members not found as they were: looked at once the list is no longer borrowed.
+        let mut moved = Vec::new();
         for m in self.foca.iter_membership_state() {
             let id = m.id();
             let at = pos;
@@ -105,156 +142,15 @@ impl Membership {
             }
             // Set again below once the member is taken as it is now.
             self.order[at] = None;
-            let state = match m.state() {
-                State::Alive => MemberState::Alive,
-                State::Suspect => MemberState::Suspect,
-                State::Down
-                    if self
-                        .left
-                        .get(&id.name)
-                        .is_some_and(|l| *l == (id.started, id.bump)) =>
-                {
-                    MemberState::Left
-                }
-                State::Down => MemberState::Down,
-            };
-            // Down in SWIM, but heard from directly since the suspicion could have begun:
-            // still reported live (as suspect) until `suspicion_timeout` after it was last
-            // heard. It is told it is down, and comes back under a renewed identity.
-            let state = match (state, self.view.get(&id.name)) {
-                (MemberState::Down, Some((old, old_state))) if old == id && old_state.is_live() => {
-                    match self.heard.get(&id.name) {
-                        Some(&(started, at))
-                            if started == id.started && at + self.cfg.suspicion_timeout > now =>
-                        {
-                            // Looked at again when the hold ends or a probe period on,
-                            // whichever is first; each time, an announce to it (SWIM
-                            // stopped talking to it) brings its current identity back.
-                            let until =
-                                (at + self.cfg.suspicion_timeout).min(now + self.cfg.probe_period);
-                            if !self.held.iter().any(|h| h.0 == id.name) {
-                                if self.held.len() < self.cfg.max_members {
-                                    self.held.push((id.name.detached(), until));
-                                }
-                                self.counters.downs_held += 1;
-                                announce.push(id.clone());
-                            }
-                            MemberState::Suspect
-                        }
-                        _ => MemberState::Down,
-                    }
-                }
-                (s, _) => s,
-            };
-            // No room in the view: never reported (so never dialled or announced to),
-            // counted once. SWIM forgets it once it stops answering.
-            if self.view.len() >= self.cfg.max_members && !self.view.contains_key(&id.name) {
-                if !self.refused.contains(&id.name) {
-                    if self.refused.len() >= REFUSED_NAMES.max(self.cfg.max_members) {
-                        self.refused.clear();
-                    }
-                    self.refused.insert(id.name.detached());
-                    self.counters.members_refused += 1;
-                }
-                continue;
-            }
-            let event = match self.view.get(&id.name) {
-                None if state.is_live() => Some(MemberEvent::Joined(id.clone())),
-                None => None,
-                Some((old, old_state))
-                    if old != id
-                        && old.started == id.started
-                        && old_state.is_live()
-                        && state.is_live() =>
-                {
-                    // The same process renewed its SWIM identity (it was told it was down,
-                    // and came back) while it was live here: nothing departed.
-                    (*old_state == MemberState::Suspect && state == MemberState::Alive)
-                        .then(|| MemberEvent::Refuted(id.clone()))
-                }
-                Some((old, old_state)) if old != id => {
-                    // Replaced by a new incarnation: the old one is gone.
-                    if old_state.is_live() {
-                        self.events.push_back(MemberEvent::Down(old.clone()));
-                    }
-                    state.is_live().then(|| MemberEvent::Joined(id.clone()))
-                }
-                Some((_, old_state)) if *old_state == state => None,
-                Some((_, old_state)) => match state {
-                    MemberState::Alive if *old_state == MemberState::Suspect => {
-                        Some(MemberEvent::Refuted(id.clone()))
-                    }
-                    MemberState::Alive => Some(MemberEvent::Joined(id.clone())),
-                    MemberState::Suspect => Some(MemberEvent::Suspected(id.clone())),
-                    MemberState::Down => Some(MemberEvent::Down(id.clone())),
-                    MemberState::Left => Some(MemberEvent::Left(id.clone())),
-                },
-            };
-            // A suspicion heard of (from gossip, or raised here): this node keeps its own
-            // deadline for it, as SWIM's paper has every member do (foca declares down only
-            // what its own probes suspected, and then the verdict still has to spread;
-            // with no connection to feed the detector, that doubled the time until every
-            // member saw a killed node down). A refutation (a newer incarnation) before the
-            // deadline voids it.
-            if matches!(event, Some(MemberEvent::Suspected(_)))
-                && m.state() == State::Suspect
-                && !self.hinted.iter().any(|h| h.1 == *id)
-                && self.hinted.len() < self.cfg.max_members
-            {
-                self.hinted.push((
-                    now + self.cfg.suspicion_timeout,
-                    id.clone(),
-                    m.incarnation(),
-                ));
-            }
-            if let Some(e) = event {
-                if self.bootstrap > 0 && matches!(e, MemberEvent::Joined(_)) {
-                    self.bootstrap -= 1;
-                    announce.push(id.clone());
-                }
-                // Joined through a seed that just answered: its full state brings the
-                // rest of a large cluster at once (see `sync`).
-                if !self.synced
-                    && matches!(e, MemberEvent::Joined(_))
-                    && self.seeds.iter().any(|s| s.name == id.name)
-                {
-                    self.synced = true;
-                    sync_from = Some(id.clone());
-                }
-                self.events.push_back(e);
-            }
-            let touched = match self.view.get_mut(&id.name) {
-                Some(v) if v.0 == *id && v.1 == state => false,
-                Some(v) => {
-                    *v = (id.clone(), state);
-                    true
-                }
-                None => {
-                    self.refused.remove(&id.name);
-                    self.view.insert(id.name.detached(), (id.clone(), state));
-                    true
-                }
-            };
-            if touched {
-                view_moved = true;
-                Self::view_touched(
-                    &mut self.view_changed,
-                    &mut self.view_whole,
-                    self.cfg.max_members,
-                    &id.name,
-                );
-            }
-            match self.swim.get_mut(&id.name) {
-                Some(v) => *v = (id.clone(), m.incarnation(), m.state()),
-                None => {
-                    self.swim
-                        .insert(id.name.detached(), (id.clone(), m.incarnation(), m.state()));
+            moved.push((at, m.clone()));
+        }
+        for (at, m) in moved {
+            if self.look_at(now, &m, &mut pass) {
+                listed += 1;
+                if m.state() != State::Down {
+                    self.order[at] = Some((m.id().clone(), m.incarnation(), m.state()));
                 }
             }
-            if m.state() != State::Down {
-                self.order[at] = Some((id.clone(), m.incarnation(), m.state()));
-            }
-            listed += 1;
         }
         self.order.truncate(pos);
         // Forgotten by SWIM (down for `forget_down_after`): forgotten here too. Every name
@@ -268,7 +164,7 @@ impl Membership {
                 .filter(|n| *n != me)
                 .collect();
             let shrank = listed < self.view.len();
-            view_moved |= shrank;
+            pass.view_moved |= shrank;
             if shrank {
                 self.view.retain(|n, _| seen.contains(n));
                 self.view_whole = true;
@@ -282,20 +178,7 @@ impl Membership {
             self.refused.retain(|n| seen.contains(n));
             again = shrank && !self.refused.is_empty();
         }
-        if view_moved {
-            self.sync_soon(now);
-        }
-        // Their answers come back as input, whose `after` finds nothing more to announce.
-        for id in announce {
-            let r = self.foca.announce(id, &mut self.out);
-            self.result(r);
-        }
-        if let Some(id) = sync_from {
-            self.ask_state(id, None);
-            self.sync_tries = SYNC_TRIES;
-            self.sync_round = (false, false);
-            self.sync_at = now + self.cfg.probe_period;
-        }
+        self.after_pass(now, pass);
         // Room was made: members refused in this pass are looked at again now, as every
         // input used to (the next one may not walk the list). Once: the view now holds
         // only what SWIM lists, so that pass cannot shrink it.
@@ -303,4 +186,212 @@ impl Membership {
             self.after(now, true);
         }
     }
+
+    /// What a pass found to do once it is over: compare soon if the view moved, announce
+    /// to members learnt while joining, ask a seed that answered for its members.
+    fn after_pass(&mut self, now: Instant, pass: Pass) {
+        if pass.view_moved {
+            self.sync_soon(now);
+        }
+        // Their answers come back as input, whose `after` finds nothing more to announce.
+        for id in pass.announce {
+            let r = self.foca.announce(id, &mut self.out);
+            self.result(r);
+        }
+        if let Some(id) = pass.sync_from {
+            self.ask_state(id, None);
+            self.sync_tries = SYNC_TRIES;
+            self.sync_round = (false, false);
+            self.sync_at = now + self.cfg.probe_period;
+        }
+    }
+
+    /// Take member `m` as SWIM lists it now: its state in the view, the event if that
+    /// changed, and what to do after the pass (`pass`). Returns whether it is in the view
+    /// (it may have found no room).
+    fn look_at(&mut self, now: Instant, m: &Member<MemberId>, pass: &mut Pass) -> bool {
+        let id = m.id();
+        let state = match m.state() {
+            State::Alive => MemberState::Alive,
+            State::Suspect => MemberState::Suspect,
+            State::Down
+                if self
+                    .left
+                    .get(&id.name)
+                    .is_some_and(|l| *l == (id.started, id.bump)) =>
+            {
+                MemberState::Left
+            }
+            State::Down => MemberState::Down,
+        };
+        // Down in SWIM, but heard from directly since the suspicion could have begun:
+        // still reported live (as suspect) until `suspicion_timeout` after it was last
+        // heard. It is told it is down, and comes back under a renewed identity.
+        let state = match (state, self.view.get(&id.name)) {
+            (MemberState::Down, Some((old, old_state))) if old == id && old_state.is_live() => {
+                match self.heard.get(&id.name) {
+                    Some(&(started, at))
+                        if started == id.started && at + self.cfg.suspicion_timeout > now =>
+                    {
+                        // Looked at again when the hold ends or a probe period on,
+                        // whichever is first; each time, an announce to it (SWIM
+                        // stopped talking to it) brings its current identity back.
+                        let until =
+                            (at + self.cfg.suspicion_timeout).min(now + self.cfg.probe_period);
+                        if !self.held.iter().any(|h| h.0 == id.name) {
+                            if self.held.len() < self.cfg.max_members {
+                                self.held.push((id.name.detached(), until));
+                            }
+                            self.counters.downs_held += 1;
+                            pass.announce.push(id.clone());
+                        }
+                        MemberState::Suspect
+                    }
+                    _ => MemberState::Down,
+                }
+            }
+            (s, _) => s,
+        };
+        // No room in the view: never reported (so never dialled or announced to),
+        // counted once. SWIM forgets it once it stops answering.
+        if self.view.len() >= self.cfg.max_members && !self.view.contains_key(&id.name) {
+            if !self.refused.contains(&id.name) {
+                if self.refused.len() >= REFUSED_NAMES.max(self.cfg.max_members) {
+                    self.refused.clear();
+                }
+                self.refused.insert(id.name.detached());
+                self.counters.members_refused += 1;
+            }
+            return false;
+        }
+        let event = match self.view.get(&id.name) {
+            None if state.is_live() => Some(MemberEvent::Joined(id.clone())),
+            None => None,
+            Some((old, old_state))
+                if old != id
+                    && old.started == id.started
+                    && old_state.is_live()
+                    && state.is_live() =>
+            {
+                // The same process renewed its SWIM identity (it was told it was down,
+                // and came back) while it was live here: nothing departed.
+                (*old_state == MemberState::Suspect && state == MemberState::Alive)
+                    .then(|| MemberEvent::Refuted(id.clone()))
+            }
+            Some((old, old_state)) if old != id => {
+                // Replaced by a new incarnation: the old one is gone.
+                if old_state.is_live() {
+                    self.events.push_back(MemberEvent::Down(old.clone()));
+                }
+                state.is_live().then(|| MemberEvent::Joined(id.clone()))
+            }
+            Some((_, old_state)) if *old_state == state => None,
+            Some((_, old_state)) => match state {
+                MemberState::Alive if *old_state == MemberState::Suspect => {
+                    Some(MemberEvent::Refuted(id.clone()))
+                }
+                MemberState::Alive => Some(MemberEvent::Joined(id.clone())),
+                MemberState::Suspect => Some(MemberEvent::Suspected(id.clone())),
+                MemberState::Down => Some(MemberEvent::Down(id.clone())),
+                MemberState::Left => Some(MemberEvent::Left(id.clone())),
+            },
+        };
+        // A suspicion heard of (from gossip, or raised here): this node keeps its own
+        // deadline for it, as SWIM's paper has every member do (foca declares down only
+        // what its own probes suspected, and then the verdict still has to spread;
+        // with no connection to feed the detector, that doubled the time until every
+        // member saw a killed node down). A refutation (a newer incarnation) before the
+        // deadline voids it.
+        if matches!(event, Some(MemberEvent::Suspected(_)))
+            && m.state() == State::Suspect
+            && !self.hinted.iter().any(|h| h.1 == *id)
+            && self.hinted.len() < self.cfg.max_members
+        {
+            self.hinted.push((
+                now + self.cfg.suspicion_timeout,
+                id.clone(),
+                m.incarnation(),
+            ));
+        }
+        if let Some(e) = event {
+            if self.bootstrap > 0 && matches!(e, MemberEvent::Joined(_)) {
+                self.bootstrap -= 1;
+                pass.announce.push(id.clone());
+            }
+            // Joined through a seed that just answered: its full state brings the
+            // rest of a large cluster at once (see `sync`).
+            if !self.synced
+                && matches!(e, MemberEvent::Joined(_))
+                && self.seeds.iter().any(|s| s.name == id.name)
+            {
+                self.synced = true;
+                pass.sync_from = Some(id.clone());
+            }
+            self.events.push_back(e);
+        }
+        let touched = match self.view.get_mut(&id.name) {
+            Some(v) if v.0 == *id && v.1 == state => false,
+            Some(v) => {
+                *v = (id.clone(), state);
+                true
+            }
+            None => {
+                self.refused.remove(&id.name);
+                self.view.insert(id.name.detached(), (id.clone(), state));
+                true
+            }
+        };
+        if touched {
+            pass.view_moved = true;
+            Self::view_touched(
+                &mut self.view_changed,
+                &mut self.view_whole,
+                self.cfg.max_members,
+                &id.name,
+            );
+        }
+        match self.swim.get_mut(&id.name) {
+            Some(v) => *v = (id.clone(), m.incarnation(), m.state()),
+            None => {
+                self.swim
+                    .insert(id.name.detached(), (id.clone(), m.incarnation(), m.state()));
+            }
+        }
+        true
+    }
+
+    /// Note that an input named member `name` (a packet's sender, an update): the next
+    /// `after_walk(.., Walk::Named)` looks at it. Past `max_members` names the whole list
+    /// is walked instead.
+    pub(super) fn name_dirty(&mut self, name: &Name) {
+        if self.dirty_all {
+            return;
+        }
+        if self.dirty.len() >= self.cfg.max_members {
+            self.dirty.clear();
+            self.dirty_all = true;
+            return;
+        }
+        self.dirty.push(name.detached());
+    }
+}
+
+/// How much of SWIM's member list `after_walk` compares with the view.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub(super) enum Walk {
+    /// None of it: nothing in it moved.
+    Not,
+    /// The members named since the last pass (`name_dirty`): the inputs were packets,
+    /// which change only their sender and the members their updates are about.
+    Named,
+    /// All of it (timers, joins, leaves, anything else).
+    All,
+}
+
+/// What a pass of `after` found to do once it is over (see `Membership::after_pass`).
+#[derive(Default)]
+pub(super) struct Pass {
+    announce: Vec<MemberId>,
+    sync_from: Option<MemberId>,
+    view_moved: bool,
 }

@@ -376,6 +376,14 @@ where
         self.members.inner.iter()
     }
 
+    /// Patched: the member whose address is `addr`, whatever its state (as
+    /// [`Foca::iter_membership_state`] lists it), found by the index instead of
+    /// a walk of the list.
+    pub fn member_by_addr(&self, addr: &T::Addr) -> Option<&Member<T>> {
+        let pos = self.members.position_of(addr)?;
+        self.members.inner.get(pos)
+    }
+
     /// Applies cluster updates to this foca instance.
     ///
     /// This is for advanced usage. It's intended as a way to unlock

@@ -187,7 +187,7 @@ where
     }
 
     /// Where the member with `addr` sits in `inner`.
-    fn position_of(&self, addr: &T::Addr) -> Option<usize> {
+    pub(crate) fn position_of(&self, addr: &T::Addr) -> Option<usize> {
         let pos = *self.index.get(addr)?;
         debug_assert!(self.inner[pos].id.addr() == *addr, "index out of date");
         Some(pos)

@@ -61,7 +61,6 @@ fn batched_reads_converge_report_each_change_once_and_detect_a_crash() {
         assert_eq!(view.len(), n - 1);
         view.retain(|m| m.1 != MemberState::Alive);
         assert!(view.is_empty(), "node {i}: {view:?}");
-        assert!(net.node(i).counters().old_news > 0, "node {i}");
     }
     let victim = net.node(7).me().name.clone();
     net.nodes[7] = None;
@@ -79,6 +78,11 @@ fn batched_reads_converge_report_each_change_once_and_detect_a_crash() {
             _ => false,
         };
         assert!(!ev.iter().any(|e| about(&e)), "node {i}: {ev:?}");
+        // The news of the crash reached each survivor from several members: the copies
+        // were taken out before foca saw them. (Not checked at convergence: the join can
+        // converge in a few steps, on announces' answers and full states, before any
+        // update came twice.)
+        assert!(net.node(i).counters().old_news > 0, "node {i}");
     }
 }
 
