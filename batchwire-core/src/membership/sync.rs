@@ -9,9 +9,10 @@
 //!   then from a random live member each probe period until an answer brings nothing new
 //!   (at most 8 more). After that, anti-entropy (two groups that formed apart, or an
 //!   update gossip lost): the node compares with a random live member two probe periods
-//!   after its view last changed (each change moves that on, up to eight probe periods
-//!   after the last comparison), then 4, 8, ... probe periods apart up to `announce_period`
-//!   while nothing changes, and at least every `announce_period`.
+//!   after its view last changed (each change moves that on, up to two probe periods
+//!   after the last comparison: a view that keeps changing is compared every two), then 4,
+//!   8, ... probe periods apart up to `announce_period` while nothing changes, and at least
+//!   every `announce_period`.
 //!   Gossip misses a few of the million (member, update) pairs of a thousand nodes joining
 //!   at once; this repairs them seconds after the storm, not an announce period later.
 //! - **The comparison**: the periodic ask carries a digest of the asker's live members
@@ -239,17 +240,19 @@ impl Membership {
     }
 
     /// The view changed: compare with a random member once it has been quiet for two
-    /// probe periods (each change moves that on, but never past eight probe periods after
+    /// probe periods (each change moves that on, but never past two probe periods after
     /// the last sync: a view that keeps changing is compared that often), then less and
     /// less often while nothing changes. Gossip misses a few of a million (member, update)
     /// pairs when a thousand nodes join at once; this finds them seconds after the storm
-    /// instead of an announce period later.
+    /// instead of an announce period later. (With eight periods the cap, the last nodes
+    /// of a thousand joining at once waited seconds for their comparison, the CPUs idle:
+    /// see `docs/results.md`.)
     pub(super) fn sync_soon(&mut self, now: Instant) {
         if self.sync_tries > 0 {
             return;
         }
         self.sync_every = self.cfg.probe_period * 2;
-        let latest = (self.cfg.probe_period * 8).min(self.cfg.announce_period);
+        let latest = (self.cfg.probe_period * 2).min(self.cfg.announce_period);
         self.sync_at = (now + self.sync_every).min(self.synced_at + latest);
     }
 }

@@ -459,3 +459,34 @@ fn packets_out_are_counted_by_kind() {
     // Each of the 8 probes a member a second, and is answered: at least 2 x 8 x 4.
     assert!(rest.probes_out - settled.probes_out >= 64, "{rest:?}");
 }
+
+/// A view that keeps changing (a storm of joins, members coming and going) is still
+/// compared every two probe periods: each change puts the comparison off only up to two
+/// periods after the last one. With a thousand nodes joining at once, the last members
+/// that gossip missed were found by a comparison, and each change then put it off up to
+/// eight periods while the CPUs stood idle.
+#[test]
+fn a_view_that_keeps_changing_is_still_compared_every_two_probe_periods() {
+    // The periodic comparison, when nothing changes, a minute apart.
+    let c = MembershipConfig {
+        announce_period: Duration::from_secs(60),
+        ..cfg()
+    };
+    let mut net = Net::at_rest(6, c.clone());
+    // Past the joining rounds and the first comparisons.
+    net.run_until(Duration::from_secs(30), |_| false);
+    let asked = net.node(0).counters().syncs_asked;
+    // Six probe periods during which node 0's view changes every half period.
+    let mut t = Duration::ZERO;
+    while t < c.probe_period * 6 {
+        let now = net.now;
+        net.node(0).sync_soon(now);
+        net.run_until(c.probe_period / 2, |_| false);
+        t += c.probe_period / 2;
+    }
+    let compared = net.node(0).counters().syncs_asked - asked;
+    assert!(
+        (2..=4).contains(&compared),
+        "{compared} comparisons in six periods"
+    );
+}
