@@ -96,6 +96,36 @@ pub trait Invalidates {
     /// keep `item` and discard `other` from its dissemination
     /// backlog.
     fn invalidates(&self, other: &Self) -> bool;
+
+    /// Patched: a hash such that `a.invalidates(&b)` implies that both are
+    /// `Some` and equal (or `None`: then every entry is looked at). With it
+    /// the backlog counts its entries by hash, and an item whose hash no
+    /// entry has replaces nothing without a walk of the backlog (a walk per
+    /// update, with a thousand members joining and a thousand updates in
+    /// the backlog, was a tenth of each node's work).
+    fn invalidation_hash(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// FNV-1a, for [`Invalidates::invalidation_hash`] (no_std: no `RandomState`).
+pub(crate) struct Fnv(pub(crate) u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl core::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
 }
 
 impl Invalidates for &[u8] {
@@ -115,6 +145,8 @@ pub(crate) const MAX_MISSES: usize = 8;
 pub(crate) struct Broadcasts<V> {
     flip: alloc::collections::BinaryHeap<Entry<V>>,
     flop: alloc::collections::BinaryHeap<Entry<V>>,
+    /// Patched: how many entries have each `invalidation_hash`.
+    hashes: alloc::collections::BTreeMap<u64, usize>,
 }
 
 impl<T> Broadcasts<T>
@@ -125,6 +157,7 @@ where
         Self {
             flip: Default::default(),
             flop: Default::default(),
+            hashes: Default::default(),
         }
     }
 
@@ -138,7 +171,21 @@ where
 
     pub(crate) fn add_or_replace(&mut self, item: T, data: Vec<u8>, max_tx: usize) {
         debug_assert!(max_tx > 0);
-        self.flip.retain(|node| !item.invalidates(&node.item));
+        let hash = item.invalidation_hash();
+        // Patched: no walk when no entry has the item's hash.
+        if hash.is_none_or(|h| self.hashes.contains_key(&h)) {
+            let hashes = &mut self.hashes;
+            self.flip.retain(|node| {
+                let keep = !item.invalidates(&node.item);
+                if !keep {
+                    forget(hashes, node.item.invalidation_hash());
+                }
+                keep
+            });
+        }
+        if let Some(h) = hash {
+            *self.hashes.entry(h).or_insert(0) += 1;
+        }
         self.flip.push(Entry {
             remaining_tx: max_tx,
             item,
@@ -174,6 +221,8 @@ where
 
             if node.remaining_tx > 0 {
                 self.flop.push(node);
+            } else {
+                forget(&mut self.hashes, node.item.invalidation_hash());
             }
         }
 
@@ -216,12 +265,25 @@ where
 
             if node.remaining_tx > 0 {
                 self.flop.push(node);
+            } else {
+                forget(&mut self.hashes, node.item.invalidation_hash());
             }
         }
 
         self.flip.append(&mut self.flop);
 
         num_taken
+    }
+}
+
+/// Patched: one entry with `hash` left the backlog.
+fn forget(hashes: &mut alloc::collections::BTreeMap<u64, usize>, hash: Option<u64>) {
+    let Some(h) = hash else { return };
+    if let alloc::collections::btree_map::Entry::Occupied(mut e) = hashes.entry(h) {
+        *e.get_mut() -= 1;
+        if *e.get() == 0 {
+            e.remove();
+        }
     }
 }
 
@@ -438,5 +500,53 @@ mod tests {
         assert_eq!(21, bcs.fill(&mut buf, usize::MAX));
         assert_eq!(20, bcs.len(), "the tiny one had one transmission");
         assert!(buf.ends_with(b"t"));
+    }
+
+    /// A key with a hash, that counts the comparisons made with it.
+    struct Hashed(&'static str, &'static core::sync::atomic::AtomicUsize);
+
+    impl Invalidates for Hashed {
+        fn invalidates(&self, other: &Self) -> bool {
+            self.1.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            self.0 == other.0
+        }
+        fn invalidation_hash(&self) -> Option<u64> {
+            use core::hash::{Hash, Hasher};
+            let mut h = Fnv::default();
+            self.0.hash(&mut h);
+            Some(h.finish())
+        }
+    }
+
+    /// Patched: an item with a hash no entry has replaces nothing and walks
+    /// nothing; one whose hash is there replaces the entry it invalidates
+    /// (and only it), and an entry sent its last time leaves the count.
+    #[test]
+    fn an_item_no_entry_shares_a_hash_with_walks_nothing() {
+        use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        static CMP: AtomicUsize = AtomicUsize::new(0);
+        let mut bcs = Broadcasts::new();
+        const KEYS: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
+        for k in KEYS {
+            bcs.add_or_replace(Hashed(k, &CMP), k.as_bytes().to_vec(), 2);
+        }
+        assert_eq!(8, bcs.len());
+        assert_eq!(0, CMP.load(Relaxed), "distinct hashes: no comparison");
+        // The same key again: a walk, and the old entry replaced.
+        bcs.add_or_replace(Hashed("c", &CMP), b"C".to_vec(), 2);
+        assert_eq!(8, bcs.len());
+        assert!(CMP.load(Relaxed) >= 8, "{}", CMP.load(Relaxed));
+        let mut buf = Vec::new();
+        assert_eq!(8, bcs.fill(&mut buf, usize::MAX));
+        assert!(buf.contains(&b'C') && !buf.contains(&b'c'));
+        // Sent twice: gone, and so are their hashes.
+        let mut buf = Vec::new();
+        assert_eq!(8, bcs.fill(&mut buf, usize::MAX));
+        assert_eq!(0, bcs.len());
+        assert!(bcs.hashes.is_empty(), "{:?}", bcs.hashes);
+        let before = CMP.load(Relaxed);
+        bcs.add_or_replace(Hashed("c", &CMP), b"c".to_vec(), 2);
+        assert_eq!(before, CMP.load(Relaxed), "nothing left to compare with");
+        assert_eq!(1, bcs.len());
     }
 }

@@ -36,8 +36,10 @@ pub trait Identity: Clone + Eq + fmt::Debug {
     /// It's a good idea to have this type as lean as possible
     ///
     /// (Patched: `Ord`, so the member list finds a member by its address
-    /// in an index instead of a scan of every member.)
-    type Addr: Ord;
+    /// in an index instead of a scan of every member; `Hash`, so the
+    /// backlog of updates finds whether it holds one about an address
+    /// without a scan, see `Invalidates::invalidation_hash`.)
+    type Addr: Ord + core::hash::Hash;
 
     /// Opt-in on auto-rejoining by providing a new identity.
     ///

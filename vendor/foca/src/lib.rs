@@ -1698,11 +1698,19 @@ impl<T> BroadcastHandler<T> for NoCustomBroadcast {
 
 struct Addr<T>(T);
 
-impl<T: PartialEq> Invalidates for Addr<T> {
+impl<T: PartialEq + core::hash::Hash> Invalidates for Addr<T> {
     // State is managed externally (via Members), so invalidation
     // is a trivial replace-if-same-key
     fn invalidates(&self, other: &Self) -> bool {
         self.0 == other.0
+    }
+
+    // Patched: see `Invalidates::invalidation_hash`.
+    fn invalidation_hash(&self) -> Option<u64> {
+        use core::hash::Hasher;
+        let mut h = broadcast::Fnv::default();
+        self.0.hash(&mut h);
+        Some(h.finish())
     }
 }
 
