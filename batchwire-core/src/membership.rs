@@ -127,6 +127,35 @@ impl Runtime<MemberId> for Out {
     }
 }
 
+/// What SWIM held of a member (in `Membership::swim`, keyed by its name): the rest of
+/// its identity (a `MemberId` is its name, start and bump: its address is not part of
+/// it), its incarnation and state. Sixteen bytes: every packet of a join looks up a
+/// dozen of these, each a cache miss with a thousand processes on two CPUs, and a whole
+/// `MemberId` spread an entry over three cache lines.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Held {
+    started: u64,
+    bump: u16,
+    inc: foca::Incarnation,
+    state: State,
+}
+
+impl Held {
+    fn of(id: &MemberId, inc: foca::Incarnation, state: State) -> Held {
+        Held {
+            started: id.started,
+            bump: id.bump,
+            inc,
+            state,
+        }
+    }
+
+    /// Whether this is what SWIM holds of `id` (found under its name) at `inc` in `state`.
+    fn is(&self, id: &MemberId, inc: foca::Incarnation, state: State) -> bool {
+        *self == Held::of(id, inc, state)
+    }
+}
+
 /// A token bucket per sending peer.
 struct Bucket {
     tokens: f64,
@@ -171,11 +200,11 @@ pub struct Membership {
     /// it (foca finds a member by a walk of its whole list, so at a thousand members the
     /// dozen copies of every update that SWIM's dissemination brings cost most of a node's
     /// work).
-    swim: HashMap<Name, (MemberId, foca::Incarnation, State), NameHash>,
+    swim: HashMap<Name, Held, NameHash>,
     /// Updates given to SWIM since the list was last compared (`handle_frames` compares
     /// once a batch): the same update from another sender in the batch is old news too.
     /// At most twice `max_members`; emptied by each compare.
-    fed: HashMap<Name, (MemberId, foca::Incarnation, State), NameHash>,
+    fed: HashMap<Name, Held, NameHash>,
     /// `swim` again, in the order of SWIM's list at the last compare (which moves only
     /// when members come or go, or a probe round ends): entry i is what `swim` holds of
     /// the member then at place i, `None` for this node, a down or refused member, or a
@@ -249,6 +278,18 @@ pub struct Membership {
     rejoin_at: Option<Instant>,
 }
 
+/// A map for one entry per member, sized for the view's bound (at most [`PRESIZE`]) up
+/// front. Grown a doubling at a time as a thousand members joined, each growth was a new
+/// allocation (past glibc's mmap threshold: fresh pages, faulted in one by one) and a
+/// rehash; with a thousand processes on two CPUs that was a tenth of each node's join.
+/// Pages not yet written cost no memory.
+fn presized<V>(cap: usize) -> HashMap<Name, V, NameHash> {
+    HashMap::with_capacity_and_hasher(cap, NameHash)
+}
+
+/// The most members a map is sized for up front (see `presized`).
+const PRESIZE: usize = 1024;
+
 /// Seeds remembered for announcing again (see `Membership::seeds`).
 const MAX_SEEDS: usize = 16;
 
@@ -268,6 +309,7 @@ impl Membership {
         now: Instant,
     ) -> Result<Membership, MemberError> {
         let announce_period = cfg.announce_period;
+        let cap = cfg.max_members.min(PRESIZE);
         let foca = Foca::new(
             me,
             cfg.foca()?,
@@ -280,21 +322,21 @@ impl Membership {
             out: Out::default(),
             timers: BTreeMap::new(),
             seq: 0,
-            view: HashMap::default(),
+            view: presized(cap),
             view_changed: Vec::new(),
             view_whole: true,
             fed: HashMap::default(),
             order: Vec::new(),
             dirty: Vec::new(),
             dirty_all: false,
-            swim: HashMap::default(),
+            swim: presized(cap),
             left: HashMap::default(),
             events: VecDeque::new(),
-            buckets: HashMap::default(),
+            buckets: presized(cap),
             counters: MemberCounters::default(),
             left_cluster: false,
             hinted: Vec::new(),
-            heard: HashMap::default(),
+            heard: presized(cap),
             held: Vec::new(),
             refused: HashSet::default(),
             bootstrap: 0,

@@ -216,12 +216,9 @@ impl Membership {
         header: &foca::Header<MemberId>,
         body: &[u8],
     ) -> (Option<Vec<u8>>, Walk) {
-        let src_known = self
-            .swim
-            .get(&header.src.name)
-            .is_some_and(|(id, inc, state)| {
-                *id == header.src && *inc == header.src_incarnation && *state != State::Down
-            });
+        let src_known = self.swim.get(&header.src.name).is_some_and(|h| {
+            h.state != State::Down && h.is(&header.src, header.src_incarnation, h.state)
+        });
         // Only these carry updates (an announce has no body; a broadcast carries none).
         let updates = !matches!(
             header.message,
@@ -255,7 +252,8 @@ impl Membership {
                 self.name_dirty(&m.id().name);
                 if self.fed.len() < self.cfg.max_members.saturating_mul(2) {
                     let (id, inc, state) = (m.id().clone(), m.incarnation(), m.state());
-                    self.fed.insert(id.name.detached(), (id, inc, state));
+                    self.fed
+                        .insert(id.name.detached(), Held::of(&id, inc, state));
                 }
             }
         }
@@ -282,9 +280,7 @@ impl Membership {
     /// given since the list was last compared (never so for this node). Applied again,
     /// SWIM would find it no newer than what it holds: a no-op.
     pub(super) fn is_old_news(&self, m: &Member<MemberId>) -> bool {
-        let same = |(id, inc, state): &(MemberId, foca::Incarnation, State)| {
-            id == m.id() && *inc == m.incarnation() && *state == m.state()
-        };
+        let same = |h: &Held| h.is(m.id(), m.incarnation(), m.state());
         m.id().name != self.foca.identity().name
             && (self.swim.get(&m.id().name).is_some_and(same)
                 || self.fed.get(&m.id().name).is_some_and(same))

@@ -89,9 +89,10 @@ impl Membership {
                 let Some(m) = self.foca.member_by_addr(name) else {
                     continue;
                 };
-                let same = self.swim.get(name).is_some_and(|(id, inc, state)| {
-                    id == m.id() && *inc == m.incarnation() && *state == m.state()
-                });
+                let same = self
+                    .swim
+                    .get(name)
+                    .is_some_and(|h| h.is(m.id(), m.incarnation(), m.state()));
                 if same && m.state() != State::Down {
                     continue;
                 }
@@ -134,7 +135,11 @@ impl Membership {
                     listed += 1;
                     continue;
                 }
-                if self.swim.get(&id.name).is_some_and(same) {
+                if self
+                    .swim
+                    .get(&id.name)
+                    .is_some_and(|h| h.is(id, m.incarnation(), m.state()))
+                {
                     self.order[at] = Some((id.clone(), m.incarnation(), m.state()));
                     listed += 1;
                     continue;
@@ -350,11 +355,11 @@ impl Membership {
                 &id.name,
             );
         }
+        let held = Held::of(id, m.incarnation(), m.state());
         match self.swim.get_mut(&id.name) {
-            Some(v) => *v = (id.clone(), m.incarnation(), m.state()),
+            Some(v) => *v = held,
             None => {
-                self.swim
-                    .insert(id.name.detached(), (id.clone(), m.incarnation(), m.state()));
+                self.swim.insert(id.name.detached(), held);
             }
         }
         true

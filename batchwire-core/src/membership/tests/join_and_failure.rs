@@ -92,7 +92,7 @@ fn gossip(from: &Membership, to: &Membership, updates: &[Member<MemberId>]) -> V
     let h = foca::Header {
         src: from.me().clone(),
         // What the receiver holds of the sender's incarnation.
-        src_incarnation: to.swim.get(&from.me().name).map_or(0, |s| s.1),
+        src_incarnation: to.swim.get(&from.me().name).map_or(0, |s| s.inc),
         dst: to.me().clone(),
         message: foca::Message::Gossip,
     };
@@ -108,7 +108,7 @@ fn gossip(from: &Membership, to: &Membership, updates: &[Member<MemberId>]) -> V
 fn in_a_batch_a_repeated_update_is_old_news_and_a_newer_one_is_not() {
     let mut net = Net::at_rest(4, cfg());
     let x = net.node(3).me().clone();
-    let inc = net.node(0).swim.get(&x.name).expect("known").1;
+    let inc = net.node(0).swim.get(&x.name).expect("known").inc;
     let suspect = Member::new(x.clone(), inc, State::Suspect);
     let refuted = Member::new(x.clone(), inc + 1, State::Alive);
     let (n1, n2) = (net.node(1).me().name.clone(), net.node(2).me().name.clone());
@@ -134,7 +134,7 @@ fn in_a_batch_a_repeated_update_is_old_news_and_a_newer_one_is_not() {
     // The refutation was news: SWIM holds the member alive at its new incarnation.
     assert_eq!(
         a.swim.get(&x.name),
-        Some(&(x.clone(), inc + 1, State::Alive)),
+        Some(&Held::of(&x, inc + 1, State::Alive)),
         "the refutation in the same batch was dropped"
     );
     assert_eq!(
@@ -380,7 +380,7 @@ fn a_restarted_node_joins_as_a_new_incarnation() {
 fn a_leave_notice_after_the_leavers_down_gossip_is_still_a_leave() {
     let mut net = Net::at_rest(3, cfg());
     let b = net.node(1).me().clone();
-    let inc = net.node(0).swim.get(&b.name).expect("known").1;
+    let inc = net.node(0).swim.get(&b.name).expect("known").inc;
     let down = Member::new(b.clone(), inc, State::Down);
     let c_name = net.node(2).me().name.clone();
     let from_c = {
