@@ -108,7 +108,7 @@ pub trait Invalidates {
     }
 }
 
-/// FNV-1a, for [`Invalidates::invalidation_hash`] (no_std: no `RandomState`).
+/// FNV-1a, for [`Invalidates::invalidation_hash`] (`no_std`: no `RandomState`).
 pub(crate) struct Fnv(pub(crate) u64);
 
 impl Default for Fnv {
