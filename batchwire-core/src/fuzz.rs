@@ -332,6 +332,11 @@ pub fn membership(data: &[u8]) {
         assert!(sent <= 64, "{sent} packets for one input");
         while a.poll_event().is_some() {}
         assert!(a.members().len() <= 8, "the view outgrew its bound");
+        // What SWIM lists live, the view says (after packets only the members they named
+        // are looked at).
+        if let Some(e) = a.view_disagrees() {
+            panic!("{e}");
+        }
         match a.take_view_delta() {
             super::membership::ViewDelta::Changed(v) => {
                 for e in v {

@@ -13,9 +13,10 @@ impl Membership {
         from: &Name,
         body: &[u8],
     ) -> Result<(), MemberError> {
-        let walk = self.frame_in(now, from, body)?;
-        self.after_walk(now, walk);
-        Ok(())
+        let r = self.frame_in(now, from, body);
+        // After a refused body too: SWIM may have taken part of it (see `after_walk`).
+        self.after_walk(now, *r.as_ref().unwrap_or(&Walk::Not));
+        r.map(|_| ())
     }
 
     /// MEMBER bodies read together (a socket's backlog), as `handle_frame` each, except
@@ -32,14 +33,13 @@ impl Membership {
     ) {
         let (mut walk, mut any) = (Walk::Not, false);
         for (from, body) in frames {
+            any = true;
             match self.frame_in(now, from, body) {
-                Ok(w) => {
-                    walk = walk.max(w);
-                    any = true;
-                }
+                Ok(w) => walk = walk.max(w),
                 Err(e) => refused(from, e),
             }
         }
+        // After refused bodies too: SWIM may have taken part of one (see `after_walk`).
         if any {
             self.after_walk(now, walk);
         }
@@ -89,6 +89,7 @@ impl Membership {
                 let (fresh, named) = self.without_old_news(packet, &header, body);
                 // "You are down": foca renews this node's identity.
                 walk = if matches!(header.message, foca::Message::TurnUndead) {
+                    self.dirty_all = true;
                     Walk::All
                 } else {
                     named
@@ -232,7 +233,10 @@ impl Membership {
                 (true, _) => (None, Walk::Not),
                 (false, true) => (None, Walk::Named),
                 // A body foca reads otherwise (or not at all).
-                (false, false) => (None, Walk::All),
+                (false, false) => {
+                    self.dirty_all = true;
+                    (None, Walk::All)
+                }
             };
         }
         let count = u16::from_be_bytes([body[0], body[1]]);
@@ -243,6 +247,9 @@ impl Membership {
         for _ in 0..count {
             let before = rest;
             let Ok(m): Result<Member<MemberId>, _> = PostcardCodec.decode_member(&mut rest) else {
+                // foca may take some of it before it finds out: all of the list is
+                // looked at, even if it then refuses the packet.
+                self.dirty_all = true;
                 return (None, Walk::All);
             };
             if self.is_old_news(&m) {

@@ -273,31 +273,11 @@ mod details;
 mod join_and_failure;
 mod push_pull;
 
-/// After packets, the view says what SWIM's list says of every live member it lists: a
-/// pass that looks only at the members the packets named (`Walk::Named`) must miss
-/// nothing a walk of the whole list would find. (Down members are not compared: what is
-/// reported of them also depends on the clock, and a timer walks the whole list.)
+/// After packets, the view says what SWIM's list says of every live member it lists (see
+/// `Membership::view_disagrees`): a pass that looks only at the members the packets named
+/// (`Walk::Named`) must miss nothing a walk of the whole list would find.
 fn check_view(m: &Membership, on: bool) {
-    if !on {
-        return;
-    }
-    let me = m.me().name.clone();
-    for s in m.foca.iter_membership_state() {
-        let id = s.id();
-        if id.name == me || s.state() == State::Down || m.is_refused(id.name.as_bytes()) {
-            continue;
-        }
-        let want = match s.state() {
-            State::Alive => MemberState::Alive,
-            _ => MemberState::Suspect,
-        };
-        let got = m.state_of(id.name.as_bytes());
-        assert!(
-            got.as_ref().is_some_and(|(v, st)| v == id && *st == want),
-            "{me}: SWIM lists {} as {:?} (incarnation {}), the view has {got:?}",
-            id.name,
-            s.state(),
-            s.incarnation()
-        );
+    if on && let Some(e) = m.view_disagrees() {
+        panic!("{e}");
     }
 }
