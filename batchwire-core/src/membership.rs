@@ -49,6 +49,7 @@ const SYNC_TRIES: u8 = 8;
 /// Largest SWIM packet (foca's `max_packet_size`); a MEMBER body adds one tag byte.
 pub const MAX_PACKET: usize = 1400;
 
+use types::{Held, PRESIZE, presized};
 pub use types::{
     MAX_MEMBERS_LIMIT, MemberCounters, MemberError, MemberEvent, MemberId, MemberState,
     MembershipConfig, ViewDelta,
@@ -124,35 +125,6 @@ impl Runtime<MemberId> for Out {
     }
     fn submit_after(&mut self, event: Timer<MemberId>, after: Duration) {
         self.timers.push((event, after));
-    }
-}
-
-/// What SWIM held of a member (in `Membership::swim`, keyed by its name): the rest of
-/// its identity (a `MemberId` is its name, start and bump: its address is not part of
-/// it), its incarnation and state. Sixteen bytes: every packet of a join looks up a
-/// dozen of these, each a cache miss with a thousand processes on two CPUs, and a whole
-/// `MemberId` spread an entry over three cache lines.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct Held {
-    started: u64,
-    bump: u16,
-    inc: foca::Incarnation,
-    state: State,
-}
-
-impl Held {
-    fn of(id: &MemberId, inc: foca::Incarnation, state: State) -> Held {
-        Held {
-            started: id.started,
-            bump: id.bump,
-            inc,
-            state,
-        }
-    }
-
-    /// Whether this is what SWIM holds of `id` (found under its name) at `inc` in `state`.
-    fn is(&self, id: &MemberId, inc: foca::Incarnation, state: State) -> bool {
-        *self == Held::of(id, inc, state)
     }
 }
 
@@ -277,18 +249,6 @@ pub struct Membership {
     seeds: Vec<MemberId>,
     rejoin_at: Option<Instant>,
 }
-
-/// A map for one entry per member, sized for the view's bound (at most [`PRESIZE`]) up
-/// front. Grown a doubling at a time as a thousand members joined, each growth was a new
-/// allocation (past glibc's mmap threshold: fresh pages, faulted in one by one) and a
-/// rehash; with a thousand processes on two CPUs that was a tenth of each node's join.
-/// Pages not yet written cost no memory.
-fn presized<V>(cap: usize) -> HashMap<Name, V, NameHash> {
-    HashMap::with_capacity_and_hasher(cap, NameHash)
-}
-
-/// The most members a map is sized for up front (see `presized`).
-const PRESIZE: usize = 1024;
 
 /// Seeds remembered for announcing again (see `Membership::seeds`).
 const MAX_SEEDS: usize = 16;

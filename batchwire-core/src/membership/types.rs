@@ -5,10 +5,11 @@ use std::net::SocketAddr;
 use std::num::{NonZeroU8, NonZeroUsize};
 use std::time::Duration;
 
-use foca::{Identity, PeriodicParams};
+use foca::{Identity, PeriodicParams, State};
 
 use super::MAX_PACKET;
-use crate::codec::Name;
+use crate::codec::{Name, NameHash};
+use std::collections::HashMap;
 
 /// Who a member is: its name, the address it listens on, when it started (so a node
 /// restarted under the same name is a new member that wins over the old one), and a bump
@@ -313,3 +314,44 @@ pub struct MemberCounters {
     /// held (each update reaches a member about a dozen times as it spreads).
     pub old_news: u64,
 }
+
+/// What SWIM held of a member (in `Membership::swim`, keyed by its name): the rest of
+/// its identity (a `MemberId` is its name, start and bump: its address is not part of
+/// it), its incarnation and state. Sixteen bytes: every packet of a join looks up a
+/// dozen of these, each a cache miss with a thousand processes on two CPUs, and a whole
+/// `MemberId` spread an entry over three cache lines.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) struct Held {
+    started: u64,
+    bump: u16,
+    pub(super) inc: foca::Incarnation,
+    pub(super) state: State,
+}
+
+impl Held {
+    pub(super) fn of(id: &MemberId, inc: foca::Incarnation, state: State) -> Held {
+        Held {
+            started: id.started,
+            bump: id.bump,
+            inc,
+            state,
+        }
+    }
+
+    /// Whether this is what SWIM holds of `id` (found under its name) at `inc` in `state`.
+    pub(super) fn is(&self, id: &MemberId, inc: foca::Incarnation, state: State) -> bool {
+        *self == Held::of(id, inc, state)
+    }
+}
+
+/// A map for one entry per member, sized for the view's bound (at most [`PRESIZE`]) up
+/// front. Grown a doubling at a time as a thousand members joined, each growth was a new
+/// allocation (past glibc's mmap threshold: fresh pages, faulted in one by one) and a
+/// rehash; with a thousand processes on two CPUs that was a tenth of each node's join.
+/// Pages not yet written cost no memory.
+pub(super) fn presized<V>(cap: usize) -> HashMap<Name, V, NameHash> {
+    HashMap::with_capacity_and_hasher(cap, NameHash)
+}
+
+/// The most members a map is sized for up front (see `presized`).
+pub(super) const PRESIZE: usize = 1024;
