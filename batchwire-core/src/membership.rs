@@ -487,6 +487,10 @@ impl Membership {
             }
             self.sync_round = (false, false);
             let joining = self.sync_tries > 0;
+            // The view changed lately (the pace is still two probe periods): the ask
+            // carries a filter of what this node holds. At rest the digest alone, so the
+            // periodic ask stays small whatever the cluster's size.
+            let lately = joining || self.sync_every <= self.cfg.probe_period * 2;
             self.sync_at = now
                 + if joining {
                     self.sync_tries -= 1;
@@ -498,7 +502,7 @@ impl Membership {
                 };
             self.synced_at = now;
             if !self.left_cluster {
-                self.ask_random(!joining);
+                self.ask_random(!joining, lately);
             }
         }
         // Joining and still alone: the announce or its answer was lost; again, to every

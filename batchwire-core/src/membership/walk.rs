@@ -213,7 +213,7 @@ impl Membership {
             self.result(r);
         }
         if let Some(id) = pass.sync_from {
-            self.ask_state(id, None);
+            self.ask_state(id, None, false);
             self.sync_tries = SYNC_TRIES;
             self.sync_round = (false, false);
             self.sync_at = now + self.cfg.probe_period;

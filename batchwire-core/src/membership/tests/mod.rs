@@ -270,6 +270,7 @@ impl Net {
 
 mod adversity;
 mod details;
+mod filter;
 mod join_and_failure;
 mod push_pull;
 
