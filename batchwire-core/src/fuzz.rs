@@ -386,6 +386,17 @@ pub fn membership_seeds() -> Vec<Vec<u8>> {
     }
     seeds.push(vec![0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 2, 100]);
     seeds.push(vec![3, 2, 200, 2, 200, 2, 200]);
+    // b's announce, then a comparing ask with a filter (a zero digest, salt and filter:
+    // 40 bytes), asked again after a step.
+    if let Some(first) = seeds.first().cloned() {
+        let mut s = first;
+        let mut ask = vec![0u8, 5, 2];
+        ask.resize(3 + 39, 0);
+        s.extend_from_slice(&ask);
+        s.extend_from_slice(&[2, 60]);
+        s.extend_from_slice(&ask);
+        seeds.push(s);
+    }
     seeds
 }
 
