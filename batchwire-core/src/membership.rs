@@ -49,10 +49,10 @@ const SYNC_TRIES: u8 = 8;
 /// Largest SWIM packet (foca's `max_packet_size`); a MEMBER body adds one tag byte.
 pub const MAX_PACKET: usize = 1400;
 
-use types::{Held, PRESIZE, presized};
+use types::{Held, presized};
 pub use types::{
     MAX_MEMBERS_LIMIT, MemberCounters, MemberError, MemberEvent, MemberId, MemberState,
-    MembershipConfig, ViewDelta,
+    MembershipConfig, PRESIZE, ViewDelta,
 };
 
 /// A packet to send.

@@ -137,29 +137,10 @@ impl Membership {
                     }
                 }
             }
-            TAG_STATE_ASK if packet.is_empty() => {
-                self.handle_state_ask(now, from, None, None)?;
-                walk = Walk::Not;
-            }
-            TAG_STATE_ASK if packet.len() == sync::DIGEST_LEN => {
-                self.handle_state_ask(now, from, Some(packet), None)?;
-                walk = Walk::Not;
-            }
-            TAG_STATE_ASK
-                if sync::Filter::read(packet.get(sync::DIGEST_LEN..).unwrap_or(&[])).is_some() =>
-            {
-                let (digest, rest) = packet.split_at(sync::DIGEST_LEN);
-                self.handle_state_ask(now, from, Some(digest), sync::Filter::read(rest))?;
-                walk = Walk::Not;
-            }
             TAG_STATE_ASK => {
-                return Err(MemberError::Malformed(format!(
-                    "state ask with a body of {} bytes (allowed: 0, {} or {} to {})",
-                    packet.len(),
-                    sync::DIGEST_LEN,
-                    sync::DIGEST_LEN + 8 + sync::FILTER_MIN_LEN,
-                    sync::DIGEST_LEN + 8 + sync::FILTER_MAX_LEN
-                )));
+                let (digest, filter) = sync::read_ask(packet)?;
+                self.handle_state_ask(now, from, digest, filter)?;
+                walk = Walk::Not;
             }
             TAG_STATE => {
                 walk = if self.handle_state(packet)? {

@@ -133,17 +133,36 @@ impl Filter<'_> {
     }
 }
 
+/// The parts of a state ask's body (after the tag): nothing (send everything), a digest
+/// (send everything if ours differs), or a digest and a filter (send what the filter
+/// lacks if ours differs); any other length is malformed.
+pub(super) fn read_ask(packet: &[u8]) -> Result<(Option<&[u8]>, Option<Filter<'_>>), MemberError> {
+    if packet.is_empty() {
+        return Ok((None, None));
+    }
+    let (digest, rest) = packet.split_at(DIGEST_LEN.min(packet.len()));
+    match Filter::read(rest) {
+        _ if digest.len() == DIGEST_LEN && rest.is_empty() => Ok((Some(digest), None)),
+        Some(f) => Ok((Some(digest), Some(f))),
+        None => Err(MemberError::Malformed(format!(
+            "state ask with a body of {} bytes (allowed: 0, {DIGEST_LEN} or {} to {})",
+            packet.len(),
+            DIGEST_LEN + 8 + FILTER_MIN_LEN,
+            DIGEST_LEN + 8 + FILTER_MAX_LEN
+        ))),
+    }
+}
+
 /// `(count, xor of hashes)` of the members SWIM holds live (alive or suspect), this node
 /// included, over name, start and bump (see [`identity_hash`]).
 fn digest<'a>(
     members: impl Iterator<Item = &'a Member<MemberId>>,
     me: &MemberId,
 ) -> [u8; DIGEST_LEN] {
-    let hash = identity_hash;
-    let (mut count, mut xor) = (1u32, hash(me));
+    let (mut count, mut xor) = (1u32, identity_hash(me));
     for m in members.filter(|m| m.state() != State::Down && m.id() != me) {
         count = count.wrapping_add(1);
-        xor ^= hash(m.id());
+        xor ^= identity_hash(m.id());
     }
     let mut out = [0; DIGEST_LEN];
     out[..4].copy_from_slice(&count.to_le_bytes());
@@ -154,7 +173,7 @@ fn digest<'a>(
 impl Membership {
     /// Ask `to` for its members: all of them, or with this node's `digest` only if its
     /// own differs (and, `filtered`, with a filter of what this node holds: only those it
-    /// lacks, see [`Filter`]).
+    /// lacks, see [`Filter`]; `ask_random` keeps filters to `FILTER_MAX` members).
     pub(super) fn ask_state(
         &mut self,
         to: MemberId,
@@ -162,10 +181,9 @@ impl Membership {
         filtered: bool,
     ) {
         self.counters.syncs_asked += 1;
-        let live = self.foca.num_members() + 1;
         let body = match digest {
             None => Bytes::from_static(&[TAG_STATE_ASK]),
-            Some(d) if live > FILTER_MAX || !filtered => {
+            Some(d) if !filtered => {
                 let mut b = BytesMut::with_capacity(1 + DIGEST_LEN);
                 b.put_u8(TAG_STATE_ASK);
                 b.put_slice(&d);
@@ -173,7 +191,7 @@ impl Membership {
             }
             Some(d) => {
                 let salt = self.rng.next_u64();
-                let mut bits = vec![0u8; Filter::len_for(live)];
+                let mut bits = vec![0u8; Filter::len_for(self.foca.num_members() + 1)];
                 let me = self.foca.identity();
                 let held = self
                     .foca

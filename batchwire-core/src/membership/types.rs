@@ -353,5 +353,6 @@ pub(super) fn presized<V>(cap: usize) -> HashMap<Name, V, NameHash> {
     HashMap::with_capacity_and_hasher(cap, NameHash)
 }
 
-/// The most members a map is sized for up front (see `presized`).
-pub(super) const PRESIZE: usize = 1024;
+/// The most members a map is sized for up front (see `presized`; the IO layer's published
+/// view too).
+pub const PRESIZE: usize = 1024;

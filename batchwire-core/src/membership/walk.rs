@@ -77,11 +77,11 @@ impl Membership {
         } else {
             walk
         };
-        let dirty = std::mem::take(&mut self.dirty);
         self.dirty_all = false;
-        if walk == Walk::Not {
-            self.dirty = dirty;
+        if walk != Walk::Named {
             self.dirty.clear();
+        }
+        if walk == Walk::Not {
             return;
         }
         self.fed.clear();
@@ -91,6 +91,7 @@ impl Membership {
             // Only the members the inputs named (each packet's sender and the updates it
             // carried): what else SWIM lists did not move. A member is found through
             // foca's index, and skipped if it is as this node last took it.
+            let mut dirty = std::mem::take(&mut self.dirty);
             for name in &dirty {
                 if *name == me {
                     continue;
@@ -108,13 +109,11 @@ impl Membership {
                 let m = m.clone();
                 self.look_at(now, &m, &mut pass);
             }
+            dirty.clear();
             self.dirty = dirty;
-            self.dirty.clear();
             self.after_pass(now, pass);
             return;
         }
-        self.dirty = dirty;
-        self.dirty.clear();
         // Of the members SWIM lists, those in the view once this pass is done.
         let mut listed = 0;
         let mut pos = 0;

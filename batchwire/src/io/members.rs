@@ -182,12 +182,13 @@ impl Members {
     pub(crate) fn update(&self, changed: Vec<(MemberId, MemberState)>) {
         let mut w = self.view.write().unwrap_or_else(|p| p.into_inner());
         w.built = None;
-        // Room for a thousand members at the first growth, not a doubling at a time (each
+        // Room for `PRESIZE` members at the first growth, not a doubling at a time (each
         // a fresh allocation faulted in page by page: see `core::membership::presized`).
         let need = w.ids.len() + changed.len();
         if need > w.ids.capacity() {
             let len = w.ids.len();
-            w.ids.reserve(need.max(1024) - len);
+            w.ids
+                .reserve(need.max(batchwire_core::membership::PRESIZE) - len);
         }
         for e in changed {
             w.ids.insert(e.0.name.detached(), e);

@@ -85,6 +85,20 @@ fn the_ask_filter_has_no_false_negatives_and_few_false_positives() {
     }
     assert!(sync::Filter::read(&[0; 8 + 7]).is_none(), "too short");
     assert!(sync::Filter::read(&[0; 8 + 1361]).is_none(), "too long");
+    // An ask's body: nothing, a digest, or a digest with a filter; nothing else.
+    for (len, ok) in [
+        (0, true),
+        (5, false),
+        (12, true),
+        (20, false),
+        (27, false),
+        (28, true),
+    ]
+    .into_iter()
+    .chain([(1380, true), (1381, false)])
+    {
+        assert_eq!(sync::read_ask(&vec![0; len]).is_ok(), ok, "{len} bytes");
+    }
 }
 
 /// The filter rides only on asks made while the view changed lately (and the joining
