@@ -98,9 +98,10 @@ enum Cmd {
         /// for clusters of hundreds of members.
         #[arg(long)]
         stats_brief: bool,
-        /// End each `member ...` line with the time the node printed it: nanoseconds of
-        /// the host's monotonic clock (CLOCK_MONOTONIC), to line up the lines of several
-        /// nodes on one host (the membership bench does).
+        /// End each `member ...` line with the time the node emitted the event:
+        /// nanoseconds of the host's monotonic clock (CLOCK_MONOTONIC), to line up the
+        /// lines of several nodes on one host (the membership bench does). The lines are
+        /// then printed when the host's CPUs are otherwise idle (their times stay exact).
         #[arg(long)]
         event_times: bool,
         /// Serve the node's counters for Prometheus at http://ADDR/metrics: a port (on

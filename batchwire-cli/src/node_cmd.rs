@@ -204,18 +204,20 @@ pub(crate) fn echo_loop(
 
 /// Print the members, then each membership event as it happens, one line each on stdout:
 /// `member joined|suspected|alive|down|left NAME ADDR INCARNATION`, and with `times` the
-/// host's monotonic time in nanoseconds after that (`--event-times`).
+/// host's monotonic time in nanoseconds after that (`--event-times`). With `times` each
+/// event carries the moment the node emitted it, so the printer need not run at once: it
+/// runs only when the host's CPUs have nothing else to do (with a thousand nodes on one
+/// host, printers woken for each batch of events took a tenth of the CPU).
 fn print_members(node: &Node, times: bool) {
-    let time = || {
-        if times {
-            format!(" {}", sys::monotonic_ns())
-        } else {
-            String::new()
-        }
-    };
     // Subscribe first, then print the view as it stands: members that joined before the
     // subscription are printed from the view (one may be printed twice), none is missed.
-    let events = node.events();
+    let events = if times {
+        Events::Timed(node.timed_events())
+    } else {
+        Events::Now(node.events())
+    };
+    let clock = Clock::new();
+    let now = std::time::Instant::now();
     for m in node.members() {
         let what = match m.state {
             batchwire::MemberState::Alive => "joined",
@@ -228,14 +230,49 @@ fn print_members(node: &Node, times: bool) {
             m.name,
             m.addr,
             m.incarnation,
-            time()
+            if times {
+                format!(" {}", clock.ns(now))
+            } else {
+                String::new()
+            }
         );
     }
-    print_member_events(events, times);
+    print_member_events(events, clock);
+}
+
+/// The printer's subscription: plain, or with the time of each event.
+enum Events {
+    Now(std::sync::mpsc::Receiver<batchwire::Event>),
+    Timed(std::sync::mpsc::Receiver<(std::time::Instant, batchwire::Event)>),
+}
+
+/// `Instant` to the host's monotonic nanoseconds (`sys::monotonic_ns`, the same clock).
+#[derive(Clone, Copy)]
+struct Clock {
+    at: std::time::Instant,
+    ns: u64,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        Clock {
+            at: std::time::Instant::now(),
+            ns: sys::monotonic_ns(),
+        }
+    }
+
+    fn ns(&self, t: std::time::Instant) -> u64 {
+        match t.checked_duration_since(self.at) {
+            Some(d) => self.ns.saturating_add(d.as_nanos() as u64),
+            None => self
+                .ns
+                .saturating_sub(self.at.duration_since(t).as_nanos() as u64),
+        }
+    }
 }
 
 /// The event printer of [`print_members`], on a thread of its own.
-fn print_member_events(events: std::sync::mpsc::Receiver<batchwire::Event>, times: bool) {
+fn print_member_events(events: Events, clock: Clock) {
     use batchwire::Event as E;
     let spawned = std::thread::Builder::new()
         .name("member-events".into())
@@ -244,10 +281,34 @@ fn print_member_events(events: std::sync::mpsc::Receiver<batchwire::Event>, time
             // Every event already waiting goes out in one write: a thousand members
             // joining were a thousand writes (and wake-ups of whoever reads) per node.
             let mut lines = String::new();
-            while let Ok(first) = events.recv() {
-                // One time for the lines of one wake-up: they came together.
-                let time = if times { sys::monotonic_ns() } else { 0 };
-                for e in std::iter::once(first).chain(events.try_iter().take(1024)) {
+            if matches!(events, Events::Timed(_)) {
+                // Each event has its time: the printer can wait until the host has nothing
+                // else to do.
+                if let Err(e) = sys::run_when_idle() {
+                    tracing::debug!(error = %e, "event printer keeps its priority");
+                }
+            }
+            let mut batch: Vec<(Option<std::time::Instant>, E)> = Vec::new();
+            loop {
+                match &events {
+                    Events::Now(rx) => {
+                        let Ok(first) = rx.recv() else { break };
+                        batch.extend(
+                            std::iter::once(first)
+                                .chain(rx.try_iter().take(1024))
+                                .map(|e| (None, e)),
+                        );
+                    }
+                    Events::Timed(rx) => {
+                        let Ok((t, first)) = rx.recv() else { break };
+                        batch.extend(
+                            std::iter::once((t, first))
+                                .chain(rx.try_iter().take(4096))
+                                .map(|(t, e)| (Some(t), e)),
+                        );
+                    }
+                }
+                for (t, e) in batch.drain(..) {
                     let (what, m) = match &e {
                         E::MemberJoined { member } => ("joined", member),
                         E::MemberSuspected { member } => ("suspected", member),
@@ -261,10 +322,9 @@ fn print_member_events(events: std::sync::mpsc::Receiver<batchwire::Event>, time
                         "member {what} {} {} {}",
                         m.name, m.addr, m.incarnation
                     );
-                    let _ = if times {
-                        writeln!(lines, " {time}")
-                    } else {
-                        writeln!(lines)
+                    let _ = match t {
+                        Some(t) => writeln!(lines, " {}", clock.ns(t)),
+                        None => writeln!(lines),
                     };
                 }
                 if !lines.is_empty() {

@@ -147,6 +147,24 @@ pub fn run_ahead(ahead: bool) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Run the calling thread only when the CPUs have nothing else to run (SCHED_IDLE).
+#[cfg(target_os = "linux")]
+pub fn run_when_idle() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler(2) on the calling thread (0) reads one sched_param,
+    // which lives in this frame.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Elsewhere the thread keeps its priority.
+#[cfg(not(target_os = "linux"))]
+pub fn run_when_idle() -> std::io::Result<()> {
+    Ok(())
+}
+
 /// The host's monotonic clock (CLOCK_MONOTONIC, which `std::time::Instant` reads on Linux)
 /// in nanoseconds: comparable between processes of one host, so the membership bench can
 /// take the time a node saw a change from the node itself (`--event-times`).

@@ -170,3 +170,78 @@ fn a_cluster_across_network_namespaces_survives_kills_and_restarts() {
         "{tag} left: {left}"
     );
 }
+
+/// The host's monotonic clock in nanoseconds (what `--event-times` prints).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes one timespec, which lives in this frame.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
+        0
+    );
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `--event-times`: a member line ends with the moment the node saw the change, on the
+/// host's monotonic clock: after the member started joining, before the line was read.
+#[test]
+fn event_times_put_each_member_line_on_the_hosts_clock() {
+    use std::io::BufRead;
+    let dir = std::env::temp_dir().join(format!("batchwire-evtimes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let addrs = free_addrs(2);
+    let child = Command::new(EXE)
+        .args(["node", "--name", "b", "--listen", &addrs[1].to_string()])
+        .args(["--stats-every", "0", "--event-times"])
+        .arg("--secret-file")
+        .arg(&secret)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut b = Proc(child);
+    let out = b.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send((line, monotonic_ns())).is_err() {
+                break;
+            }
+        }
+    });
+    // b is up once it answers a connect.
+    let up = std::time::Instant::now();
+    while std::net::TcpStream::connect(addrs[1]).is_err() {
+        assert!(up.elapsed() < T, "b never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = monotonic_ns();
+    let a = Node::start(NodeConfig::new("a", addrs[0], SECRET).join(addrs[1])).unwrap();
+    let deadline = std::time::Instant::now() + T;
+    let (line, read) = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let (line, read) = rx.recv_timeout(left).expect("no member line for a");
+        if line.starts_with("member joined a ") {
+            break (line, read);
+        }
+    };
+    let fields: Vec<&str> = line.split(' ').collect();
+    assert_eq!(
+        fields.len(),
+        6,
+        "member joined NAME ADDR INCARNATION TIME: {line}"
+    );
+    let t: u64 = fields[5].parse().unwrap();
+    assert!(
+        before <= t && t <= read,
+        "{line}: the time {t} is not between a's start {before} and the read {read}"
+    );
+    a.shutdown();
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}

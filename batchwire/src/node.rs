@@ -261,6 +261,13 @@ impl Node {
         self.rt.events.subscribe()
     }
 
+    /// Like [`Node::events`], each event with the moment the node emitted it. For a
+    /// subscriber that takes its events in batches (to wake up less often) and still needs
+    /// to know when each happened, such as a recorder of membership changes.
+    pub fn timed_events(&self) -> mpsc::Receiver<(Instant, Event)> {
+        self.rt.events.subscribe_timed()
+    }
+
     /// Subscribe to events from async code: a `Stream` of every event from now on, bounded
     /// like [`Node::events`] (a stream that falls behind gets `Event::EventsDropped` with
     /// the count; the node never waits for it). It ends after the node shut down. Any

@@ -2,14 +2,16 @@
 //! event that finds a queue full is dropped and counted, and that subscriber gets one
 //! `Event::EventsDropped` with the count as soon as it has room again.
 //!
-//! A subscriber is a std channel (`Node::events`) or an async queue (`Node::event_stream`,
-//! a `Stream`); both are bounded the same way.
+//! A subscriber is a std channel (`Node::events`, or `Node::timed_events` with the time of
+//! each event) or an async queue (`Node::event_stream`, a `Stream`); all are bounded the
+//! same way.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
+use std::time::Instant;
 
 use crate::event::Event;
 
@@ -31,13 +33,19 @@ struct Sink {
 /// Where a subscriber's events go.
 enum Tx {
     Std(SyncSender<Event>),
+    /// With the time the event was emitted.
+    Timed(SyncSender<(Instant, Event)>),
     Async(Arc<AsyncQueue>),
 }
 
 impl Tx {
-    fn try_send(&self, e: Event) -> Result<(), TrySendError<Event>> {
+    fn try_send(&self, e: Event, now: Instant) -> Result<(), TrySendError<Event>> {
         match self {
             Tx::Std(tx) => tx.try_send(e),
+            Tx::Timed(tx) => tx.try_send((now, e)).map_err(|err| match err {
+                TrySendError::Full((_, e)) => TrySendError::Full(e),
+                TrySendError::Disconnected((_, e)) => TrySendError::Disconnected(e),
+            }),
             Tx::Async(q) => q.try_push(e),
         }
     }
@@ -127,6 +135,13 @@ impl Events {
         rx
     }
 
+    /// A new subscriber whose events come with the time each was emitted.
+    pub fn subscribe_timed(&self) -> Receiver<(Instant, Event)> {
+        let (tx, rx) = mpsc::sync_channel(self.0.capacity);
+        self.add(Tx::Timed(tx));
+        rx
+    }
+
     /// A new async subscriber, with a queue of `capacity` events.
     pub fn subscribe_async(&self) -> Arc<AsyncQueue> {
         let q = Arc::new(AsyncQueue {
@@ -166,17 +181,18 @@ impl Events {
     /// Hand `e` to every subscriber, never waiting. Subscribers that went away are
     /// forgotten.
     pub fn emit(&self, e: Event) {
+        let now = Instant::now();
         let mut g = self.0.subscribers.lock().unwrap_or_else(|p| p.into_inner());
         g.retain_mut(|s| {
             if s.missed > 0 {
-                match s.tx.try_send(Event::EventsDropped { count: s.missed }) {
+                match s.tx.try_send(Event::EventsDropped { count: s.missed }, now) {
                     Ok(()) => s.missed = 0,
                     Err(TrySendError::Full(_)) => {}
                     Err(TrySendError::Disconnected(_)) => return false,
                 }
             }
             if s.missed == 0 {
-                match s.tx.try_send(e.clone()) {
+                match s.tx.try_send(e.clone(), now) {
                     Ok(()) => return true,
                     Err(TrySendError::Full(_)) => {}
                     Err(TrySendError::Disconnected(_)) => return false,
@@ -227,6 +243,49 @@ mod tests {
             bus.0.subscribers.lock().unwrap().len(),
             1,
             "gone subscribers are forgotten"
+        );
+    }
+
+    #[test]
+    fn a_timed_subscriber_gets_each_event_with_when_it_was_emitted() {
+        let bus = Events::new(2);
+        let timed = bus.subscribe_timed();
+        let before = Instant::now();
+        bus.emit(Event::EventsDropped { count: 1 });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let middle = Instant::now();
+        bus.emit(Event::EventsDropped { count: 2 });
+        bus.emit(Event::EventsDropped { count: 3 });
+        let after = Instant::now();
+        let (t1, e1) = timed.try_recv().expect("first");
+        let (t2, e2) = timed.try_recv().expect("second");
+        assert_eq!(e1, Event::EventsDropped { count: 1 });
+        assert_eq!(e2, Event::EventsDropped { count: 2 });
+        assert!(
+            before <= t1 && t1 <= middle,
+            "stamped when emitted, not when taken"
+        );
+        assert!(middle <= t2 && t2 <= after);
+        assert!(
+            timed.try_recv().is_err(),
+            "bounded like the others: the third is lost"
+        );
+        assert_eq!(bus.dropped(), 1);
+        bus.emit(Event::EventsDropped { count: 4 });
+        let told: Vec<Event> = timed.try_iter().map(|(_, e)| e).collect();
+        assert_eq!(
+            told,
+            [
+                Event::EventsDropped { count: 1 },
+                Event::EventsDropped { count: 4 }
+            ],
+            "told how many it lost, then the next"
+        );
+        drop(timed);
+        bus.emit(Event::EventsDropped { count: 5 });
+        assert!(
+            bus.0.subscribers.lock().unwrap().is_empty(),
+            "forgotten when dropped"
         );
     }
 }
