@@ -139,7 +139,7 @@ impl NodeConfig {
             frame_bytes: 64 << 10,
             fragment_bytes: 64 << 10,
             by_reference_bytes: 512,
-            read_bytes: 64 << 10,
+            read_bytes: 256 << 10,
             reassembly_bytes: None,
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(2),
@@ -426,9 +426,13 @@ impl NodeConfig {
         self
     }
 
-    /// Bytes a reader asks the socket for at once. Default 64 KiB. Each connection reads
-    /// into blocks of four reads (at most 1 MiB, or one read if larger) and keeps up to
-    /// five of them for reuse while the application holds messages cut from them.
+    /// Bytes a reader asks the socket for at once. Default 256 KiB (with 64 KiB, 1 KB and
+    /// 10 KB messages went at about 0.9x the rate: more reads, and more hand-offs to the
+    /// application, for the same bytes). Over TLS a read hands on at most 64 KiB of
+    /// plaintext (decrypting is the slow part; the application starts on a read's messages
+    /// only once it returns). Each connection reads into blocks of four reads (at most
+    /// 1 MiB, or one read if larger) and keeps up to 1 MiB of full blocks (at least one,
+    /// at most four) for reuse while the application holds messages cut from them.
     pub fn read_bytes(mut self, bytes: usize) -> Self {
         self.read_bytes = bytes;
         self

@@ -166,18 +166,26 @@ impl Conn {
 /// whenever the current one is still shared (nearly always, at speed) cost a fresh block
 /// from the allocator per read, which it took from and gave back to the kernel: page faults
 /// and `madvise` were a tenth of the reader's time at 10 KB messages. Instead the reader
-/// keeps up to [`RETIRED`] full buffers and takes one back once its messages are gone.
-/// Memory: at most `RETIRED + 1` blocks of `4 x read_bytes` (at most 1 MiB, or one read if
-/// that is larger) per connection, plus blocks the application still holds messages of
+/// keeps a few full buffers ([`RETIRED_BYTES`] of blocks, at least one, at most
+/// [`RETIRED_MAX`]) and takes one back once its messages are gone. Memory: the current
+/// block and at most that many retired ones, blocks being about `4 x read_bytes` (at most
+/// 1 MiB, or one read if that is larger; a block may be bigger by the part of a frame
+/// moved along), per connection; plus blocks the application still holds messages of
 /// (those it frees itself).
 pub(crate) struct RecvRing {
     cur: BytesMut,
     retired: std::collections::VecDeque<BytesMut>,
     block: usize,
+    /// How many retired blocks are kept.
+    keep: usize,
 }
 
-/// Full receive buffers kept per connection to be reused.
-const RETIRED: usize = 4;
+/// Bytes of full receive buffers kept per connection to be reused (four blocks of four
+/// 64 KiB reads; one block of four 256 KiB reads, which did as well in the bench).
+const RETIRED_BYTES: usize = 1 << 20;
+/// Most retired blocks kept, however small (a small `read_bytes` must not mean hundreds of
+/// blocks, each its own allocation, looked through at every change of block).
+const RETIRED_MAX: usize = 4;
 
 impl RecvRing {
     pub fn new(mut cur: BytesMut, want: usize) -> Self {
@@ -191,6 +199,7 @@ impl RecvRing {
             cur,
             retired: Default::default(),
             block,
+            keep: (RETIRED_BYTES / block.max(1)).clamp(1, RETIRED_MAX),
         }
     }
 
@@ -238,7 +247,7 @@ impl RecvRing {
         next.extend_from_slice(&self.cur);
         let mut old = std::mem::replace(&mut self.cur, next);
         old.clear();
-        if self.retired.len() == RETIRED {
+        if self.retired.len() >= self.keep {
             self.retired.pop_front();
         }
         self.retired.push_back(old);
@@ -445,12 +454,35 @@ mod tests {
         assert_eq!(ring.retired.len(), 2);
         assert_eq!(ring.retired[1].as_ptr() as usize, third as usize + 3040);
         drop(held);
-        // Kept: at most RETIRED full buffers.
-        for _ in 0..20 {
+        // Kept: at most RETIRED_BYTES of full buffers.
+        for _ in 0..300 {
             let b = ring.room(1000);
             b.extend_from_slice(&[1u8; 3990]);
             let _keep_shared = b.split_to(3990).freeze();
         }
-        assert!(ring.retired.len() <= RETIRED);
+        assert!(ring.retired.len() <= ring.keep);
+    }
+
+    /// What a connection keeps is bounded: four blocks of four 64 KiB reads, one of four
+    /// 256 KiB reads (the default), one of a single 1 MiB read, and never more than four
+    /// blocks, however small (here reads of 1000 bytes).
+    #[test]
+    fn full_buffers_kept_for_reuse_come_to_at_most_a_mebibyte_or_one_block() {
+        for (read, keep) in [(64 << 10, 4), (256 << 10, 1), (1 << 20, 1), (1000, 4)] {
+            let mut ring = RecvRing::new(BytesMut::new(), read);
+            // The application holds every message: six blocks' worth.
+            let mut held = Vec::new();
+            for _ in 0..6 * ring.block / read {
+                let b = ring.room(read);
+                b.extend_from_slice(&vec![1u8; read]);
+                held.push(b.split_to(read).freeze());
+            }
+            assert_eq!(ring.retired.len(), keep, "reads of {read}");
+            let kept = ring.retired.len() * ring.block;
+            assert!(
+                kept <= RETIRED_BYTES.max(ring.block),
+                "{kept} kept with reads of {read}"
+            );
+        }
     }
 }

@@ -97,13 +97,18 @@ pub(crate) struct Reader<'a> {
 }
 
 impl Reader<'_> {
+    /// Bytes one read asks for (`read_bytes`, less over TLS: `Link::read_size`).
+    fn read_size(&self) -> usize {
+        self.conn.link.read_size(self.read_bytes)
+    }
+
     /// Read frames and act on them until the peer says goodbye (`Ok`) or something breaks.
     pub fn run(&self, buf: BytesMut) -> Result<(), LinkError> {
         // Where credit stands, as of what was delivered before this connection: the first
         // thing this side says on it (after RESUME).
         self.snapshot();
         *self.conn.read_turn() = Some(ReadSide {
-            ring: RecvRing::new(buf, self.read_bytes),
+            ring: RecvRing::new(buf, self.read_size()),
             // Nothing read yet: the first read looks without waiting (see below).
             drained: true,
             idle_said: true,

@@ -118,13 +118,14 @@ impl Reader<'_> {
         // On a plain link, near a buffer's end, only the rest of the frame begun there
         // (`RecvRing::read_size`). Not over TLS: its reads take ciphertext, record by
         // record, and a small read there would only split them into more system calls.
+        let read_bytes = self.read_size();
         let (want, shrunk) = match side.next_read.take() {
-            Some(n) => (n.min(self.read_bytes), false),
+            Some(n) => (n.min(read_bytes), false),
             None if self.leadable() => {
-                let n = side.ring.read_size(self.read_bytes);
-                (n, n < self.read_bytes)
+                let n = side.ring.read_size(read_bytes);
+                (n, n < read_bytes)
             }
-            None => (self.read_bytes, false),
+            None => (read_bytes, false),
         };
         let n = match self.conn.link.read_append(side.ring.room(want), want, wait) {
             Ok(0) => return Err(LinkError::Eof),
