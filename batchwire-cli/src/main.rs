@@ -101,7 +101,7 @@ enum Cmd {
         /// End each `member ...` line with the time the node emitted the event:
         /// nanoseconds of the host's monotonic clock (CLOCK_MONOTONIC), to line up the
         /// lines of several nodes on one host (the membership bench does). The lines are
-        /// then printed when the host's CPUs are otherwise idle (their times stay exact).
+        /// then printed when the host's CPUs are otherwise idle, each with its event's time.
         #[arg(long)]
         event_times: bool,
         /// Serve the node's counters for Prometheus at http://ADDR/metrics: a port (on

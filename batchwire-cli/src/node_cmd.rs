@@ -29,7 +29,7 @@ pub(crate) fn run_node(
     let status = node
         .mailbox(client::STATUS_MAILBOX)
         .map_err(|e| e.to_string())?;
-    print_members(&node, extras.event_times);
+    let printer = print_members(&node, extras.event_times);
     let done = AtomicBool::new(false);
     std::thread::scope(|scope| {
         // Status requests are answered by a thread of their own, so they never wait behind
@@ -56,6 +56,7 @@ pub(crate) fn run_node(
     })?;
     print_stats(&node, extras.stats_json, extras.stats_brief);
     node.shutdown();
+    printer.finish(std::time::Duration::from_secs(2));
     Ok(())
 }
 
@@ -204,11 +205,14 @@ pub(crate) fn echo_loop(
 
 /// Print the members, then each membership event as it happens, one line each on stdout:
 /// `member joined|suspected|alive|down|left NAME ADDR INCARNATION`, and with `times` the
-/// host's monotonic time in nanoseconds after that (`--event-times`). With `times` each
-/// event carries the moment the node emitted it, so the printer need not run at once: it
-/// runs only when the host's CPUs have nothing else to do (with a thousand nodes on one
-/// host, printers woken for each batch of events took a tenth of the CPU).
-fn print_members(node: &Node, times: bool) {
+/// host's monotonic time in nanoseconds after that (`--event-times`); `events dropped N`
+/// if the printer fell so far behind that the node dropped events for it. With `times`
+/// each event carries the moment the node emitted it, so the printer need not run at once:
+/// it runs only when the host's CPUs have nothing else to do (with a thousand nodes on one
+/// host, printers woken for each batch of events took a tenth of the CPU). It writes with
+/// plain `write(2)` calls of whole lines, not through the stdout lock, so a printer that
+/// waits for a CPU or for its reader holds up no other line of the node.
+fn print_members(node: &Node, times: bool) -> Printer {
     // Subscribe first, then print the view as it stands: members that joined before the
     // subscription are printed from the view (one may be printed twice), none is missed.
     let events = if times {
@@ -218,6 +222,7 @@ fn print_members(node: &Node, times: bool) {
     };
     let clock = Clock::new();
     let now = std::time::Instant::now();
+    let mut lines = String::new();
     for m in node.members() {
         let what = match m.state {
             batchwire::MemberState::Alive => "joined",
@@ -225,25 +230,26 @@ fn print_members(node: &Node, times: bool) {
             batchwire::MemberState::Down => "down",
             _ => "left",
         };
-        outln!(
-            "member {what} {} {} {}{}",
-            m.name,
-            m.addr,
-            m.incarnation,
-            if times {
-                format!(" {}", clock.ns(now))
-            } else {
-                String::new()
-            }
-        );
+        member_line(&mut lines, what, &m, times.then(|| clock.ns(now)));
     }
-    print_member_events(events, clock);
+    sys::write_stdout_lines(&lines);
+    print_member_events(events, clock)
+}
+
+/// One member line onto `out`.
+fn member_line(out: &mut String, what: &str, m: &batchwire::Member, time: Option<u64>) {
+    use std::fmt::Write;
+    let _ = write!(out, "member {what} {} {} {}", m.name, m.addr, m.incarnation);
+    let _ = match time {
+        Some(t) => writeln!(out, " {t}"),
+        None => writeln!(out),
+    };
 }
 
 /// The printer's subscription: plain, or with the time of each event.
 enum Events {
     Now(std::sync::mpsc::Receiver<batchwire::Event>),
-    Timed(std::sync::mpsc::Receiver<(std::time::Instant, batchwire::Event)>),
+    Timed(std::sync::mpsc::Receiver<batchwire::TimedEvent>),
 }
 
 /// `Instant` to the host's monotonic nanoseconds (`sys::monotonic_ns`, the same clock).
@@ -254,11 +260,33 @@ struct Clock {
 }
 
 impl Clock {
+    /// Both clocks read together: the `Instant` between two readings of the other, taken
+    /// again (a few times at most) if this thread was held up between them.
     fn new() -> Clock {
-        Clock {
-            at: std::time::Instant::now(),
-            ns: sys::monotonic_ns(),
+        let mut best: Option<(u64, Clock)> = None;
+        for _ in 0..5 {
+            let a = sys::monotonic_ns();
+            let at = std::time::Instant::now();
+            let b = sys::monotonic_ns();
+            let gap = b.saturating_sub(a);
+            let c = Clock {
+                at,
+                ns: a + gap / 2,
+            };
+            if best.is_none_or(|(g, _)| gap < g) {
+                best = Some((gap, c));
+            }
+            if gap < 20_000 {
+                break;
+            }
         }
+        best.map_or(
+            Clock {
+                at: std::time::Instant::now(),
+                ns: sys::monotonic_ns(),
+            },
+            |(_, c)| c,
+        )
     }
 
     fn ns(&self, t: std::time::Instant) -> u64 {
@@ -271,16 +299,26 @@ impl Clock {
     }
 }
 
+/// The event printer's thread, told apart so the node can let it finish at exit.
+pub(crate) struct Printer(Option<std::sync::mpsc::Receiver<()>>);
+
+impl Printer {
+    /// Once the node shut down (its events end): give the printer up to `limit` to print
+    /// what it still holds.
+    pub(crate) fn finish(self, limit: std::time::Duration) {
+        if let Some(done) = self.0 {
+            let _ = done.recv_timeout(limit);
+        }
+    }
+}
+
 /// The event printer of [`print_members`], on a thread of its own.
-fn print_member_events(events: Events, clock: Clock) {
+fn print_member_events(events: Events, clock: Clock) -> Printer {
     use batchwire::Event as E;
+    let (done_tx, done) = std::sync::mpsc::sync_channel(1);
     let spawned = std::thread::Builder::new()
         .name("member-events".into())
         .spawn(move || {
-            use std::fmt::Write;
-            // Every event already waiting goes out in one write: a thousand members
-            // joining were a thousand writes (and wake-ups of whoever reads) per node.
-            let mut lines = String::new();
             if matches!(events, Events::Timed(_)) {
                 // Each event has its time: the printer can wait until the host has nothing
                 // else to do.
@@ -288,6 +326,9 @@ fn print_member_events(events: Events, clock: Clock) {
                     tracing::debug!(error = %e, "event printer keeps its priority");
                 }
             }
+            // Every event already waiting goes out in one write: a thousand members
+            // joining were a thousand writes (and wake-ups of whoever reads) per node.
+            let mut lines = String::new();
             let mut batch: Vec<(Option<std::time::Instant>, E)> = Vec::new();
             loop {
                 match &events {
@@ -300,11 +341,11 @@ fn print_member_events(events: Events, clock: Clock) {
                         );
                     }
                     Events::Timed(rx) => {
-                        let Ok((t, first)) = rx.recv() else { break };
+                        let Ok(first) = rx.recv() else { break };
                         batch.extend(
-                            std::iter::once((t, first))
+                            std::iter::once(first)
                                 .chain(rx.try_iter().take(4096))
-                                .map(|(t, e)| (Some(t), e)),
+                                .map(|t| (Some(t.at), t.event)),
                         );
                     }
                 }
@@ -315,25 +356,61 @@ fn print_member_events(events: Events, clock: Clock) {
                         E::MemberAlive { member } => ("alive", member),
                         E::MemberDown { member } => ("down", member),
                         E::MemberLeft { member } => ("left", member),
+                        E::EventsDropped { count } => {
+                            use std::fmt::Write;
+                            let _ = writeln!(lines, "events dropped {count}");
+                            continue;
+                        }
                         _ => continue,
                     };
-                    let _ = write!(
-                        lines,
-                        "member {what} {} {} {}",
-                        m.name, m.addr, m.incarnation
-                    );
-                    let _ = match t {
-                        Some(t) => writeln!(lines, " {}", clock.ns(t)),
-                        None => writeln!(lines),
-                    };
+                    member_line(&mut lines, what, m, t.map(|t| clock.ns(t)));
                 }
-                if !lines.is_empty() {
-                    out!("{lines}");
-                    lines.clear();
-                }
+                sys::write_stdout_lines(&lines);
+                lines.clear();
             }
+            let _ = done_tx.send(());
         });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start the event printer");
+    match spawned {
+        Ok(_) => Printer(Some(done)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the event printer");
+            Printer(None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A member line carries the time of its event, however long ago that was: an event
+    /// a second old is a second before the clock's anchor.
+    #[test]
+    fn a_member_line_carries_its_events_time_on_the_hosts_clock() {
+        let clock = Clock::new();
+        let before = clock.at.checked_sub(Duration::from_secs(1)).unwrap();
+        let later = clock.at + Duration::from_millis(1500);
+        assert_eq!(clock.ns(before), clock.ns - 1_000_000_000);
+        assert_eq!(clock.ns(later), clock.ns + 1_500_000_000);
+        let m = batchwire::Member {
+            name: "m7".into(),
+            addr: "127.0.0.1:9".parse().unwrap(),
+            incarnation: 3,
+            state: batchwire::MemberState::Alive,
+        };
+        let mut out = String::new();
+        member_line(&mut out, "joined", &m, Some(clock.ns(before)));
+        member_line(&mut out, "left", &m, None);
+        let want = format!(
+            "member joined m7 127.0.0.1:9 3 {}\nmember left m7 127.0.0.1:9 3\n",
+            clock.ns - 1_000_000_000
+        );
+        assert_eq!(out, want);
+        // Both clocks read together: the anchor is within a few milliseconds of a fresh
+        // reading of each.
+        let (ns, at) = (sys::monotonic_ns(), Instant::now());
+        let apart = clock.ns(at).abs_diff(ns);
+        assert!(apart < 5_000_000, "{apart} ns apart");
     }
 }

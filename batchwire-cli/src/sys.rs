@@ -37,6 +37,46 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Write whole lines to standard output with plain `write(2)` calls, not through the
+/// stdout lock: each call at most `PIPE_BUF` (4096) bytes of whole lines where it can, so
+/// it is never split or mixed with another writer's lines on a pipe. For a thread that may
+/// wait long (for a CPU, or for a slow reader) without holding up the lock others print
+/// under. A closed pipe ends the process as `write_stdout` does.
+pub fn write_stdout_lines(text: &str) {
+    const PIPE_BUF: usize = 4096;
+    let mut rest = text.as_bytes();
+    while !rest.is_empty() {
+        // Up to the last line end within PIPE_BUF; a longer line alone, whole.
+        let cut = if rest.len() <= PIPE_BUF {
+            rest.len()
+        } else {
+            match rest[..PIPE_BUF].iter().rposition(|&b| b == b'\n') {
+                Some(i) => i + 1,
+                None => rest
+                    .iter()
+                    .position(|&b| b == b'\n')
+                    .map_or(rest.len(), |i| i + 1),
+            }
+        };
+        let mut chunk = &rest[..cut];
+        while !chunk.is_empty() {
+            // SAFETY: write(2) reads `chunk.len()` bytes from a live slice; fd 1 is this
+            // process's standard output for its whole life.
+            let n = unsafe { libc::write(1, chunk.as_ptr().cast(), chunk.len()) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                match e.kind() {
+                    std::io::ErrorKind::Interrupted => continue,
+                    std::io::ErrorKind::BrokenPipe => std::process::exit(141),
+                    _ => panic!("failed printing to stdout: {e}"),
+                }
+            }
+            chunk = &chunk[n as usize..];
+        }
+        rest = &rest[cut..];
+    }
+}
+
 /// SIGTERM and SIGINT ask `batchwire node` to stop: it answers what its echo mailbox
 /// already holds, then shuts down cleanly (queued messages flushed, acknowledgements
 /// awaited up to `shutdown_timeout`, a goodbye to every peer) and exits 0. A second signal

@@ -136,6 +136,16 @@ pub enum Event {
     },
 }
 
+/// An event with the moment the node emitted it (see `Node::timed_events`). For
+/// `Event::EventsDropped` that is when the summary was sent, not when the events were lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimedEvent {
+    /// When the node emitted it.
+    pub at: std::time::Instant,
+    /// The event.
+    pub event: Event,
+}
+
 /// A member in a node's view (see `Node::members`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {

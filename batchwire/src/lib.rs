@@ -77,7 +77,7 @@ pub use crate::config_file::{NodeFile, TlsSection};
 pub use crate::error::{Error, RecvError};
 pub use crate::event::{
     CloseReason, DownReason, Event, FailReason, FailedMessage, HandshakeFailure, Member,
-    MemberState,
+    MemberState, TimedEvent,
 };
 pub use crate::io::envelope::Envelope;
 pub use crate::mailbox::{Mailbox, RecvBatchFuture, RecvFuture};

@@ -11,7 +11,7 @@ use crate::address::Address;
 use crate::class::Class;
 use crate::config::NodeConfig;
 use crate::error::Error;
-use crate::event::{Event, Member};
+use crate::event::{Event, Member, TimedEvent};
 use crate::io::envelope::{Envelope, Outbound};
 use crate::io::runtime::Runtime;
 use crate::mailbox::Mailbox;
@@ -262,9 +262,10 @@ impl Node {
     }
 
     /// Like [`Node::events`], each event with the moment the node emitted it. For a
-    /// subscriber that takes its events in batches (to wake up less often) and still needs
-    /// to know when each happened, such as a recorder of membership changes.
-    pub fn timed_events(&self) -> mpsc::Receiver<(Instant, Event)> {
+    /// subscriber that takes its events late or in batches (to wake up less often) and
+    /// still needs to know when each happened, such as a recorder of membership changes.
+    /// Events emitted by several threads at once come in the order of their times.
+    pub fn timed_events(&self) -> mpsc::Receiver<TimedEvent> {
         self.rt.events.subscribe_timed()
     }
 

@@ -319,6 +319,13 @@ fn one_run(n: usize, rest: Duration, opts: NodeOpts) -> Result<RunFigures, Strin
                     n - 1
                 )
             })?;
+        // A node whose printer fell behind lost member lines: its figures would be wrong.
+        if let Some((i, count)) = lines.dropped {
+            return Err(format!(
+                "{} dropped {count} events for its printer (the host never went idle long enough): its member lines are incomplete, so this run's figures are not given",
+                names[i]
+            ));
+        }
         Ok(RunFigures {
             converge_s,
             spawned_s,

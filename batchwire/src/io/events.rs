@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use crate::event::Event;
+use crate::event::{Event, TimedEvent};
 
 /// A cheap handle on the bus.
 #[derive(Clone)]
@@ -34,7 +34,7 @@ struct Sink {
 enum Tx {
     Std(SyncSender<Event>),
     /// With the time the event was emitted.
-    Timed(SyncSender<(Instant, Event)>),
+    Timed(SyncSender<TimedEvent>),
     Async(Arc<AsyncQueue>),
 }
 
@@ -42,10 +42,13 @@ impl Tx {
     fn try_send(&self, e: Event, now: Instant) -> Result<(), TrySendError<Event>> {
         match self {
             Tx::Std(tx) => tx.try_send(e),
-            Tx::Timed(tx) => tx.try_send((now, e)).map_err(|err| match err {
-                TrySendError::Full((_, e)) => TrySendError::Full(e),
-                TrySendError::Disconnected((_, e)) => TrySendError::Disconnected(e),
-            }),
+            Tx::Timed(tx) => {
+                tx.try_send(TimedEvent { at: now, event: e })
+                    .map_err(|err| match err {
+                        TrySendError::Full(t) => TrySendError::Full(t.event),
+                        TrySendError::Disconnected(t) => TrySendError::Disconnected(t.event),
+                    })
+            }
             Tx::Async(q) => q.try_push(e),
         }
     }
@@ -136,7 +139,7 @@ impl Events {
     }
 
     /// A new subscriber whose events come with the time each was emitted.
-    pub fn subscribe_timed(&self) -> Receiver<(Instant, Event)> {
+    pub fn subscribe_timed(&self) -> Receiver<TimedEvent> {
         let (tx, rx) = mpsc::sync_channel(self.0.capacity);
         self.add(Tx::Timed(tx));
         rx
@@ -181,8 +184,10 @@ impl Events {
     /// Hand `e` to every subscriber, never waiting. Subscribers that went away are
     /// forgotten.
     pub fn emit(&self, e: Event) {
-        let now = Instant::now();
         let mut g = self.0.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+        // Read under the lock: events emitted by several threads at once are timed in the
+        // order every subscriber gets them.
+        let now = Instant::now();
         g.retain_mut(|s| {
             if s.missed > 0 {
                 match s.tx.try_send(Event::EventsDropped { count: s.missed }, now) {
@@ -257,8 +262,8 @@ mod tests {
         bus.emit(Event::EventsDropped { count: 2 });
         bus.emit(Event::EventsDropped { count: 3 });
         let after = Instant::now();
-        let (t1, e1) = timed.try_recv().expect("first");
-        let (t2, e2) = timed.try_recv().expect("second");
+        let TimedEvent { at: t1, event: e1 } = timed.try_recv().expect("first");
+        let TimedEvent { at: t2, event: e2 } = timed.try_recv().expect("second");
         assert_eq!(e1, Event::EventsDropped { count: 1 });
         assert_eq!(e2, Event::EventsDropped { count: 2 });
         assert!(
@@ -272,7 +277,7 @@ mod tests {
         );
         assert_eq!(bus.dropped(), 1);
         bus.emit(Event::EventsDropped { count: 4 });
-        let told: Vec<Event> = timed.try_iter().map(|(_, e)| e).collect();
+        let told: Vec<Event> = timed.try_iter().map(|t| t.event).collect();
         assert_eq!(
             told,
             [

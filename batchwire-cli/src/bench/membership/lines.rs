@@ -58,6 +58,8 @@ pub(super) struct Lines {
     /// This process's clock and the host's monotonic clock read together, once per run of
     /// lines (see [`node_instant`]): not twice per line of a million.
     clock: (Instant, u64),
+    /// The first node that said it dropped events (`events dropped N`), and how many.
+    pub(super) dropped: Option<(usize, u64)>,
 }
 
 /// When the median node and the 90th-percentile node first saw every other node live, in
@@ -101,11 +103,17 @@ impl Lines {
             seen: vec![Seen::default(); nodes],
             nodes,
             clock: now(),
+            dropped: None,
         }
     }
 
     /// Take one line of node `i`, read at `at`; for a member line, its time.
     pub(super) fn take(&mut self, i: usize, at: Instant, line: &str) -> Option<Instant> {
+        if let Some(count) = line.strip_prefix("events dropped ") {
+            self.dropped
+                .get_or_insert((i, count.trim().parse().unwrap_or(0)));
+            return None;
+        }
         let s = &mut self.seen[i];
         let mut words = line.split_whitespace();
         let w: [Option<&str>; 7] = std::array::from_fn(|_| words.next());
@@ -275,5 +283,10 @@ mod tests {
         );
         assert_eq!(lines.seen[0].packets, (1, 3));
         assert_eq!(lines.seen[0].sent_kinds, [1, 2, 0]);
+        // A node that lost events says so; the first one is kept.
+        assert_eq!(lines.dropped, None);
+        assert_eq!(lines.take(2, read, "events dropped 17"), None);
+        assert_eq!(lines.take(1, read, "events dropped 3"), None);
+        assert_eq!(lines.dropped, Some((2, 17)));
     }
 }
