@@ -256,7 +256,8 @@ impl Node {
     /// reports, failed sends). Every subscriber gets every event from now on, in a queue of
     /// `events_capacity` events: the node never waits for a subscriber, so one that falls
     /// behind loses events and is told how many (`Event::EventsDropped`). A subscriber that
-    /// drops its receiver is forgotten.
+    /// drops its receiver is forgotten. The channel ends (disconnects) once the node has
+    /// shut down, after its last event.
     pub fn events(&self) -> mpsc::Receiver<Event> {
         self.rt.events.subscribe()
     }

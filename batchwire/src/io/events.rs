@@ -4,7 +4,7 @@
 //!
 //! A subscriber is a std channel (`Node::events`, or `Node::timed_events` with the time of
 //! each event) or an async queue (`Node::event_stream`, a `Stream`); all are bounded the
-//! same way.
+//! same way, and all end once the node has shut down, after its last event.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -23,6 +23,8 @@ struct Inner {
     subscribers: Mutex<Vec<Sink>>,
     capacity: usize,
     dropped: AtomicU64,
+    /// Set by `close`: later subscribers end at once.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 struct Sink {
@@ -128,6 +130,7 @@ impl Events {
             subscribers: Mutex::new(Vec::new()),
             capacity,
             dropped: AtomicU64::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -162,14 +165,25 @@ impl Events {
 
     fn add(&self, tx: Tx) {
         let mut g = self.0.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+        if self.0.closed.load(Relaxed) {
+            // After the shutdown: a subscriber that ends at once.
+            if let Tx::Async(q) = &tx {
+                q.close();
+            }
+            return;
+        }
         g.push(Sink { tx, missed: 0 });
     }
 
-    /// The node shut down: async subscribers end after what they have queued (std ones
-    /// end when the node's last handle is dropped).
+    /// The node shut down (every thread that emits has ended): each subscriber ends after
+    /// what it has queued. A std receiver sees its channel disconnected once it has taken
+    /// the last event (it waited for the node's last handle to go, which threads of the
+    /// node could hold past the shutdown: the CLI's event printer then waited its full
+    /// grace at every exit).
     pub fn close(&self) {
-        let g = self.0.subscribers.lock().unwrap_or_else(|p| p.into_inner());
-        for s in g.iter() {
+        let mut g = self.0.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+        self.0.closed.store(true, Relaxed);
+        for s in g.drain(..) {
             if let Tx::Async(q) = &s.tx {
                 q.close();
             }
@@ -292,5 +306,37 @@ mod tests {
             bus.0.subscribers.lock().unwrap().is_empty(),
             "forgotten when dropped"
         );
+    }
+
+    /// At shutdown every subscriber ends after its last event, so a thread that waits on
+    /// one is not left waiting on the node's last handle; so does one that comes later.
+    #[test]
+    fn a_closed_bus_ends_every_subscriber_after_its_queued_events() {
+        let bus = Events::new(4);
+        let std_rx = bus.subscribe();
+        let timed = bus.subscribe_timed();
+        let q = bus.subscribe_async();
+        bus.emit(Event::EventsDropped { count: 1 });
+        let keep = bus.clone();
+        bus.close();
+        assert!(matches!(
+            std_rx.recv(),
+            Ok(Event::EventsDropped { count: 1 })
+        ));
+        let gone = Err(mpsc::RecvTimeoutError::Disconnected);
+        let t = std::time::Duration::from_secs(2);
+        assert_eq!(std_rx.recv_timeout(t), gone, "ended after its last event");
+        assert_eq!(
+            timed.recv().map(|t| t.event),
+            Ok(Event::EventsDropped { count: 1 })
+        );
+        assert_eq!(timed.recv_timeout(t).map(|t| t.event), gone);
+        assert!(q.lock().closed);
+        assert_eq!(
+            keep.subscribe().recv_timeout(t),
+            gone,
+            "one that comes later ends at once"
+        );
+        assert!(keep.subscribe_async().lock().closed);
     }
 }
