@@ -520,10 +520,9 @@ impl Membership {
             }
         }
         for (_, id, inc) in due {
-            let still = self
-                .foca
-                .iter_members()
-                .any(|m| *m.id() == id && m.state() == State::Suspect && m.incarnation() == inc);
+            let still = self.foca.member_by_addr(&id.name).is_some_and(|m| {
+                *m.id() == id && m.state() == State::Suspect && m.incarnation() == inc
+            });
             if still {
                 let r =
                     self.foca

@@ -117,8 +117,7 @@ impl Membership {
                 // suspect meanwhile, being heard from directly, then never left).
                 let known = self
                     .foca
-                    .iter_membership_state()
-                    .find(|m| m.id().name == *from)
+                    .member_by_addr(from)
                     .map(|m| (m.id().clone(), m.state()));
                 walk = Walk::Named;
                 self.name_dirty(from);

@@ -256,8 +256,8 @@ impl Membership {
     ) -> Result<(), MemberError> {
         let Some(to) = self
             .foca
-            .iter_members()
-            .find(|m| m.id().name == *from)
+            .member_by_addr(from)
+            .filter(|m| m.state() != State::Down)
             .map(|m| m.id().clone())
         else {
             // Not a member here (yet): it learns of us otherwise first.

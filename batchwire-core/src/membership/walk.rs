@@ -30,18 +30,20 @@ impl Membership {
         ViewDelta::Changed(entries)
     }
 
-    /// Note that `name`'s view entry changed (fields apart: called while foca's list is
-    /// borrowed).
-    pub(super) fn view_touched(changed: &mut Vec<Name>, whole: &mut bool, max: usize, name: &Name) {
-        if *whole {
+    /// Note `name` in `names`, a list of at most `max` that stands for everything once
+    /// `all` is set (and is then emptied): the view entries that changed
+    /// (`view_changed`, `view_whole`), the members the inputs named (`dirty`, `dirty_all`).
+    /// Fields apart: called while foca's list is borrowed.
+    pub(super) fn note_name(names: &mut Vec<Name>, all: &mut bool, max: usize, name: &Name) {
+        if *all {
             return;
         }
-        if changed.len() >= max {
-            changed.clear();
-            *whole = true;
+        if names.len() >= max {
+            names.clear();
+            *all = true;
             return;
         }
-        changed.push(name.detached());
+        names.push(name.detached());
     }
 
     /// After any input: turn foca's timer requests into deadlines, and compare the member
@@ -356,7 +358,7 @@ impl Membership {
         };
         if touched {
             pass.view_moved = true;
-            Self::view_touched(
+            Self::note_name(
                 &mut self.view_changed,
                 &mut self.view_whole,
                 self.cfg.max_members,
@@ -404,15 +406,12 @@ impl Membership {
     /// `after_walk(.., Walk::Named)` looks at it. Past `max_members` names the whole list
     /// is walked instead.
     pub(super) fn name_dirty(&mut self, name: &Name) {
-        if self.dirty_all {
-            return;
-        }
-        if self.dirty.len() >= self.cfg.max_members {
-            self.dirty.clear();
-            self.dirty_all = true;
-            return;
-        }
-        self.dirty.push(name.detached());
+        Self::note_name(
+            &mut self.dirty,
+            &mut self.dirty_all,
+            self.cfg.max_members,
+            name,
+        );
     }
 }
 
