@@ -12,7 +12,7 @@
 //! | `batchwire_bytes_sent_total`, `_received_total` | counter | node, peer |
 //! | `batchwire_frames_sent_total`, `_received_total` | counter | node, peer |
 //! | `batchwire_writes_total`, `batchwire_writes_through_total` (made by a sending thread) | counter | node, peer |
-//! | `batchwire_reads_led_total` (made by an application thread waiting for a reply or a message) | counter | node, peer |
+//! | `batchwire_reads_total`, `batchwire_reads_led_total` (made by an application thread waiting for a reply or a message) | counter | node, peer |
 //! | `batchwire_piece_bytes_in_place_total` (pieces read straight into their message's buffer) | counter | node, peer |
 //! | `batchwire_flushes_total` | counter | node, peer, reason (drained, size, timer, single) |
 //! | `batchwire_resent_total`, `batchwire_acked_total` | counter | node, peer |
@@ -95,6 +95,10 @@ fn describe() {
     c(
         "batchwire_writes_through_total",
         "Of the writes, those a sending thread made itself (write-through).",
+    );
+    c(
+        "batchwire_reads_total",
+        "Reads of the peer's connections that returned bytes, by any thread.",
     );
     c(
         "batchwire_reads_led_total",
@@ -284,6 +288,7 @@ impl NodeStats {
             c("batchwire_fragments_received_total", p.fragments_received);
             c("batchwire_credit_stalls_total", p.credit_stalls);
             c("batchwire_writes_through_total", p.writes_through);
+            c("batchwire_reads_total", p.reads);
             c("batchwire_reads_led_total", p.reads_led);
             c(
                 "batchwire_piece_bytes_in_place_total",

@@ -14,6 +14,8 @@ pub(crate) struct PeerCounters {
     pub writes: AtomicU64,
     /// Of `writes`, those a sending thread made itself (write-through).
     pub writes_through: AtomicU64,
+    /// Reads of the peer's connections that returned bytes, by any thread.
+    pub reads: AtomicU64,
     /// Reads made by an application thread waiting for a reply or a message (leading),
     /// not the reader thread.
     pub reads_led: AtomicU64,
@@ -102,7 +104,10 @@ pub struct PeerStats {
     /// Of `writes`, those the sending thread made itself because the writer was idle and
     /// nothing was queued (write-through: no thread hand-off for a lone message).
     pub writes_through: u64,
-    /// Reads of this peer's connection made by an application thread while it waited for
+    /// Reads of this peer's connections that returned bytes (system calls; over TLS, reads
+    /// of ciphertext), whoever made them.
+    pub reads: u64,
+    /// Of `reads`, those made by an application thread while it waited for
     /// the reply to its request or for a message in its mailbox (leading: the bytes were
     /// in its hands at once, with no wake-up by the reader thread), rather than by the
     /// connection's reader thread.
@@ -182,6 +187,7 @@ impl PeerCounters {
             flushes_timer: f(2),
             flushes_single: f(3),
             writes_through: self.writes_through.load(Relaxed),
+            reads: self.reads.load(Relaxed),
             reads_led: self.reads_led.load(Relaxed),
             piece_bytes_in_place: self.piece_bytes_in_place.load(Relaxed),
             messages_per_write_histogram: self
@@ -437,7 +443,7 @@ impl std::fmt::Display for NodeStats {
         for p in self.peers.iter().filter(|p| !p.is_untouched()) {
             writeln!(
                 f,
-                "  {:<12} {:<4} sent {} msgs / {} B in {} frames, {} writes ({} through; {:.1} msgs/write; flushes drained {} size {} timer {} single {}), recv {} msgs / {} B in {} frames ({} reads led), queue high-water {} B, senders blocked {} us, failed {}, undeliverable at peer {}, protocol violations {}",
+                "  {:<12} {:<4} sent {} msgs / {} B in {} frames, {} writes ({} through; {:.1} msgs/write; flushes drained {} size {} timer {} single {}), recv {} msgs / {} B in {} frames ({} reads, {} led), queue high-water {} B, senders blocked {} us, failed {}, undeliverable at peer {}, protocol violations {}",
                 p.peer,
                 if p.connected { "up" } else { "down" },
                 p.messages_sent,
@@ -453,6 +459,7 @@ impl std::fmt::Display for NodeStats {
                 p.messages_received,
                 p.bytes_received,
                 p.frames_received,
+                p.reads,
                 p.reads_led,
                 p.queue_high_water,
                 p.blocked_us,

@@ -83,6 +83,7 @@ impl Reader<'_> {
         side.idle_said = false;
         let stats = &self.peer.stats;
         stats.bytes_received.fetch_add(n as u64, Relaxed);
+        stats.reads.fetch_add(1, Relaxed);
         stats
             .piece_bytes_in_place
             .fetch_add(in_place as u64, Relaxed);
@@ -150,6 +151,7 @@ impl Reader<'_> {
         side.look = (shrunk || self.conn.link.is_tls()) && n == want;
         side.idle_said = false;
         self.peer.stats.bytes_received.fetch_add(n as u64, Relaxed);
+        self.peer.stats.reads.fetch_add(1, Relaxed);
         self.peer
             .session(|s, now| s.handle_heard(now, self.conn.id));
         Ok(true)
