@@ -86,6 +86,8 @@ struct Inner {
     leader: Option<Weak<dyn Leader>>,
     /// A receiver is reading a connection while it waits: a push signals `wake_fd`.
     leading: bool,
+    /// A push signalled `wake_fd` while a receiver led (it is emptied when the lead ends).
+    signalled: bool,
     /// The node the last message from another node came from: the connection a waiting
     /// receiver reads, since its next message most likely comes on it too...
     last_from: Option<Name>,
@@ -140,6 +142,8 @@ pub(crate) trait Leader: Send + Sync {
 thread_local! {
     /// This thread woke a receiver that waited for a mailbox (see [`MailboxQueue::lead`]).
     static HANDED_ON: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The mailbox this thread leads for, while it does (see [`MailboxQueue::lead`]).
+    static LEADS: std::cell::Cell<Option<*const MailboxQueue>> = const { std::cell::Cell::new(None) };
 }
 
 /// Make the eventfd `fd` readable (a receiver leading wakes; see [`Leader`]).
@@ -175,6 +179,7 @@ impl MailboxQueue {
                 replier: None,
                 leader: None,
                 leading: false,
+                signalled: false,
                 last_from: None,
                 same_from: 0,
                 lone: false,
@@ -245,7 +250,10 @@ impl MailboxQueue {
             HANDED_ON.set(true);
         }
         g.receivers.notify_all(&self.not_empty);
-        if g.leading {
+        // The leader's own pushes (it reads for this mailbox) need no signal: it looks
+        // at the mailbox after every read.
+        if g.leading && !LEADS.get().is_some_and(|q| std::ptr::eq(q, self)) {
+            g.signalled = true;
             self.signal_leader();
         }
         for w in g.wakers.drain(..) {
@@ -298,6 +306,7 @@ impl MailboxQueue {
         g.closed = true;
         self.not_empty.notify_all();
         if g.leading {
+            g.signalled = true;
             self.signal_leader();
         }
         g.pushers.notify_all(&self.not_full);
@@ -368,11 +377,16 @@ impl MailboxQueue {
             !g.q.is_empty() || g.closed
         };
         let until = Instant::now() + left.unwrap_or(LEAD_AHEAD);
+        LEADS.set(Some(self as *const MailboxQueue));
         let led = leader.lead_for(&peer, wake, &done, until);
+        LEADS.set(None);
         let mut g = self.lock();
         g.leading = false;
-        // No push signals it any more (they look at `leading` under the lock): empty it.
-        drain(wake);
+        // No push signals it any more (they look at `leading` under the lock): empty it
+        // if one did.
+        if std::mem::take(&mut g.signalled) {
+            drain(wake);
+        }
         (g, led, HANDED_ON.get())
     }
 }

@@ -228,3 +228,42 @@ fn a_receiver_that_leads_is_woken_by_a_push_from_elsewhere() {
     assert!(matches!(r, Err(RecvError::Timeout)), "{r:?}");
     assert!(t1.elapsed() >= Duration::from_millis(50));
 }
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_leaders_own_pushes_do_not_signal_its_eventfd() {
+    // A receiver that leads pushes what it reads into its own mailbox, and looks at the
+    // mailbox after every read: a signal to itself would be two system calls per push
+    // (and a poll that returns at once). Pushes from other threads still signal.
+    use std::os::fd::AsRawFd;
+    let slot: Arc<std::sync::OnceLock<Arc<MailboxQueue>>> = Arc::default();
+    let s2 = slot.clone();
+    let seen: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let seen2 = seen.clone();
+    let leader: Arc<dyn Leader> =
+        Arc::new(FakeLeader(move |wake: &Arc<std::os::fd::OwnedFd>, _| {
+            let q = s2.get().unwrap();
+            let readable = || crate::sys::poll_readable([wake.as_raw_fd()], 0).unwrap()[0];
+            q.push_one(env(1), false).unwrap();
+            seen2.lock().unwrap().push(readable());
+            let q2 = q.clone();
+            std::thread::spawn(move || q2.push_one(env(2), false).unwrap())
+                .join()
+                .unwrap();
+            seen2.lock().unwrap().push(readable());
+            true
+        }));
+    let q = leading_queue(&leader);
+    slot.set(q.clone()).ok().unwrap();
+    let mut got = Vec::new();
+    q.take_within(&mut got, 10, Duration::from_secs(5)).unwrap();
+    assert_eq!(got.iter().map(|e| e.payload[0]).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [false, true],
+        "own push silent, other's signals"
+    );
+    // The other thread's signal was emptied when the lead ended.
+    let fd = q.wake_fd().unwrap().as_raw_fd();
+    assert!(!crate::sys::poll_readable([fd], 0).unwrap()[0]);
+}
