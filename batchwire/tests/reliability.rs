@@ -305,3 +305,51 @@ fn unsequenced_baseline_still_delivers_without_breaks() {
     }
     assert_eq!(nodes[0].stats().peers[0].unacked_bytes, 0);
 }
+
+/// A receiver working through a stream reads the connection itself whenever its mailbox
+/// runs dry (leading) while it keeps up, the reader thread standing aside; every message
+/// still arrives once and in order, and so does one sent after the stream. (Whether the
+/// reader thread stands aside, and only then, is tested in `io/read/tests.rs`.)
+#[test]
+fn a_stream_receiver_reads_its_connection_itself_and_loses_nothing() {
+    let nodes = start_with_inbox(&["a", "b"]);
+    let inbox = nodes[1].mailbox("inbox").unwrap();
+    let to = Address::new("b", "inbox").unwrap();
+    let n = 20_000u64;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // In bursts of 100 KB, so that even a debug build's receiver keeps up.
+            for i in 0..n {
+                nodes[0]
+                    .send(&to, [&i.to_le_bytes()[..], &[7u8; 1016][..]].concat())
+                    .unwrap();
+                if i % 100 == 99 {
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+            }
+        });
+        let mut batch = Vec::new();
+        let mut next = 0;
+        while next < n {
+            inbox.recv_batch_into(&mut batch, 4096, T).unwrap();
+            for e in batch.drain(..) {
+                assert_eq!(seq(&e.payload), next, "lost, duplicated or reordered");
+                next += 1;
+            }
+        }
+    });
+    let st = nodes[1].stats();
+    let (reads, led) = st
+        .peers
+        .iter()
+        .fold((0u64, 0u64), |(r, l), p| (r + p.reads, l + p.reads_led));
+    assert!(
+        led > 0 && reads >= led,
+        "{led} of {reads} reads by the receiver"
+    );
+    nodes[0]
+        .send(&to, [&n.to_le_bytes()[..], b"last"].concat())
+        .unwrap();
+    let e = inbox.recv_timeout(T).unwrap();
+    assert_eq!(seq(&e.payload), n);
+}

@@ -45,6 +45,9 @@ pub(crate) struct Conn {
     /// Tries to lead, ever: while they go on, the reader thread waits for the socket
     /// without the turn rather than in `recv(2)` with it (see `read.rs`).
     pub lead_tries: std::sync::atomic::AtomicU32,
+    /// A leader's last read took all there was (the receiver keeps up with what comes):
+    /// only then does the reader thread stand aside (see `read.rs`).
+    pub led_drained: std::sync::atomic::AtomicBool,
 }
 
 /// A connection's read state, with the read turn.
@@ -88,6 +91,7 @@ impl Conn {
             read: Mutex::new(None),
             lead_wake: Mutex::new(None),
             lead_tries: std::sync::atomic::AtomicU32::new(0),
+            led_drained: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

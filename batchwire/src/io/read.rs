@@ -23,9 +23,10 @@
 //! how far it got sit behind the connection's read turn (`Conn::read_turn`), and an
 //! application thread waiting for a reply or a message may take the turn and read the
 //! connection itself ("leading", [`Reader::lead`]); everything above holds for whichever
-//! thread has the turn. While threads try to lead, the reader thread waits for the socket
-//! without the turn (otherwise in `recv(2)` with it, see `read_until_end`), and it alone
-//! tears the connection down, whoever found that it ended.
+//! thread has the turn. While threads try to lead, the reader thread stands aside (it
+//! sleeps a millisecond at a time without the turn) or waits for the socket without it
+//! (otherwise in `recv(2)` with it, see `read_until_end`), and it alone tears the
+//! connection down, whoever found that it ended.
 //!
 //! This file holds the reader's loop; `read/` its parts: `in_place.rs` (one read, and
 //! pieces read in place), `leading.rs` and `frames.rs` (what each frame does).
@@ -72,6 +73,10 @@ const QUIET_READS: u32 = 64;
 /// How often in a row the reader thread finds a caller leading before it queues for the
 /// read turn (see `read_until_end`).
 const LOOKS: u32 = 4;
+
+/// How long the reader thread stands aside, without the read turn, once a thread tried to
+/// lead (see `read_until_end`); it looks again after each such pause.
+const ASIDE: Duration = Duration::from_millis(1);
 
 /// A piece with at least this many bytes of data still to come is read in place (below
 /// it, the copy costs less than the extra read).
@@ -134,12 +139,38 @@ impl Reader<'_> {
     /// goes as before, with a hand-off), and the reader thread leaves the turn free from
     /// its next read on. A thread that leads returns the turn once it has what it waited
     /// for, and leaves in `ended` how the connection ended if it found out.
+    ///
+    /// **Standing aside**: whenever a thread tried to lead since the last look and the
+    /// last read a leader made took all there was (`Conn::led_drained`: the receiver keeps
+    /// up with what comes), this thread sleeps [`ASIDE`] without the turn and looks again;
+    /// it reads again once a whole pause went by with no try. So while a receiver keeps
+    /// coming back for more (a stream), it reads the connection alone and what it reads
+    /// is in its hands at once; when it stops (it works on something else, or waits on
+    /// another mailbox) this thread reads within about a millisecond, so
+    /// acknowledgements, credit and other mailboxes' messages never wait on it for
+    /// longer. A receiver that is behind (its read filled all it asked for) gets no such
+    /// pause: this thread reads beside it, on another CPU if there is one.
     fn read_until_end(&self) -> Result<(), LinkError> {
         let mut cache: Option<Arc<MailboxQueue>> = None;
         let mut missed = 0;
         // Lead tries seen, and reads since they last moved.
         let (mut seen, mut quiet) = (0u32, 0u32);
+        let mut aside_seen = self.conn.lead_tries.load(Relaxed);
         loop {
+            // Stand aside while threads lead and keep up: a receiver working through a
+            // stream reads each time its mailbox runs dry, as a one-thread event loop
+            // would. Reading it here too would hand every read over to it with a wake-up
+            // (and on two CPUs the four busy threads of a stream preempt each other).
+            if self.leadable() {
+                let t = self.conn.lead_tries.load(Relaxed);
+                if t != aside_seen {
+                    aside_seen = t;
+                    if self.conn.led_drained.load(Relaxed) {
+                        std::thread::sleep(ASIDE);
+                        continue;
+                    }
+                }
+            }
             let mut turn = match self.conn.try_read_turn() {
                 Some(t) => t,
                 // A thread leads. Woken by the same bytes as it was, this thread looks

@@ -66,7 +66,6 @@ impl MailboxQueue {
             g.bytes = 0;
         }
         g.yield_next = idle::small_take(n as u64, freed);
-        g.lone = n == 1 && freed <= LONE_BYTES && g.q.is_empty();
         n
     }
 

@@ -167,7 +167,6 @@ fn leading_queue(leader: &Arc<dyn Leader>) -> Arc<MailboxQueue> {
         let mut g = q.lock();
         g.last_from = Some(Name::from_static("peer"));
         g.same_from = ONE_SOURCE;
-        g.lone = true;
     }
     q
 }
@@ -266,4 +265,49 @@ fn the_leaders_own_pushes_do_not_signal_its_eventfd() {
     // The other thread's signal was emptied when the lead ended.
     let fd = q.wake_fd().unwrap().as_raw_fd();
     assert!(!crate::sys::poll_readable([fd], 0).unwrap()[0]);
+}
+
+/// Queue one message from node `node` as a connection's reader would.
+fn push_from(q: &MailboxQueue, node: &'static str, i: u8) {
+    let flow = crate::io::flow::testing::flow();
+    flow.charge(&q.name, 8).unwrap();
+    let held = Held::new(flow, q.name.clone(), 8);
+    let e = Envelope::new(Address::new(node, "m").unwrap(), Bytes::from(vec![i; 8]));
+    q.push_remote(e, held).unwrap();
+}
+
+#[test]
+fn a_receiver_leads_only_while_its_messages_come_from_one_node() {
+    // Leads are counted; each gives up at once, so the receiver then waits as usual.
+    let leads = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let l2 = leads.clone();
+    let leader: Arc<dyn Leader> = Arc::new(FakeLeader(move |_: &Arc<std::os::fd::OwnedFd>, _| {
+        l2.fetch_add(1, Ordering::Relaxed);
+        false
+    }));
+    let q = Arc::new(q(1 << 20));
+    q.set_leader(Arc::downgrade(&leader));
+    let wait = |q: &MailboxQueue| {
+        let mut out = Vec::new();
+        while q.take(&mut out, 100, None).is_ok() {}
+        let r = q.take_within(&mut out, 10, Duration::from_millis(5));
+        assert!(matches!(r, Err(RecvError::Timeout)), "{r:?}");
+    };
+    // A stream from one node: it leads.
+    (0..20).for_each(|i| push_from(&q, "n1", i));
+    wait(&q);
+    assert_eq!(leads.load(Ordering::Relaxed), 1);
+    // One message from another node among them: not for a while.
+    push_from(&q, "n2", 0);
+    (0..20).for_each(|i| push_from(&q, "n1", i));
+    wait(&q);
+    assert_eq!(
+        leads.load(Ordering::Relaxed),
+        1,
+        "led with two nodes sending"
+    );
+    // Once the other node has been quiet for MIXED_QUIET, it leads again.
+    std::thread::sleep(MIXED_QUIET);
+    wait(&q);
+    assert_eq!(leads.load(Ordering::Relaxed), 2);
 }

@@ -110,11 +110,13 @@ impl Reader<'_> {
             match self.read_once(side, false) {
                 Ok(true) => {
                     self.peer.stats.reads_led.fetch_add(1, Relaxed);
+                    self.conn.led_drained.store(side.drained, Relaxed);
                 }
                 Ok(false) => {
                     // The socket is empty now: acknowledge if a sender may be waiting for
                     // it, as the reader thread does before it waits.
                     side.drained = true;
+                    self.conn.led_drained.store(true, Relaxed);
                     self.say_idle(side);
                     // A receiver is woken through `wake` for everything else it waits for
                     // (a push, its mailbox closing, a call asking for the turn): it sleeps

@@ -442,3 +442,55 @@ fn a_receiver_leading_whose_eventfd_was_signalled_for_nothing_sleeps_not_spins()
         "spun: {cpu:?} of CPU in {wall:?}"
     );
 }
+
+#[test]
+fn the_reader_stands_aside_after_a_lead_try_while_leaders_keep_up() {
+    let mut rig = Rig::new();
+    // A thread tried to lead and its last read took all there was: the reader thread
+    // leaves the connection to it for a pause before it reads again itself.
+    rig.conn.led_drained.store(true, Relaxed);
+    rig.conn.lead_tries.fetch_add(1, Relaxed);
+    let t0 = Instant::now();
+    rig.send(0);
+    let mut got = Vec::new();
+    rig.mb
+        .take_within(&mut got, 1, Duration::from_secs(10))
+        .unwrap();
+    assert!(t0.elapsed() >= ASIDE, "read after {:?}", t0.elapsed());
+    rig.conn.close();
+    let _ = rig.join();
+}
+
+#[test]
+fn the_reader_reads_beside_a_leader_that_is_behind() {
+    let mut rig = Rig::new();
+    // Threads try to lead all the time, but the last read a leader made filled all it
+    // asked for (the receiver is behind): the reader thread does not stand aside.
+    rig.conn.led_drained.store(false, Relaxed);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let waited = std::thread::scope(|s| {
+        s.spawn(|| {
+            // Busy for at most 2 s: a pause of a millisecond between tries would let a
+            // reader that stood aside read after all.
+            let t0 = Instant::now();
+            while !stop.load(Relaxed) && t0.elapsed() < Duration::from_secs(2) {
+                rig.conn.lead_tries.fetch_add(1, Relaxed);
+                std::thread::yield_now();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(5));
+        rig.theirs.write_all(&inbox_frame(0)).unwrap();
+        let t0 = Instant::now();
+        let mut got = Vec::new();
+        let r = rig.mb.take_within(&mut got, 1, Duration::from_secs(10));
+        stop.store(true, Relaxed);
+        r.unwrap();
+        t0.elapsed()
+    });
+    assert!(
+        waited < Duration::from_millis(1500),
+        "read after {waited:?}"
+    );
+    rig.conn.close();
+    let _ = rig.join();
+}
