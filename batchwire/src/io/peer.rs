@@ -51,6 +51,7 @@ pub(crate) struct PeerCtx {
 }
 
 mod conns;
+pub(crate) mod control;
 mod demand;
 pub(crate) use demand::Hooks;
 
@@ -294,12 +295,13 @@ impl Peer {
         if full_before && !full_after {
             self.wake_senders();
         }
-        if (due_after && !due_before)
-            || (full_before && !full_after)
+        // Control newly due wakes the writer unless this thread leads the connection and
+        // writes it itself (see `control`).
+        let others = (full_before && !full_after)
             || (empty_after && !empty_before)
             || (bulk_after && !bulk_before)
-            || delivered
-        {
+            || delivered;
+        if others || (due_after && !due_before && !control::defer(self)) {
             self.lane.poke();
         }
         if let Some(t) = deadline {

@@ -78,7 +78,7 @@ pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
         }
         if let Some(c) = &conn {
             let _turn = peer.write_turn();
-            write_pending(&peer, c, &shutdown, &mut control, Mode::Wait);
+            write_pending(&peer, c, Some(&shutdown), &mut control, Mode::Wait);
             if let Some(after) = cfg.idle_close
                 && shutdown.deadline().is_none()
                 && idle.is_over(&peer, after)
@@ -268,7 +268,28 @@ pub(crate) fn write_through(peer: &Peer, shutdown: &Shutdown) {
             let Some(_turn) = peer.try_write_turn() else {
                 return false;
             };
-            write_pending(peer, &c, shutdown, &mut Vec::new(), Mode::NoWait)
+            write_pending(peer, &c, Some(shutdown), &mut Vec::new(), Mode::NoWait)
+        });
+    if !wrote {
+        peer.lane.poke();
+    }
+}
+
+/// Control made due by a thread that leads the peer's connection (an acknowledgement,
+/// mostly: see `Peer::session`): if no one is writing and the connection is plain TCP,
+/// the thread writes it itself without waiting, with anything else due (what the socket
+/// does not take at once is left for the writer, which is poked); otherwise the writer is
+/// poked. It saves the writer's wake-up, and the leader being preempted by it, for every
+/// acknowledgement of a stream its receiver reads.
+pub(crate) fn write_control_through(peer: &Peer) {
+    let wrote = peer
+        .current()
+        .filter(|c| !c.is_closed() && c.link.writes_without_waiting())
+        .is_some_and(|c| {
+            let Some(_turn) = peer.try_write_turn() else {
+                return false;
+            };
+            write_pending(peer, &c, None, &mut Vec::new(), Mode::NoWait)
         });
     if !wrote {
         peer.lane.poke();
@@ -290,11 +311,11 @@ enum Mode {
 fn write_pending(
     peer: &Peer,
     c: &Conn,
-    shutdown: &Shutdown,
+    shutdown: Option<&Shutdown>,
     control: &mut Vec<u8>,
     mode: Mode,
 ) -> bool {
-    let mut go_on = || !c.is_closed() && !past_grace(shutdown);
+    let mut go_on = || !c.is_closed() && !shutdown.is_some_and(past_grace);
     if mode == Mode::NoWait && (c.has_carry() || !c.link.writes_without_waiting()) {
         return false;
     }

@@ -86,6 +86,9 @@ impl Reader<'_> {
             }
         }
         let _leading = Leading(self.conn, wake.is_some());
+        // Control this thread makes due while it leads (acknowledgements, mostly) is
+        // written by it when it stops reading, not by the writer woken for each.
+        let control = DeferControl::new(self.peer);
         if wake.is_some() {
             self.conn.set_lead_wake(wake.cloned());
         }
@@ -107,6 +110,9 @@ impl Reader<'_> {
             if done() || now >= until {
                 return true;
             }
+            // What the frames just acted on made due goes now: a leader reading on for
+            // someone else's mailbox holds no acknowledgement back.
+            control.flush();
             match self.read_once(side, false) {
                 Ok(true) => {
                     self.peer.stats.reads_led.fetch_add(1, Relaxed);
@@ -127,6 +133,7 @@ impl Reader<'_> {
                         None => (until - now).min(recheck),
                     };
                     recheck = (recheck * 2).min(LEAD_RECHECK_MAX);
+                    control.flush();
                     match self.wait_readable(Some(limit), wake_fd) {
                         // Empty the eventfd before `done()` is asked again: left readable,
                         // every poll would return at once (a push another receiver of the
@@ -168,5 +175,36 @@ impl Reader<'_> {
         let peer = self.peer;
         peer.session(|s, _| peer.flow.snapshot(s.recv_next()));
         peer.flow.wake_writer();
+    }
+}
+
+/// While a thread leads `peer`'s connection: control its session turns make due waits for
+/// `flush` (before the thread waits for the socket) or the end of the lead, where the
+/// thread writes it itself if no one is writing (`write_control_through`).
+struct DeferControl<'a> {
+    peer: &'a Peer,
+    outer: Option<(*const Peer, bool)>,
+}
+
+impl<'a> DeferControl<'a> {
+    fn new(peer: &'a Peer) -> Self {
+        DeferControl {
+            peer,
+            outer: crate::io::peer::control::begin(peer),
+        }
+    }
+
+    fn flush(&self) {
+        use crate::io::peer::control;
+        if control::take() {
+            control::without(|| crate::io::write::write_control_through(self.peer));
+        }
+    }
+}
+
+impl Drop for DeferControl<'_> {
+    fn drop(&mut self) {
+        self.flush();
+        crate::io::peer::control::end(self.outer);
     }
 }

@@ -494,3 +494,56 @@ fn the_reader_reads_beside_a_leader_that_is_behind() {
     rig.conn.close();
     let _ = rig.join();
 }
+
+#[test]
+fn a_leader_writes_the_acknowledgement_it_makes_due_itself() {
+    // No writer thread here: an ACK on the wire can only come from the leading thread.
+    let rig = Rig::with_capacity(1 << 20);
+    let mut theirs = rig.theirs.try_clone().unwrap();
+    // 40 messages of 1 KB, past IDLE_ACK_BYTES: once it has read them all (the socket
+    // drained), the leader makes an acknowledgement due.
+    let mut out = Vec::new();
+    for seq in 0..40u64 {
+        let mut list = MessageList::from_messages(&[Message {
+            to: Name::from_static("inbox"),
+            from: Name::from_static("x"),
+            payload: Bytes::from(vec![seq as u8; 1024]),
+        }]);
+        list.first_seq = seq;
+        Frame::Messages(list).encode(&mut out);
+    }
+    // Written while the test thread leads (holding the read turn), so it reads them.
+    let mut w = theirs.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        w.write_all(&out).unwrap();
+    });
+    let mb = rig.mb.clone();
+    let until = Instant::now() + Duration::from_secs(10);
+    assert!(rig.reader().lead(&|| mb.len() >= 40, until, None));
+    sender.join().unwrap();
+    assert_eq!(rig.mb.len(), 40);
+    assert!(rig.peer.stats.reads_led.load(Relaxed) >= 1);
+    // The first ACK (the 40 may have come in more than one read, each acknowledged).
+    theirs
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut got = BytesMut::new();
+    let acked = loop {
+        if let Some(f) = frame::decode(&mut got, 1 << 20).unwrap() {
+            match f {
+                Frame::Ack(next) => break Some(next),
+                _ => continue,
+            }
+        }
+        let mut buf = [0u8; 4096];
+        match std::io::Read::read(&mut theirs, &mut buf) {
+            Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => break None,
+        }
+    };
+    assert!(
+        acked.is_some_and(|n| (16..=40).contains(&n)),
+        "the leader acknowledged what it read: {acked:?}"
+    );
+}

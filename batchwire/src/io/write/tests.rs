@@ -99,7 +99,7 @@ fn what_a_write_through_leaves_over_goes_first_and_nothing_is_lost_or_doubled() 
         assert!(write_pending(
             &peer,
             &c,
-            &shutdown,
+            Some(&shutdown),
             &mut Vec::new(),
             Mode::NoWait
         ));
@@ -113,7 +113,7 @@ fn what_a_write_through_leaves_over_goes_first_and_nothing_is_lost_or_doubled() 
     assert!(!write_pending(
         &peer,
         &c,
-        &shutdown,
+        Some(&shutdown),
         &mut Vec::new(),
         Mode::NoWait
     ));
