@@ -261,18 +261,7 @@ pub(crate) fn write_through(peer: &Peer, shutdown: &Shutdown) {
     hold(peer, &mut batch, FlushReason::Drained);
     peer.lane.end_move();
     peer.lane.finish_direct(batch);
-    let wrote = peer
-        .current()
-        .filter(|c| !c.is_closed() && c.link.writes_without_waiting())
-        .is_some_and(|c| {
-            let Some(_turn) = peer.try_write_turn() else {
-                return false;
-            };
-            write_pending(peer, &c, Some(shutdown), &mut Vec::new(), Mode::NoWait)
-        });
-    if !wrote {
-        peer.lane.poke();
-    }
+    write_now_or_poke(peer, Some(shutdown));
 }
 
 /// Control made due by a thread that leads the peer's connection (an acknowledgement,
@@ -282,6 +271,13 @@ pub(crate) fn write_through(peer: &Peer, shutdown: &Shutdown) {
 /// poked. It saves the writer's wake-up, and the leader being preempted by it, for every
 /// acknowledgement of a stream its receiver reads.
 pub(crate) fn write_control_through(peer: &Peer) {
+    write_now_or_poke(peer, None);
+}
+
+/// What is due on the peer's connection, written by the calling thread without waiting
+/// if no one else is writing and the connection is plain TCP; otherwise the writer is
+/// poked to write it.
+fn write_now_or_poke(peer: &Peer, shutdown: Option<&Shutdown>) {
     let wrote = peer
         .current()
         .filter(|c| !c.is_closed() && c.link.writes_without_waiting())
@@ -289,7 +285,7 @@ pub(crate) fn write_control_through(peer: &Peer) {
             let Some(_turn) = peer.try_write_turn() else {
                 return false;
             };
-            write_pending(peer, &c, None, &mut Vec::new(), Mode::NoWait)
+            write_pending(peer, &c, shutdown, &mut Vec::new(), Mode::NoWait)
         });
     if !wrote {
         peer.lane.poke();
