@@ -46,7 +46,8 @@ pub(crate) struct Conn {
     /// without the turn rather than in `recv(2)` with it (see `read.rs`).
     pub lead_tries: std::sync::atomic::AtomicU32,
     /// A leader's last read took all there was (the receiver keeps up with what comes):
-    /// only then does the reader thread stand aside (see `read.rs`).
+    /// only then does the reader thread stand aside. Cleared by a lead that found the
+    /// connection over.
     pub led_drained: std::sync::atomic::AtomicBool,
 }
 

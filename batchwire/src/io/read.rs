@@ -143,13 +143,17 @@ impl Reader<'_> {
     /// **Standing aside**: whenever a thread tried to lead since the last look and the
     /// last read a leader made took all there was (`Conn::led_drained`: the receiver keeps
     /// up with what comes), this thread sleeps [`ASIDE`] without the turn and looks again;
-    /// it reads again once a whole pause went by with no try. So while a receiver keeps
-    /// coming back for more (a stream), it reads the connection alone and what it reads
-    /// is in its hands at once; when it stops (it works on something else, or waits on
-    /// another mailbox) this thread reads within about a millisecond, so
-    /// acknowledgements, credit and other mailboxes' messages never wait on it for
-    /// longer. A receiver that is behind (its read filled all it asked for) gets no such
-    /// pause: this thread reads beside it, on another CPU if there is one.
+    /// it reads again once a whole pause went by with no try, or once the connection is
+    /// closed or a leader found it over (which clears `led_drained`). A try that failed
+    /// because this thread had the turn counts too: it is how a receiver gets the turn
+    /// in the middle of a stream (at the price of a pause of at most [`ASIDE`] if it then
+    /// waits without leading). So while a receiver keeps coming back for more (a stream),
+    /// it reads the connection alone and what it reads is in its hands at once; when it
+    /// stops (it works on something else, or waits on another mailbox) this thread reads
+    /// within about a millisecond, so acknowledgements, credit and other mailboxes'
+    /// messages never wait on it for longer. A receiver that is behind (its read filled
+    /// all it asked for) gets no such pause: this thread reads beside it, on another CPU
+    /// if there is one.
     fn read_until_end(&self) -> Result<(), LinkError> {
         let mut cache: Option<Arc<MailboxQueue>> = None;
         let mut missed = 0;
@@ -161,7 +165,7 @@ impl Reader<'_> {
             // stream reads each time its mailbox runs dry, as a one-thread event loop
             // would. Reading it here too would hand every read over to it with a wake-up
             // (and on two CPUs the four busy threads of a stream preempt each other).
-            if self.leadable() {
+            if self.leadable() && !self.conn.is_closed() {
                 let t = self.conn.lead_tries.load(Relaxed);
                 if t != aside_seen {
                     aside_seen = t;

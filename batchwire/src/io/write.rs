@@ -271,6 +271,12 @@ pub(crate) fn write_through(peer: &Peer, shutdown: &Shutdown) {
 /// poked. It saves the writer's wake-up, and the leader being preempted by it, for every
 /// acknowledgement of a stream its receiver reads.
 pub(crate) fn write_control_through(peer: &Peer) {
+    // Shutting down, the writer says the last word (a final acknowledgement, GOODBYE,
+    // then it shuts the socket's write side): nothing is written past it.
+    if peer.session(|s, _| s.is_closing()) {
+        peer.lane.poke();
+        return;
+    }
     write_now_or_poke(peer, None);
 }
 

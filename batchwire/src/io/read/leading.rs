@@ -76,6 +76,13 @@ impl Reader<'_> {
         let Some(side) = turn.as_mut() else {
             return false;
         };
+        if side.ended.is_some() || self.conn.is_closed() {
+            // Nothing to lead: a receiver parks instead (the next connection's reader
+            // wakes it), and the reader thread must not stand aside for it: it alone
+            // tears the connection down.
+            self.conn.led_drained.store(false, Relaxed);
+            return false;
+        }
         // A receiver leading can be asked for the turn (see `Runtime::request`).
         struct Leading<'a>(&'a Conn, bool);
         impl Drop for Leading<'_> {
@@ -97,8 +104,8 @@ impl Reader<'_> {
         let mut recheck = LEAD_RECHECK;
         let end = loop {
             if side.ended.is_some() || self.conn.is_closed() {
-                // Nothing to lead: a receiver parks instead (the next connection's reader
-                // wakes it), rather than come back here until the reader tears down.
+                // It ended while this thread led: the reader thread takes it from here.
+                self.conn.led_drained.store(false, Relaxed);
                 return false;
             }
             match self.act(side, &mut cache) {
@@ -152,6 +159,7 @@ impl Reader<'_> {
             }
         };
         side.ended = Some(end);
+        self.conn.led_drained.store(false, Relaxed);
         let _ = self.conn.link.shutdown(std::net::Shutdown::Read);
         true
     }

@@ -444,10 +444,10 @@ fn a_receiver_leading_whose_eventfd_was_signalled_for_nothing_sleeps_not_spins()
 }
 
 #[test]
-fn the_reader_stands_aside_after_a_lead_try_while_leaders_keep_up() {
+fn the_reader_stands_aside_after_a_lead_while_leaders_keep_up() {
     let mut rig = Rig::new();
-    // A thread tried to lead and its last read took all there was: the reader thread
-    // leaves the connection to it for a pause before it reads again itself.
+    // A thread led and its last read took all there was: the reader thread leaves the
+    // connection to it for a pause before it reads again itself.
     rig.conn.led_drained.store(true, Relaxed);
     rig.conn.lead_tries.fetch_add(1, Relaxed);
     let t0 = Instant::now();
@@ -461,20 +461,18 @@ fn the_reader_stands_aside_after_a_lead_try_while_leaders_keep_up() {
     let _ = rig.join();
 }
 
-#[test]
-fn the_reader_reads_beside_a_leader_that_is_behind() {
-    let mut rig = Rig::new();
-    // Threads try to lead all the time, but the last read a leader made filled all it
-    // asked for (the receiver is behind): the reader thread does not stand aside.
-    rig.conn.led_drained.store(false, Relaxed);
+/// While `bump` runs on another thread without a pause (for at most 2 s), a message sent
+/// to the rig: how long until it is in the mailbox.
+fn read_while(rig: &mut Rig, bump: &(dyn Fn(&Conn) + std::marker::Sync)) -> Duration {
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let waited = std::thread::scope(|s| {
+    let conn = rig.conn.clone();
+    std::thread::scope(|s| {
         s.spawn(|| {
-            // Busy for at most 2 s: a pause of a millisecond between tries would let a
-            // reader that stood aside read after all.
+            // A pause of a millisecond between bumps would let a reader that stood
+            // aside read after all.
             let t0 = Instant::now();
             while !stop.load(Relaxed) && t0.elapsed() < Duration::from_secs(2) {
-                rig.conn.lead_tries.fetch_add(1, Relaxed);
+                bump(&conn);
                 std::thread::yield_now();
             }
         });
@@ -486,6 +484,17 @@ fn the_reader_reads_beside_a_leader_that_is_behind() {
         stop.store(true, Relaxed);
         r.unwrap();
         t0.elapsed()
+    })
+}
+
+#[test]
+fn the_reader_reads_beside_a_leader_that_is_behind() {
+    let mut rig = Rig::new();
+    // Threads lead all the time, but the last read a leader made filled all it asked
+    // for (the receiver is behind): the reader thread does not stand aside.
+    rig.conn.led_drained.store(false, Relaxed);
+    let waited = read_while(&mut rig, &|c| {
+        c.lead_tries.fetch_add(1, Relaxed);
     });
     assert!(
         waited < Duration::from_millis(1500),
@@ -496,12 +505,77 @@ fn the_reader_reads_beside_a_leader_that_is_behind() {
 }
 
 #[test]
-fn a_leader_writes_the_acknowledgement_it_makes_due_itself() {
-    // No writer thread here: an ACK on the wire can only come from the leading thread.
-    let rig = Rig::with_capacity(1 << 20);
+fn a_connection_a_leader_found_over_is_torn_down_while_threads_keep_trying_to_lead() {
+    let rig = Rig::new();
+    // A receiver leads and keeps up; then the peer closes the connection: the leader
+    // reads the end and leaves it to the reader thread, which alone tears the
+    // connection down. Receivers go on trying to lead meanwhile (each try fails at
+    // once on a connection that is over): the reader thread must not stand aside for
+    // them.
+    rig.conn.led_drained.store(true, Relaxed);
+    let theirs = rig.theirs.try_clone().unwrap();
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        theirs.shutdown(std::net::Shutdown::Both).unwrap();
+    });
+    let until = Instant::now() + Duration::from_secs(10);
+    assert!(
+        rig.reader().lead(&|| false, until, None),
+        "it led until the end"
+    );
+    closer.join().unwrap();
+    let mut rig = rig;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let conn = rig.conn.clone();
+    let ended = std::thread::scope(|s| {
+        s.spawn(|| {
+            let t0 = Instant::now();
+            while !stop.load(Relaxed) && t0.elapsed() < Duration::from_secs(3) {
+                conn.lead_tries.fetch_add(1, Relaxed);
+                std::thread::yield_now();
+            }
+        });
+        let t0 = Instant::now();
+        let r = rig.join();
+        stop.store(true, Relaxed);
+        (r, t0.elapsed())
+    });
+    assert!(ended.0.is_err(), "it ended: {:?}", ended.0);
+    assert!(ended.1 < Duration::from_millis(1500), "after {:?}", ended.1);
+}
+
+#[test]
+fn the_reader_does_not_stand_aside_for_a_closed_connection() {
+    let mut rig = Rig::new();
+    // Leads keep coming, but the connection is closed: the reader thread tears it down
+    // (it alone does) rather than sleep on.
+    rig.conn.led_drained.store(true, Relaxed);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let conn = rig.conn.clone();
+    let ended = std::thread::scope(|s| {
+        s.spawn(|| {
+            let t0 = Instant::now();
+            while !stop.load(Relaxed) && t0.elapsed() < Duration::from_secs(3) {
+                conn.lead_tries.fetch_add(1, Relaxed);
+                std::thread::yield_now();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(5));
+        rig.conn.close();
+        let t0 = Instant::now();
+        let r = rig.join();
+        stop.store(true, Relaxed);
+        (r, t0.elapsed())
+    });
+    assert!(ended.0.is_err(), "it ended: {:?}", ended.0);
+    assert!(ended.1 < Duration::from_millis(1500), "after {:?}", ended.1);
+}
+
+/// 40 messages of 1 KB (past IDLE_ACK_BYTES: once it has read them all, the socket
+/// drained, the leader makes an acknowledgement due), read by the test thread leading;
+/// then the first ACK the other end gets within `within`, if any.
+fn lead_and_see_ack(rig: &Rig, within: Duration) -> Option<u64> {
     let mut theirs = rig.theirs.try_clone().unwrap();
-    // 40 messages of 1 KB, past IDLE_ACK_BYTES: once it has read them all (the socket
-    // drained), the leader makes an acknowledgement due.
     let mut out = Vec::new();
     for seq in 0..40u64 {
         let mut list = MessageList::from_messages(&[Message {
@@ -525,25 +599,41 @@ fn a_leader_writes_the_acknowledgement_it_makes_due_itself() {
     assert_eq!(rig.mb.len(), 40);
     assert!(rig.peer.stats.reads_led.load(Relaxed) >= 1);
     // The first ACK (the 40 may have come in more than one read, each acknowledged).
-    theirs
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    theirs.set_read_timeout(Some(within)).unwrap();
     let mut got = BytesMut::new();
-    let acked = loop {
+    loop {
         if let Some(f) = frame::decode(&mut got, 1 << 20).unwrap() {
             match f {
-                Frame::Ack(next) => break Some(next),
+                Frame::Ack(next) => return Some(next),
                 _ => continue,
             }
         }
         let mut buf = [0u8; 4096];
         match std::io::Read::read(&mut theirs, &mut buf) {
             Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
-            _ => break None,
+            _ => return None,
         }
-    };
+    }
+}
+
+#[test]
+fn a_leader_writes_the_acknowledgement_it_makes_due_itself() {
+    // No writer thread here: an ACK on the wire can only come from the leading thread.
+    let rig = Rig::with_capacity(1 << 20);
+    let acked = lead_and_see_ack(&rig, Duration::from_secs(5));
     assert!(
         acked.is_some_and(|n| (16..=40).contains(&n)),
         "the leader acknowledged what it read: {acked:?}"
     );
+}
+
+#[test]
+fn a_leader_leaves_acknowledgements_to_the_writer_while_shutting_down() {
+    // Shutting down, the writer says the last word (final ACK, GOODBYE, then it shuts
+    // the write side): a leader writing after it would fail the connection.
+    let rig = Rig::with_capacity(1 << 20);
+    rig.peer
+        .session(|s, now| s.begin_close(now + Duration::from_secs(60)));
+    let acked = lead_and_see_ack(&rig, Duration::from_millis(300));
+    assert_eq!(acked, None, "left to the writer (there is none here)");
 }
