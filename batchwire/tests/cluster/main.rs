@@ -269,7 +269,11 @@ fn stalled_mailbox_applies_backpressure_and_loses_nothing() {
     assert!(accepted < 100, "accepted {accepted}");
     let st = nodes[0].stats();
     assert!(st.peers[0].credit_stalls > 0, "{:?}", st.peers[0]);
-    assert!(st.peers[0].queue_high_water < 64 << 10);
+    // The queue holds at most what the credit admits: below 64 KiB, plus the message
+    // that crossed it, all of it if the writer was not scheduled meanwhile (a loaded
+    // machine: 65 messages of 1000 B queued before it ran, once in the full suite).
+    let hw = st.peers[0].queue_high_water;
+    assert!(hw < (64 << 10) + 1100, "queue high water {hw}");
     // Now drain: everything accepted arrives, in order.
     let mut next = 0;
     while next < accepted {
