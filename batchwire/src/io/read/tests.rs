@@ -504,14 +504,36 @@ fn the_reader_reads_beside_a_leader_that_is_behind() {
     let _ = rig.join();
 }
 
+/// Tries to lead go on without a pause (for at most 3 s) while `before` runs and the
+/// reader thread is joined: it must end, and soon (it alone tears a connection down).
+fn ends_while_tries_go_on(mut rig: Rig, before: impl FnOnce(&Rig)) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let conn = rig.conn.clone();
+    let (r, took) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let t0 = Instant::now();
+            while !stop.load(Relaxed) && t0.elapsed() < Duration::from_secs(3) {
+                conn.lead_tries.fetch_add(1, Relaxed);
+                std::thread::yield_now();
+            }
+        });
+        before(&rig);
+        let t0 = Instant::now();
+        let r = rig.join();
+        stop.store(true, Relaxed);
+        (r, t0.elapsed())
+    });
+    assert!(r.is_err(), "it ended: {r:?}");
+    assert!(took < Duration::from_millis(1500), "after {took:?}");
+}
+
 #[test]
 fn a_connection_a_leader_found_over_is_torn_down_while_threads_keep_trying_to_lead() {
     let rig = Rig::new();
     // A receiver leads and keeps up; then the peer closes the connection: the leader
-    // reads the end and leaves it to the reader thread, which alone tears the
-    // connection down. Receivers go on trying to lead meanwhile (each try fails at
-    // once on a connection that is over): the reader thread must not stand aside for
-    // them.
+    // reads the end and leaves it to the reader thread. Receivers go on trying to lead
+    // meanwhile (each try fails at once on a connection that is over): the reader
+    // thread must not stand aside for them.
     rig.conn.led_drained.store(true, Relaxed);
     let theirs = rig.theirs.try_clone().unwrap();
     let closer = std::thread::spawn(move || {
@@ -524,51 +546,18 @@ fn a_connection_a_leader_found_over_is_torn_down_while_threads_keep_trying_to_le
         "it led until the end"
     );
     closer.join().unwrap();
-    let mut rig = rig;
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let conn = rig.conn.clone();
-    let ended = std::thread::scope(|s| {
-        s.spawn(|| {
-            let t0 = Instant::now();
-            while !stop.load(Relaxed) && t0.elapsed() < Duration::from_secs(3) {
-                conn.lead_tries.fetch_add(1, Relaxed);
-                std::thread::yield_now();
-            }
-        });
-        let t0 = Instant::now();
-        let r = rig.join();
-        stop.store(true, Relaxed);
-        (r, t0.elapsed())
-    });
-    assert!(ended.0.is_err(), "it ended: {:?}", ended.0);
-    assert!(ended.1 < Duration::from_millis(1500), "after {:?}", ended.1);
+    ends_while_tries_go_on(rig, |_| {});
 }
 
 #[test]
 fn the_reader_does_not_stand_aside_for_a_closed_connection() {
-    let mut rig = Rig::new();
-    // Leads keep coming, but the connection is closed: the reader thread tears it down
-    // (it alone does) rather than sleep on.
+    let rig = Rig::new();
+    // Tries keep coming after a leader that kept up, but the connection is closed.
     rig.conn.led_drained.store(true, Relaxed);
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let conn = rig.conn.clone();
-    let ended = std::thread::scope(|s| {
-        s.spawn(|| {
-            let t0 = Instant::now();
-            while !stop.load(Relaxed) && t0.elapsed() < Duration::from_secs(3) {
-                conn.lead_tries.fetch_add(1, Relaxed);
-                std::thread::yield_now();
-            }
-        });
+    ends_while_tries_go_on(rig, |rig| {
         std::thread::sleep(Duration::from_millis(5));
         rig.conn.close();
-        let t0 = Instant::now();
-        let r = rig.join();
-        stop.store(true, Relaxed);
-        (r, t0.elapsed())
     });
-    assert!(ended.0.is_err(), "it ended: {:?}", ended.0);
-    assert!(ended.1 < Duration::from_millis(1500), "after {:?}", ended.1);
 }
 
 /// 40 messages of 1 KB (past IDLE_ACK_BYTES: once it has read them all, the socket
