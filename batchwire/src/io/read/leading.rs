@@ -120,9 +120,15 @@ impl Reader<'_> {
             // What the frames just acted on made due goes now: a leader reading on for
             // someone else's mailbox holds no acknowledgement back.
             control.flush();
+            // Counted as led only if it returned bytes (`read_once` also says true for an
+            // interrupted read and a look that found nothing): led reads are a share of
+            // `reads`, which the holder of the turn counts.
+            let reads = self.peer.stats.reads.load(Relaxed);
             match self.read_once(side, false) {
                 Ok(true) => {
-                    self.peer.stats.reads_led.fetch_add(1, Relaxed);
+                    if self.peer.stats.reads.load(Relaxed) != reads {
+                        self.peer.stats.reads_led.fetch_add(1, Relaxed);
+                    }
                     self.conn.led_drained.store(side.drained, Relaxed);
                 }
                 Ok(false) => {
