@@ -390,7 +390,8 @@ impl MailboxQueue {
         let mut g = self.lock();
         g.leading = false;
         // No push signals it any more (they look at `leading` under the lock): empty it
-        // if one did.
+        // if one did. (A caller asking for the turn, `Runtime::ask_for_turn`, signals
+        // without the mark; the next lead's first poll returns at once and empties it.)
         if std::mem::take(&mut g.signalled) {
             drain(wake);
         }
