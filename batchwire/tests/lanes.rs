@@ -519,12 +519,15 @@ fn a_peer_declared_down_while_a_message_to_it_is_in_pieces_gets_it_reported() {
         .peer_timeout(Duration::from_secs(3));
     let b = batchwire::Node::start(cfg).unwrap();
     let events = b.events();
+    // Made before a logs in: a is declared down 3 s after that, and filling 64 MiB took
+    // longer than that in a debug build on a loaded machine.
+    let big = payload(1, 64 << 20);
     let mut r = raw::login(b.local_addr(), "a", "b", 7);
     let _ = r.recv(T); // b's RESUME
     r.send(&Frame::Resume(Resume::FRESH));
     assert!(b.wait_for_peers(&["a"], T));
     let to = Address::new("a", "in").unwrap();
-    if let Err(e) = b.send(&to, payload(1, 64 << 20)) {
+    if let Err(e) = b.send(&to, big) {
         let evs: Vec<_> = events.try_iter().collect();
         panic!("{e}: {evs:?}");
     }
