@@ -26,6 +26,10 @@
 //!   way from the shared queue to a peer's window can still be missed: the charge is then
 //!   understated by at most that batch, which the limit's slack absorbs and the next SYNC
 //!   corrects; it is never overstated, so no sender stalls for good.
+//! - **A connection's grants and SYNC belong to it.** The receiver writes them only on its
+//!   current connection; the sender ignores those that come on a connection already
+//!   replaced, or older than the one whose SYNC it recounted last (a late one would give
+//!   bytes back twice, or recount after ACKs on the successor emptied the window).
 //! - **Values from the peer are checked**: a grant for more than was charged is clamped and
 //!   counted ([`SendCredit::mismatched`]); entries are bounded in number.
 

@@ -36,6 +36,7 @@ use batchwire_core::credit::SendCredit;
 use batchwire_core::frame::{self, Frame, Message, message_len};
 use batchwire_core::idle::{self, IdleStep, IdleStrategy};
 use batchwire_core::outbox::{Batch, Dest, Outbox};
+use batchwire_core::session::ConnId;
 use bytes::{Bytes, BytesMut};
 
 use crate::config::NodeConfig;
@@ -102,6 +103,9 @@ struct Inner {
     outbox: Outbox,
     bulk: BulkQueue,
     credit: SendCredit,
+    /// The connection whose SYNC last recounted `credit`: grants and SYNCs that came on
+    /// an earlier one are stale (the recount already left out what they give back).
+    synced_on: Option<ConnId>,
     /// Ordinary messages queued toward the peer, and numbered (or failed), ever: a bulk
     /// message waits until every ordinary one queued before it was taken.
     pushed: u64,
@@ -218,6 +222,7 @@ impl Lane {
                     .by_reference(cfg.by_reference),
                 bulk: BulkQueue::default(),
                 credit: SendCredit::default(),
+                synced_on: None,
                 pushed: 0,
                 taken: 0,
                 closed: false,

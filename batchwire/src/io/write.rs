@@ -334,8 +334,13 @@ fn write_pending(
     control.clear();
     let u = peer.session(|s, now| {
         // The SYNC and grants go before the ACKs, taken in the same session turn: an ACK
-        // beyond a SYNC's snapshot never overtakes it (see `Flow::snapshot`).
-        peer.flow.take_output(control);
+        // beyond a SYNC's snapshot never overtakes it (see `Flow::snapshot`). Only on the
+        // current connection: a SYNC snapshot for a successor, taken by a writer still
+        // holding the replaced one, was lost with it (and the successor's credit never
+        // recounted).
+        if s.current() == Some(c.id) {
+            peer.flow.take_output(control);
+        }
         while let Some(f) = s.poll_control(now, c.id) {
             f.encode(control);
         }

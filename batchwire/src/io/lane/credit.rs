@@ -71,22 +71,31 @@ impl Lane {
         }
     }
 
-    /// The peer gave credit back.
-    pub fn grant(&self, grants: &[(Name, u64)]) {
+    /// The peer gave credit back, in a CREDIT that came on connection `on`. Grants on a
+    /// connection older than the one whose SYNC was recounted last are ignored: the peer
+    /// took them before that SYNC's snapshot, which already left them out. (Checked here,
+    /// under the lock the recount takes: a reader that checked its connection was current
+    /// could apply them just after a successor's recount.)
+    pub fn grant(&self, on: ConnId, grants: &[(Name, u64)]) {
         let mut g = self.lock();
+        if g.synced_on.is_some_and(|s| on < s) {
+            return;
+        }
         for (name, bytes) in grants {
             g.credit.grant(name.as_bytes(), *bytes);
         }
         self.room_freed(&mut g);
     }
 
-    /// The peer's SYNC: add what this lane still has queued to `totals` (each mailbox's
+    /// The peer's SYNC, which came on connection `on`: add what this lane still has queued to `totals` (each mailbox's
     /// charge held at the peer and in flight, which the caller summed), and make that the
     /// credit's account. `dest` is the peer's tag in the outbox.
     /// Returns false (and does nothing) if the writer moved anything since `moves` was
-    /// read ([`Lane::moves`]): the caller counts the window again.
+    /// read ([`Lane::moves`]): the caller counts the window again. A SYNC on a connection
+    /// older than the last recount's is stale: ignored (returns true).
     pub fn sync_credit(
         &self,
+        on: ConnId,
         moves: Option<u64>,
         dest: Dest,
         window: u64,
@@ -94,9 +103,13 @@ impl Lane {
         totals: &mut NameMap<u64>,
     ) -> bool {
         let mut g = self.lock();
+        if g.synced_on.is_some_and(|s| on < s) {
+            return true;
+        }
         if moves.is_some_and(|m| m != self.moves()) {
             return false;
         }
+        g.synced_on = Some(on);
         let Inner { outbox, bulk, .. } = &mut *g;
         // `totals` holds the peer's figures: they may be anything.
         let mut add = |to: &Name, b: u64| {

@@ -22,9 +22,27 @@ fn lane(kind: BundlerKind, cap: usize) -> (Lane, Box<dyn Bundler>) {
     (Lane::new(cfg(cap), b.as_ref()), b)
 }
 
+/// The `n`th connection id a session hands out (1, 2, ...).
+fn conn_id(n: u64) -> ConnId {
+    use batchwire_core::session::{Session, SessionConfig};
+    let now = Instant::now();
+    let mut s = Session::new(SessionConfig::default(), now);
+    for _ in 1..n {
+        let _ = s.handle_connect(now, 1);
+    }
+    s.handle_connect(now, 1).0
+}
+
 /// The peer's SYNC announced a window too large to matter.
 fn open_credit(l: &Lane) {
-    l.sync_credit(None, 0, 1 << 40, 1 << 40, &mut NameMap::default());
+    l.sync_credit(
+        conn_id(1),
+        None,
+        0,
+        1 << 40,
+        1 << 40,
+        &mut NameMap::default(),
+    );
 }
 
 fn push_to(l: &Lane, to: &'static str, p: Bytes, bulk: bool, block: bool) -> Result<(), PushError> {
@@ -208,8 +226,41 @@ fn used_up_credit_holds_back_only_its_mailbox() {
     let l2 = l.clone();
     let t = std::thread::spawn(move || push_to(&l2, "slow", Bytes::from_static(b"x"), false, true));
     std::thread::sleep(Duration::from_millis(20));
-    l.grant(&[(Name::from_static("slow"), window)]);
+    l.grant(conn_id(1), &[(Name::from_static("slow"), window)]);
     assert_eq!(t.join().unwrap(), Ok(()));
+}
+
+/// Grants and SYNCs that came on a connection older than the one whose SYNC was
+/// recounted last are stale: the peer took those grants before the snapshot that SYNC
+/// carried, so applying them after its recount would give the same bytes back twice.
+/// (A reader that checked its connection was current, then was preempted while the
+/// successor's SYNC was recounted, did just that under load.)
+#[test]
+fn grants_and_syncs_from_a_replaced_connection_after_a_recount_are_ignored() {
+    let (l, _) = lane(BundlerKind::Natural, 1 << 30);
+    let (c1, c2) = (conn_id(1), conn_id(2));
+    let to = Name::from_static("m");
+    let sync = |on, held: u64| {
+        let mut totals = NameMap::default();
+        totals.insert(to.clone(), held);
+        assert!(l.sync_credit(on, None, 0, 1 << 20, 1 << 20, &mut totals));
+    };
+    let outstanding = || l.lock().credit.outstanding(to.as_bytes());
+    sync(c1, 5000);
+    // On the current connection before the recount: applied (the recount then sets the
+    // figure anew).
+    l.grant(c1, &[(to.clone(), 1000)]);
+    assert_eq!(outstanding(), 4000);
+    sync(c2, 3000);
+    assert_eq!(outstanding(), 3000);
+    // Late, from the replaced connection: ignored, not subtracted again.
+    l.grant(c1, &[(to.clone(), 1000)]);
+    sync(c1, 100);
+    assert_eq!(outstanding(), 3000);
+    assert_eq!(l.credit_mismatched(), 0);
+    // On the current one: applied.
+    l.grant(c2, &[(to.clone(), 1000)]);
+    assert_eq!(outstanding(), 2000);
 }
 
 /// Senders blocked on credit, all for one mailbox (woken one at a time, each passing
@@ -243,7 +294,7 @@ fn senders_blocked_on_credit_are_all_woken_as_it_comes_back() {
             std::thread::sleep(Duration::from_millis(2));
             // A quarter window back to each mailbox: only some senders can go.
             for to in ["a", "b"] {
-                l.grant(&[(Name::from_static(to), window / 4)]);
+                l.grant(conn_id(1), &[(Name::from_static(to), window / 4)]);
             }
         }
         assert_eq!(done.load(Ordering::SeqCst), 16, "senders still blocked");

@@ -20,12 +20,20 @@ impl Reader<'_> {
             }
             Frame::Credit(c) => {
                 // Grants written on a connection that was replaced are stale: the SYNC on
-                // its successor recounts them.
+                // its successor recounts them (the lane checks again, atomically with
+                // that recount).
                 if peer.session(|s, _| s.current() == Some(id)) {
-                    peer.lane.grant(&c.grants);
+                    peer.lane.grant(id, &c.grants);
                 }
             }
-            Frame::Sync(sy) => self.recount(sy),
+            // Likewise a SYNC: its successor begins with one of its own. Recounted
+            // late, after ACKs on the successor took messages out of the window, it
+            // would leave them out of the charge.
+            Frame::Sync(sy) => {
+                if peer.session(|s, _| s.current() == Some(id)) {
+                    self.recount(sy);
+                }
+            }
             Frame::Undeliverable(u) => {
                 peer.stats
                     .undeliverable_reported
@@ -103,10 +111,14 @@ impl Reader<'_> {
                 })
             });
             let check = (tries < 1000).then_some(moves);
-            if peer
-                .lane
-                .sync_credit(check, peer.id, sy.window, sy.max_payload, &mut totals)
-            {
+            if peer.lane.sync_credit(
+                self.conn.id,
+                check,
+                peer.id,
+                sy.window,
+                sy.max_payload,
+                &mut totals,
+            ) {
                 return;
             }
         }

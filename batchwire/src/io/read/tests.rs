@@ -312,3 +312,45 @@ fn cut_off_in_place(cut: usize) {
 }
 
 mod leading;
+
+/// A SYNC that comes on a connection after it was replaced is not recounted: the
+/// successor begins with a SYNC of its own, and one recounted late (after ACKs on the
+/// successor took messages out of the window) would leave those out of the charge.
+#[test]
+fn a_sync_on_a_replaced_connection_is_ignored() {
+    let mut rig = Rig::new();
+    let sync = |window| {
+        let mut out = Vec::new();
+        Frame::Sync(batchwire_core::frame::Sync {
+            next: 0,
+            window,
+            max_payload: 1 << 20,
+            held: Vec::new(),
+        })
+        .encode(&mut out);
+        out
+    };
+    rig.theirs.write_all(&sync(5555)).unwrap();
+    let t0 = Instant::now();
+    while rig.peer.lane.credit_window() != 5555 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        rig.peer.lane.credit_window(),
+        5555,
+        "recounted while current"
+    );
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let _other = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    testing::connect(&rig.peer, Link::Plain(l.accept().unwrap().0));
+    // Then a message: a replaced connection's reader ends at its first delivery.
+    let mut late = sync(7777);
+    late.extend(inbox_frame(0));
+    rig.theirs.write_all(&late).unwrap();
+    assert!(matches!(rig.join(), Err(LinkError::Replaced)));
+    assert_eq!(
+        rig.peer.lane.credit_window(),
+        5555,
+        "a stale SYNC was recounted"
+    );
+}

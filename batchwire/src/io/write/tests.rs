@@ -180,3 +180,24 @@ fn a_due_ack_goes_out_although_the_window_is_full_and_goodbye_comes_last() {
     writer.join().unwrap();
     assert_eq!(peer.stats.send_failed.load(Relaxed), 20);
 }
+
+/// A writer still holding a replaced connection leaves the SYNC (and grants) for the
+/// current one: taken for the replaced one, the SYNC its successor must begin with was
+/// lost with it, and the peer's credit for this node was never recounted.
+#[test]
+fn a_sync_is_written_only_on_the_current_connection() {
+    let (peer, _theirs1) = connected_peer(SessionConfig::default());
+    let old = peer.current().unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (mut theirs2, _) = l.accept().unwrap();
+    let new = testing::connect(&peer, Link::Plain(ours));
+    assert_ne!(old.id, new.id);
+    peer.flow.snapshot(0);
+    peer.flow.wake_writer();
+    let _turn = peer.try_write_turn().unwrap();
+    write_pending(&peer, &old, None, &mut Vec::new(), Mode::Wait);
+    write_pending(&peer, &new, None, &mut Vec::new(), Mode::Wait);
+    let got = read_until(&mut theirs2, |f| matches!(f, Frame::Sync(_)));
+    assert!(matches!(got[0], Frame::Sync(_)), "{got:?}");
+}
