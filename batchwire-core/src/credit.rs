@@ -26,10 +26,14 @@
 //!   way from the shared queue to a peer's window can still be missed: the charge is then
 //!   understated by at most that batch, which the limit's slack absorbs and the next SYNC
 //!   corrects; it is never overstated, so no sender stalls for good.
-//! - **A connection's grants and SYNC belong to it.** The receiver writes them only on its
-//!   current connection; the sender ignores those that come on a connection already
-//!   replaced, or older than the one whose SYNC it recounted last (a late one would give
-//!   bytes back twice, or recount after ACKs on the successor emptied the window).
+//! - **A SYNC belongs to its connection.** The receiver writes a SYNC only on the
+//!   connection whose reader took it, and grants only on its current connection; the
+//!   sender recounts only for a SYNC on its current connection whose `next` its window
+//!   still holds from, and ignores grants and SYNCs from a connection older than the one
+//!   it recounted last. (A SYNC taken for one connection and written on the next said
+//!   where credit stood before what the first delivered since, which the successor's
+//!   RESUME had taken out of the window: the recount left it out, and the grants for it
+//!   exceeded the charge.)
 //! - **Values from the peer are checked**: a grant for more than was charged is clamped and
 //!   counted ([`SendCredit::mismatched`]); entries are bounded in number.
 

@@ -298,10 +298,19 @@ impl Session {
         self.recv.next()
     }
 
-    /// Call `f(mailbox, charge)` for every message (and piece) held from sequence number
-    /// `from` on (a credit recount: see `credit`).
-    pub fn charges_from(&self, from: u64, f: impl FnMut(&Name, u64)) {
-        self.send.charges_from(from, f)
+    /// For a credit recount after a SYNC as of message `from` that came on connection
+    /// `on` (see `credit`): call `f(mailbox, charge)` for every message (and piece) held
+    /// from `from` on, and return true. Returns false, and calls nothing, if `on` is no
+    /// longer current or (reliable) the window no longer holds everything from `from` on
+    /// (a RESUME or an ACK beyond `from` took some out): that SYNC is stale, and counting
+    /// it would leave out what was taken out.
+    pub fn charges_from(&self, on: ConnId, from: u64, f: impl FnMut(&Name, u64)) -> bool {
+        // Unsequenced, the window keeps nothing once written: nothing to miss there.
+        if !self.is_current(on) || (self.cfg.reliable && from < self.send.base()) {
+            return false;
+        }
+        self.send.charges_from(from, f);
+        true
     }
 
     /// Whether a delivery is in progress (between `begin_delivery` and `end_delivery`).

@@ -176,7 +176,14 @@ impl Peer {
         for (name, h) in &sy.held {
             add(name, *h);
         }
-        self.s.charges_from(sy.next, &mut add);
+        // Bytes come off the current connection only; a SYNC behind what the window
+        // still holds (a RESUME or ACK beyond it) would leave that out: ignored.
+        let Some(on) = self.s.current() else {
+            return;
+        };
+        if !self.s.charges_from(on, sy.next, &mut add) {
+            return;
+        }
         self.outbox.charges(0, &mut add);
         self.bulk.charges(&mut add);
         self.credit.sync(sy.window, sy.max_payload, &totals);

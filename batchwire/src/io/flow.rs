@@ -14,13 +14,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use batchwire_core::codec::Name;
 use batchwire_core::credit::{FlowError, RecvCredit};
 use batchwire_core::frame::{Frame, Sync};
+use batchwire_core::session::ConnId;
 
 use crate::io::lane::Lane;
 
 struct Inner {
     credit: RecvCredit,
-    /// The SYNC to send first (the latest snapshot replaces an unsent one).
-    sync: Option<Sync>,
+    /// The SYNC to send first (the latest snapshot replaces an unsent one), and the
+    /// connection whose reader took it: it is written on that connection or not at all.
+    sync: Option<(ConnId, Sync)>,
 }
 
 /// A peer's receive-side credit.
@@ -98,10 +100,15 @@ impl Flow {
     /// turn in which it read `next`: the writer takes the SYNC in the session turn in which
     /// it takes its ACKs ([`Flow::take_output`]), so no ACK beyond `next` is written before
     /// this SYNC, and the peer still holds every message from `next` on when it recounts.
-    pub fn snapshot(&self, next: u64) {
+    ///
+    /// The SYNC belongs to connection `on`, whose reader took it: written on a successor
+    /// (the writer missed `on`), it would say where credit stood before what was delivered
+    /// on `on` since, which the peer's window no longer holds after the successor's
+    /// RESUME, and the peer's recount would leave that out.
+    pub fn snapshot(&self, on: ConnId, next: u64) {
         let mut g = self.lock();
         let s = g.credit.snapshot(next, self.max_payload);
-        g.sync = Some(s);
+        g.sync = Some((on, s));
     }
 
     /// Wake the peer's writer: a SYNC is waiting.
@@ -115,14 +122,17 @@ impl Flow {
         self.lock().credit.held(mailbox)
     }
 
-    /// The writer's part: encode the SYNC (if one is due) and the grants into `out`.
-    pub fn take_output(&self, out: &mut Vec<u8>) {
+    /// The writer's part, for connection `on`: encode the SYNC (if one is due) and the
+    /// grants into `out`. A SYNC taken for another connection is dropped: that one is
+    /// over (`on` is current), and `on` has (or will have) a SYNC of its own.
+    pub fn take_output(&self, on: ConnId, out: &mut Vec<u8>) {
         if !self.output.swap(false, Ordering::AcqRel) {
             return;
         }
         let mut g = self.lock();
-        if let Some(s) = g.sync.take() {
-            Frame::Sync(s).encode(out);
+        match g.sync.take() {
+            Some((c, s)) if c == on => Frame::Sync(s).encode(out),
+            _ => {}
         }
         while let Some(c) = g.credit.take_grants() {
             Frame::Credit(c).encode(out);

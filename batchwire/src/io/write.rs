@@ -339,7 +339,7 @@ fn write_pending(
         // holding the replaced one, was lost with it (and the successor's credit never
         // recounted).
         if s.current() == Some(c.id) {
-            peer.flow.take_output(control);
+            peer.flow.take_output(c.id, control);
         }
         while let Some(f) = s.poll_control(now, c.id) {
             f.encode(control);

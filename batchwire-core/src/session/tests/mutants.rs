@@ -403,3 +403,55 @@ fn unwritten_is_empty_exactly_when_nothing_is_to_be_written() {
     s.mark_written(t0, id, u.generation, *u.ends.last().unwrap());
     assert!(s.unwritten(id).is_empty());
 }
+
+/// A credit recount counts the window only for a SYNC on the current connection whose
+/// `next` the window still holds from: after an ACK (or a RESUME) beyond `next` took
+/// messages out, counting from `next` would leave them out of the charge (a SYNC its
+/// receiver took for the previous connection and wrote on this one did that).
+#[test]
+fn a_recount_counts_only_for_the_current_connection_and_from_what_the_window_holds() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    for k in 0..3 {
+        hold(&mut s, k..k + 1);
+    }
+    let count = |s: &Session, on, from| {
+        let mut n = 0;
+        s.charges_from(on, from, |_, b| n += b).then_some(n)
+    };
+    let all = count(&s, id, 0).unwrap();
+    assert!(all > 0);
+    let u = s.unwritten(id);
+    s.mark_written(t0, id, u.generation, *u.ends.last().unwrap());
+    assert_eq!(s.handle_ack(t0, id, 1).unwrap(), 1);
+    assert_eq!(
+        count(&s, id, 0),
+        None,
+        "the window no longer holds message 0"
+    );
+    let rest = count(&s, id, 1).unwrap();
+    assert!(rest > 0 && rest < all, "{rest} of {all}");
+    assert_eq!(count(&s, id, 3), Some(0));
+    let (id2, _) = connect(&mut s, &mut peer, t0);
+    assert_eq!(count(&s, id, 1), None, "a replaced connection");
+    assert_eq!(count(&s, id2, 1), Some(rest));
+}
+
+/// Unsequenced, the window keeps nothing once written, so a recount is never stale for
+/// that reason (a SYNC ignored there left the sender on the initial window for good).
+#[test]
+fn an_unsequenced_recount_is_not_stale_for_what_was_written() {
+    let t0 = Instant::now();
+    let c = SessionConfig {
+        reliable: false,
+        ..cfg()
+    };
+    let (mut s, mut peer) = (Session::new(c.clone(), t0), Session::new(c, t0));
+    let (id, _) = connect(&mut s, &mut peer, t0);
+    hold(&mut s, 0..3);
+    let u = s.unwritten(id);
+    s.mark_written(t0, id, u.generation, *u.ends.last().unwrap());
+    assert!(s.charges_from(id, 0, |_, _| {}));
+}

@@ -26,14 +26,9 @@ impl Reader<'_> {
                     peer.lane.grant(id, &c.grants);
                 }
             }
-            // Likewise a SYNC: its successor begins with one of its own. Recounted
-            // late, after ACKs on the successor took messages out of the window, it
-            // would leave them out of the charge.
-            Frame::Sync(sy) => {
-                if peer.session(|s, _| s.current() == Some(id)) {
-                    self.recount(sy);
-                }
-            }
+            // A SYNC on a replaced connection, or behind what the window holds, is stale
+            // (see `recount`).
+            Frame::Sync(sy) => self.recount(sy),
             Frame::Undeliverable(u) => {
                 peer.stats
                     .undeliverable_reported
@@ -83,6 +78,10 @@ impl Reader<'_> {
     /// The peer's SYNC: recount each of its mailboxes' charges as held there, plus what
     /// this node has in flight from the SYNC's `next` on, plus what is still queued (the
     /// window, then the lane, counted again if the writer moved anything between them).
+    /// A stale SYNC is ignored: one on a connection no longer current, or as of a message
+    /// the window no longer holds (its receiver took it for an earlier connection; the
+    /// RESUME since took out what came after it). Counted, it would leave that out, and
+    /// the peer's grants for it would exceed the charge.
     pub(super) fn recount(&self, sy: Sync) {
         let peer = self.peer;
         let mut held: NameMap<u64> = NameMap::default();
@@ -104,12 +103,16 @@ impl Reader<'_> {
                 continue;
             }
             let mut totals = held.clone();
-            peer.session(|s, _| {
-                s.charges_from(sy.next, |to, b| {
+            let current = peer.session(|s, _| {
+                s.charges_from(self.conn.id, sy.next, |to, b| {
                     let e = totals.entry(to.clone()).or_default();
                     *e = e.saturating_add(b);
                 })
             });
+            if !current {
+                tracing::debug!(peer = %peer.name, next = sy.next, "stale SYNC ignored (its connection was replaced, or the window moved past it)");
+                return;
+            }
             let check = (tries < 1000).then_some(moves);
             if peer.lane.sync_credit(
                 self.conn.id,

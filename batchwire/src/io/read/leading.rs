@@ -187,7 +187,7 @@ impl Reader<'_> {
     /// `Flow::snapshot`).
     pub(super) fn take_snapshot(&self) {
         let peer = self.peer;
-        peer.session(|s, _| peer.flow.snapshot(s.recv_next()));
+        peer.session(|s, _| peer.flow.snapshot(self.conn.id, s.recv_next()));
         peer.flow.wake_writer();
     }
 }

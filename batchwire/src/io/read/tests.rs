@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 /// Decode the frames the writer would send for the flow.
 fn flow_output(peer: &Peer) -> Vec<Frame> {
     let mut out = Vec::new();
-    peer.flow.take_output(&mut out);
+    let on = peer
+        .session(|s, _| s.current())
+        .expect("a current connection");
+    peer.flow.take_output(on, &mut out);
     let mut b = BytesMut::from(&out[..]);
     std::iter::from_fn(|| frame::decode(&mut b, 1 << 20).unwrap()).collect()
 }

@@ -193,11 +193,38 @@ fn a_sync_is_written_only_on_the_current_connection() {
     let (mut theirs2, _) = l.accept().unwrap();
     let new = testing::connect(&peer, Link::Plain(ours));
     assert_ne!(old.id, new.id);
-    peer.flow.snapshot(0);
+    peer.flow.snapshot(new.id, 0);
     peer.flow.wake_writer();
     let _turn = peer.try_write_turn().unwrap();
     write_pending(&peer, &old, None, &mut Vec::new(), Mode::Wait);
     write_pending(&peer, &new, None, &mut Vec::new(), Mode::Wait);
     let got = read_until(&mut theirs2, |f| matches!(f, Frame::Sync(_)));
     assert!(matches!(got[0], Frame::Sync(_)), "{got:?}");
+}
+
+/// A SYNC its reader took for a connection that was replaced before the writer wrote it is
+/// not written on the successor: it says where credit stood before what was delivered on
+/// the old connection since, which the peer's window no longer holds after the
+/// successor's RESUME (its recount would leave that out). Grants still go; the
+/// successor's own SYNC follows.
+#[test]
+fn a_sync_taken_for_a_replaced_connection_is_not_written_on_its_successor() {
+    let (peer, _theirs1) = connected_peer(SessionConfig::default());
+    let old = peer.current().unwrap();
+    peer.flow.snapshot(old.id, 0);
+    peer.flow.wake_writer();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (mut theirs2, _) = l.accept().unwrap();
+    let new = testing::connect(&peer, Link::Plain(ours));
+    let _turn = peer.try_write_turn().unwrap();
+    write_pending(&peer, &new, None, &mut Vec::new(), Mode::Wait);
+    peer.flow.snapshot(new.id, 7);
+    peer.flow.wake_writer();
+    write_pending(&peer, &new, None, &mut Vec::new(), Mode::Wait);
+    let got = read_until(&mut theirs2, |f| matches!(f, Frame::Sync(_)));
+    assert!(
+        matches!(&got[..], [Frame::Sync(s)] if s.next == 7),
+        "only the successor's own SYNC: {got:?}"
+    );
 }
