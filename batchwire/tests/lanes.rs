@@ -550,3 +550,50 @@ fn a_peer_declared_down_while_a_message_to_it_is_in_pieces_gets_it_reported() {
     assert!(t0.elapsed() < Duration::from_secs(30));
     drop(r);
 }
+
+/// A member that went bad gives back far more credit than it was charged, for a mailbox
+/// it was sent to and for one it never was: the grants are clamped (never below zero,
+/// never more room than the window), counted in `credit_mismatched`, and the node goes on
+/// sending to it within its window.
+#[test]
+fn forged_grants_beyond_the_charge_are_clamped_and_counted() {
+    use batchwire_core::codec::Name;
+    use batchwire_core::frame::{Credit, Frame, Resume};
+    let [addr, nowhere] = free_addrs(2)[..] else {
+        unreachable!()
+    };
+    let cfg = batchwire::NodeConfig::new("b", addr, SECRET)
+        .without_membership()
+        .peer("a", nowhere);
+    let b = batchwire::Node::start(cfg).unwrap();
+    let mut r = raw::login(b.local_addr(), "a", "b", 7);
+    let _ = r.recv(T); // b's RESUME
+    r.send(&Frame::Resume(Resume::FRESH));
+    assert!(b.wait_for_peers(&["a"], T));
+    let to = Address::new("a", "in").unwrap();
+    b.send(&to, payload(1, 1000)).unwrap();
+    r.send(&Frame::Credit(Credit {
+        grants: vec![
+            (Name::new("in").unwrap(), u64::MAX),
+            (Name::new("never").unwrap(), 1 << 40),
+        ],
+    }));
+    let deadline = Instant::now() + T;
+    while b.stats().peers[0].credit_mismatched == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let st = b.stats();
+    assert!(
+        st.peers[0].credit_mismatched >= 1 << 40,
+        "{}",
+        st.peers[0].credit_mismatched
+    );
+    // Still bound by the window: a raw peer that never reads or gives back real credit
+    // gets at most about a window's worth before sends to that mailbox are full.
+    let mut sent = 1u64;
+    while sent < 10_000 && b.try_send(&to, payload(sent, 1000)).is_ok() {
+        sent += 1;
+    }
+    assert!(sent < 10_000, "the window no longer holds anything back");
+    assert_eq!(st.peers[0].send_failed, 0);
+}

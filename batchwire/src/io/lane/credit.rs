@@ -76,20 +76,25 @@ impl Lane {
     /// took them before that SYNC's snapshot, which already left them out. (Checked here,
     /// under the lock the recount takes: a reader that checked its connection was current
     /// could apply them just after a successor's recount.)
-    pub fn grant(&self, on: ConnId, grants: &[(Name, u64)]) {
+    ///
+    /// Returns the bytes given back beyond what was charged (clamped and counted in
+    /// [`Lane::credit_mismatched`]): zero unless the peer misbehaves.
+    pub fn grant(&self, on: ConnId, grants: &[(Name, u64)]) -> u64 {
         let mut g = self.lock();
         if g.synced_on.is_some_and(|s| on < s) {
-            return;
+            return 0;
         }
+        let before = g.credit.mismatched();
         for (name, bytes) in grants {
             g.credit.grant(name.as_bytes(), *bytes);
         }
         self.room_freed(&mut g);
+        g.credit.mismatched() - before
     }
 
-    /// The peer's SYNC, which came on connection `on`: add what this lane still has queued to `totals` (each mailbox's
-    /// charge held at the peer and in flight, which the caller summed), and make that the
-    /// credit's account. `dest` is the peer's tag in the outbox.
+    /// The peer's SYNC, which came on connection `on`: add what this lane still has
+    /// queued to `totals` (each mailbox's charge held at the peer and in flight, which the
+    /// caller summed), and make that the credit's account. `dest` is the peer's tag in the outbox.
     /// Returns false (and does nothing) if the writer moved anything since `moves` was
     /// read ([`Lane::moves`]): the caller counts the window again. A SYNC on a connection
     /// older than the last recount's is stale: ignored (returns true).

@@ -259,8 +259,11 @@ fn grants_and_syncs_from_a_replaced_connection_after_a_recount_are_ignored() {
     assert_eq!(outstanding(), 3000);
     assert_eq!(l.credit_mismatched(), 0);
     // On the current one: applied.
-    l.grant(c2, &[(to.clone(), 1000)]);
+    assert_eq!(l.grant(c2, &[(to.clone(), 1000)]), 0);
     assert_eq!(outstanding(), 2000);
+    // Beyond the charge: clamped, and the excess said (the reader logs it) and counted.
+    assert_eq!(l.grant(c2, &[(to.clone(), 5000)]), 3000);
+    assert_eq!((outstanding(), l.credit_mismatched()), (0, 3000));
 }
 
 /// Senders blocked on credit, all for one mailbox (woken one at a time, each passing

@@ -23,7 +23,10 @@ impl Reader<'_> {
                 // its successor recounts them (the lane checks again, atomically with
                 // that recount).
                 if peer.session(|s, _| s.current() == Some(id)) {
-                    peer.lane.grant(id, &c.grants);
+                    let excess = peer.lane.grant(id, &c.grants);
+                    if excess > 0 {
+                        warn_limited!(peer = %peer.name, bytes = excess, "peer gave back more credit than this node charged to its mailboxes: clamped (counted in credit_mismatched)");
+                    }
                 }
             }
             // A SYNC on a replaced connection, or behind what the window holds, is stale
