@@ -21,7 +21,7 @@ use crate::io::lane::Lane;
 struct Inner {
     credit: RecvCredit,
     /// The SYNC to send first (the latest snapshot replaces an unsent one), and the
-    /// connection whose reader took it: it is written on that connection or not at all.
+    /// connection current when it was taken: written on that connection or not at all.
     sync: Option<(ConnId, Sync)>,
 }
 
@@ -101,7 +101,7 @@ impl Flow {
     /// it takes its ACKs ([`Flow::take_output`]), so no ACK beyond `next` is written before
     /// this SYNC, and the peer still holds every message from `next` on when it recounts.
     ///
-    /// The SYNC belongs to connection `on`, whose reader took it: written on a successor
+    /// The SYNC belongs to connection `on`, current when it was taken: written on a successor
     /// (the writer missed `on`), it would say where credit stood before what was delivered
     /// on `on` since, which the peer's window no longer holds after the successor's
     /// RESUME, and the peer's recount would leave that out.

@@ -22,6 +22,20 @@ impl Peer {
         old
     }
 
+    /// Take the snapshot for a SYNC as of what the session received, in the same session
+    /// turn (see `Flow::snapshot`), for the connection current then (none: nothing to
+    /// take; the next connection's reader takes one), and wake the writer. Whichever
+    /// connection's reader asks: one taken after a successor's RESUME is right for the
+    /// successor, and one taken before it is never written there.
+    pub fn snapshot_credit(&self) {
+        self.session(|s, _| {
+            if let Some(on) = s.current() {
+                self.flow.snapshot(on, s.recv_next());
+            }
+        });
+        self.flow.wake_writer();
+    }
+
     /// Whether the current connection is live, canonical (see `Conn::canonical`) and to
     /// the peer's `incarnation`.
     pub fn has_live_canonical(&self, incarnation: u64) -> bool {

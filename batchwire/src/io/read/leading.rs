@@ -183,12 +183,9 @@ impl Reader<'_> {
         }
     }
 
-    /// The snapshot, as of what the session received, in the same session turn (see
-    /// `Flow::snapshot`).
+    /// The snapshot (see `Peer::snapshot_credit`).
     pub(super) fn take_snapshot(&self) {
-        let peer = self.peer;
-        peer.session(|s, _| peer.flow.snapshot(self.conn.id, s.recv_next()));
-        peer.flow.wake_writer();
+        self.peer.snapshot_credit();
     }
 }
 

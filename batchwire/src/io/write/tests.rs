@@ -228,3 +228,20 @@ fn a_sync_taken_for_a_replaced_connection_is_not_written_on_its_successor() {
         "only the successor's own SYNC: {got:?}"
     );
 }
+
+/// A snapshot belongs to the connection current when it was taken, whichever reader asked
+/// for it: the replaced connection's reader taking one after the successor's RESUME (its
+/// start raced the successor's) must not leave the successor without a SYNC.
+#[test]
+fn a_snapshot_taken_after_a_replacement_goes_on_the_successor() {
+    let (peer, _theirs1) = connected_peer(SessionConfig::default());
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (mut theirs2, _) = l.accept().unwrap();
+    let new = testing::connect(&peer, Link::Plain(ours));
+    peer.snapshot_credit();
+    let _turn = peer.try_write_turn().unwrap();
+    write_pending(&peer, &new, None, &mut Vec::new(), Mode::Wait);
+    let got = read_until(&mut theirs2, |f| matches!(f, Frame::Sync(_)));
+    assert!(matches!(got[0], Frame::Sync(_)), "{got:?}");
+}
