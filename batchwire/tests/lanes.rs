@@ -499,6 +499,31 @@ fn many_senders_blocked_on_credit_survive_connection_breaks() {
     assert_eq!(st.peers[0].send_failed, 0);
 }
 
+/// Node "b", without membership, with a static peer "a" at an address where nothing
+/// listens (a raw connection plays a: [`raw_peer_a`]).
+fn node_b_with_peer_a(
+    tweak: impl FnOnce(batchwire::NodeConfig) -> batchwire::NodeConfig,
+) -> batchwire::Node {
+    let [addr, nowhere] = free_addrs(2)[..] else {
+        unreachable!()
+    };
+    let cfg = batchwire::NodeConfig::new("b", addr, SECRET)
+        .without_membership()
+        .peer("a", nowhere);
+    batchwire::Node::start(tweak(cfg)).unwrap()
+}
+
+/// Log in to `b` by hand as "a" (incarnation 7), resume from scratch, and wait until `b`
+/// has it up.
+fn raw_peer_a(b: &batchwire::Node) -> raw::Raw {
+    use batchwire_core::frame::{Frame, Resume};
+    let mut r = raw::login(b.local_addr(), "a", "b", 7);
+    let _ = r.recv(T); // b's RESUME
+    r.send(&Frame::Resume(Resume::FRESH));
+    assert!(b.wait_for_peers(&["a"], T));
+    r
+}
+
 /// A peer declared down while a large message to it is in pieces (some numbered into the
 /// window, the rest still queued): the message is reported failed, and the node goes on.
 /// The peer here logs in by hand and then neither reads nor answers. Declaring it down takes
@@ -508,24 +533,15 @@ fn many_senders_blocked_on_credit_survive_connection_breaks() {
 /// debug assertion now stops any such call).
 #[test]
 fn a_peer_declared_down_while_a_message_to_it_is_in_pieces_gets_it_reported() {
-    use batchwire_core::frame::{Frame, Resume};
-    let [addr, nowhere] = free_addrs(2)[..] else {
-        unreachable!()
-    };
-    let cfg = batchwire::NodeConfig::new("b", addr, SECRET)
-        .without_membership()
-        .peer("a", nowhere)
-        .heartbeat_interval(Duration::from_millis(200))
-        .peer_timeout(Duration::from_secs(3));
-    let b = batchwire::Node::start(cfg).unwrap();
+    let b = node_b_with_peer_a(|c| {
+        c.heartbeat_interval(Duration::from_millis(200))
+            .peer_timeout(Duration::from_secs(3))
+    });
     let events = b.events();
     // Made before a logs in: a is declared down 3 s after that, and filling 64 MiB took
     // longer than that in a debug build on a loaded machine.
     let big = payload(1, 64 << 20);
-    let mut r = raw::login(b.local_addr(), "a", "b", 7);
-    let _ = r.recv(T); // b's RESUME
-    r.send(&Frame::Resume(Resume::FRESH));
-    assert!(b.wait_for_peers(&["a"], T));
+    let r = raw_peer_a(&b);
     let to = Address::new("a", "in").unwrap();
     if let Err(e) = b.send(&to, big) {
         let evs: Vec<_> = events.try_iter().collect();
@@ -558,18 +574,9 @@ fn a_peer_declared_down_while_a_message_to_it_is_in_pieces_gets_it_reported() {
 #[test]
 fn forged_grants_beyond_the_charge_are_clamped_and_counted() {
     use batchwire_core::codec::Name;
-    use batchwire_core::frame::{Credit, Frame, Resume};
-    let [addr, nowhere] = free_addrs(2)[..] else {
-        unreachable!()
-    };
-    let cfg = batchwire::NodeConfig::new("b", addr, SECRET)
-        .without_membership()
-        .peer("a", nowhere);
-    let b = batchwire::Node::start(cfg).unwrap();
-    let mut r = raw::login(b.local_addr(), "a", "b", 7);
-    let _ = r.recv(T); // b's RESUME
-    r.send(&Frame::Resume(Resume::FRESH));
-    assert!(b.wait_for_peers(&["a"], T));
+    use batchwire_core::frame::{Credit, Frame};
+    let b = node_b_with_peer_a(|c| c);
+    let mut r = raw_peer_a(&b);
     let to = Address::new("a", "in").unwrap();
     b.send(&to, payload(1, 1000)).unwrap();
     r.send(&Frame::Credit(Credit {
