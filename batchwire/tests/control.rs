@@ -249,3 +249,67 @@ fn transfer_queue_one_stuck_peer_does_not_stall_the_others() {
     );
     drop(never_reads);
 }
+
+/// An idle peer costs no writer thread: a writer with nothing to write ends after a linger
+/// (2 s) while the connection stays up, and the ticker writes the heartbeats itself. So
+/// both nodes stay up through four peer timeouts with no writer, no writer starts for a
+/// heartbeat, and the next sends start one and arrive once, in order.
+#[test]
+fn an_idle_peer_has_no_writer_and_stays_up_on_the_tickers_heartbeats() {
+    let cfgs = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| {
+            c.mailbox("inbox")
+                .heartbeat_interval(Duration::from_millis(100))
+                .peer_timeout(Duration::from_millis(800))
+        })
+        .collect();
+    let nodes = start(cfgs);
+    let events: Vec<_> = nodes.iter().map(|n| n.events()).collect();
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let (to_a, to_b) = (
+        Address::new("a", "inbox").unwrap(),
+        Address::new("b", "inbox").unwrap(),
+    );
+    let (in_a, in_b) = (a.mailbox("inbox").unwrap(), b.mailbox("inbox").unwrap());
+    // One message each way: each node has a writer now.
+    a.send(&to_b, 0u64.to_le_bytes().to_vec()).unwrap();
+    b.send(&to_a, 0u64.to_le_bytes().to_vec()).unwrap();
+    let busy = [a.threads(), b.threads()];
+    assert_eq!(seq(&in_b.recv_timeout(T).unwrap().payload), 0);
+    assert_eq!(seq(&in_a.recv_timeout(T).unwrap().payload), 0);
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while (a.threads() >= busy[0] || b.threads() >= busy[1]) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let resting = [a.threads(), b.threads()];
+    assert!(
+        resting[0] < busy[0] && resting[1] < busy[1],
+        "the writers rest: threads {busy:?} -> {resting:?}"
+    );
+    let quiet_until = Instant::now() + Duration::from_millis(3200);
+    while Instant::now() < quiet_until {
+        let now = [a.threads(), b.threads()];
+        assert!(
+            now[0] <= resting[0] && now[1] <= resting[1],
+            "no writer starts for a heartbeat: {resting:?} -> {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(bad(&events[0]).is_empty(), "{:?}", bad(&events[0]));
+    assert!(bad(&events[1]).is_empty(), "{:?}", bad(&events[1]));
+    assert_eq!(a.connected_peers(), ["b"]);
+    assert_eq!(b.connected_peers(), ["a"]);
+
+    for i in 1..=1000u64 {
+        a.send(&to_b, i.to_le_bytes().to_vec()).unwrap();
+    }
+    for i in 1..=1000u64 {
+        assert_eq!(seq(&in_b.recv_timeout(T).unwrap().payload), i);
+    }
+    assert!(
+        in_b.recv_timeout(Duration::from_millis(50)).is_err(),
+        "once"
+    );
+}

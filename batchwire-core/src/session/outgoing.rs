@@ -76,6 +76,11 @@ impl Session {
         self.send.unwritten()
     }
 
+    /// Whether [`Session::unwritten`] has anything for connection `id`.
+    pub fn has_unwritten(&self, id: ConnId) -> bool {
+        self.is_current(id) && self.send.has_unwritten()
+    }
+
     /// What [`Session::unwritten`] of generation `generation` gave, up to (not including)
     /// sequence number `end`, was written on connection `id`.
     pub fn mark_written(&mut self, now: Instant, id: ConnId, generation: u64, end: u64) {

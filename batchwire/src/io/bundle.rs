@@ -25,7 +25,7 @@ pub(crate) fn run_bundler(
     let mut batch = Batch::default();
     loop {
         let epoch = lane.epoch();
-        match lane.next_batch(bundler.as_mut(), epoch, &mut batch, false) {
+        match lane.next_batch(bundler.as_mut(), epoch, &mut batch, false, None) {
             Next::Batch(reason) => {
                 for group in groups(&batch.frames) {
                     let frames = message_frames(&batch.buf, group);
@@ -42,7 +42,8 @@ pub(crate) fn run_bundler(
                     }
                 }
             }
-            Next::Wake => {}
+            // (No linger: this thread runs until shutdown.)
+            Next::Wake | Next::Idle => {}
             // Shutting down and drained: the writers finish on their own.
             Next::Drained => {
                 done.store(true, Ordering::Release);

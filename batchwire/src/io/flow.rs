@@ -89,6 +89,11 @@ impl Flow {
         !self.output.load(Ordering::Acquire) && self.lock().credit.is_settled()
     }
 
+    /// Whether a SYNC or grants wait for the writer.
+    pub fn has_output(&self) -> bool {
+        self.output.load(Ordering::Acquire)
+    }
+
     /// Whether a SYNC is asked for (the accounts overflowed).
     pub fn wants_sync(&self) -> bool {
         self.lock().credit.wants_sync()

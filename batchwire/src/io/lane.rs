@@ -65,6 +65,8 @@ pub(crate) enum Next {
     /// The writer was poked (control due, window room, connection changed, a piece to
     /// move); the batch is empty.
     Wake,
+    /// Nothing came for the writer's `linger` (see `write::run_writer`: it may end).
+    Idle,
 }
 
 /// What `push_direct` did with a message.
@@ -201,6 +203,9 @@ pub(crate) struct Lane {
     moves: AtomicU64,
     /// `Inner::epoch`, readable without the lock senders contend for (written under it).
     epoch: AtomicU64,
+    /// Called after every poke, without the lock: the peer starts its writer if none runs
+    /// (a writer may end while its connection is up and quiet, see `peer::demand`).
+    on_poke: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// How a lane is made.
@@ -253,7 +258,13 @@ impl Lane {
             blocked_ns: AtomicU64::new(0),
             credit_stalls: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
+            on_poke: std::sync::OnceLock::new(),
         }
+    }
+
+    /// What to call after every poke (set once, by the peer that owns the lane).
+    pub fn set_on_poke(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_poke.set(f);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -194,30 +194,38 @@ impl Peer {
         lane: Arc<Lane>,
         flow: Arc<Flow>,
     ) -> Arc<Peer> {
-        Arc::new_cyclic(|me| Peer {
-            id,
-            name,
-            ctx,
-            session: Mutex::new(session),
-            lane,
-            flow,
-            reassembly: Mutex::new((Reassembly::default(), 0)),
-            conn: Mutex::new(None),
-            write_turn: Mutex::new(()),
-            delivery: Mutex::new(()),
-            dispatching: Mutex::new(()),
-            state: AtomicU8::new(0),
-            window_full: AtomicBool::new(false),
-            bulk_room: AtomicBool::new(true),
-            room: Condvar::new(),
-            room_lock: Mutex::new(Wakers::default()),
-            notices: Mutex::new(Notices::default()),
-            has_notices: AtomicBool::new(false),
-            pinned: AtomicBool::new(false),
-            removed: AtomicBool::new(false),
-            stats: PeerCounters::default(),
-            me: me.clone(),
-            demand: Default::default(),
+        Arc::new_cyclic(|me: &std::sync::Weak<Peer>| {
+            let w = me.clone();
+            lane.set_on_poke(Box::new(move || {
+                if let Some(p) = w.upgrade() {
+                    p.writer_wanted();
+                }
+            }));
+            Peer {
+                id,
+                name,
+                ctx,
+                session: Mutex::new(session),
+                lane,
+                flow,
+                reassembly: Mutex::new((Reassembly::default(), 0)),
+                conn: Mutex::new(None),
+                write_turn: Mutex::new(()),
+                delivery: Mutex::new(()),
+                dispatching: Mutex::new(()),
+                state: AtomicU8::new(0),
+                window_full: AtomicBool::new(false),
+                bulk_room: AtomicBool::new(true),
+                room: Condvar::new(),
+                room_lock: Mutex::new(Wakers::default()),
+                notices: Mutex::new(Notices::default()),
+                has_notices: AtomicBool::new(false),
+                pinned: AtomicBool::new(false),
+                removed: AtomicBool::new(false),
+                stats: PeerCounters::default(),
+                me: me.clone(),
+                demand: Default::default(),
+            }
         })
     }
 
@@ -542,6 +550,11 @@ pub(crate) mod testing {
         let flow = Arc::new(Flow::new(1 << 20, 1 << 20, lane.clone()));
         let session = Session::new(cfg, Instant::now());
         Peer::new(0, Name::from_static("p"), ctx, session, lane, flow)
+    }
+
+    /// Give `peer` the hooks a node gives its peers (how writers start).
+    pub fn set_hooks(peer: &Peer, hooks: super::Hooks) {
+        assert!(peer.ctx.hooks.set(hooks).is_ok(), "hooks set once");
     }
 
     /// Connect `peer`'s session (both RESUMEs from scratch) over `link` and make it the

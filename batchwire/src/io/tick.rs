@@ -2,9 +2,16 @@
 //! session has (a delayed acknowledgement, a heartbeat, the failure detector, the shutdown
 //! deadline) or until someone sets an earlier one, then lets each due session handle it.
 //! An idle node wakes only for its heartbeats.
+//!
+//! The control frame a timer makes due (a heartbeat, a delayed acknowledgement) the ticker
+//! writes itself, without waiting, when no one else is writing to that plain TCP
+//! connection (`write::write_control_through`; what the socket does not take at once goes
+//! to the writer): so an idle peer needs no writer thread (see `write::run_writer`), and
+//! one that has one is not woken for it.
 
 use std::time::{Duration, Instant};
 
+use crate::io::peer::{Peer, control};
 use crate::io::peers::Peers;
 use crate::io::shutdown::Shutdown;
 use crate::io::timer::Timer;
@@ -17,16 +24,28 @@ pub(crate) fn run_ticker(peers: Peers, timer: Timer, shutdown: Shutdown) {
         timer.reset();
         let mut next: Option<Instant> = None;
         for p in peers.all() {
-            let t = p.session(|s, now| {
-                if s.poll_timeout().is_some_and(|t| t <= now) {
-                    s.handle_timeout(now);
-                }
-                s.poll_timeout()
-            });
-            if let Some(t) = t {
+            if let Some(t) = tick(&p) {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
         }
         timer.sleep_until(next, IDLE);
     }
+}
+
+/// Let `p`'s session handle its timers if due, and write the control they made due (see
+/// above). Returns the session's next deadline.
+pub(crate) fn tick(p: &Peer) -> Option<Instant> {
+    let outer = control::begin(p);
+    let t = p.session(|s, now| {
+        if s.poll_timeout().is_some_and(|t| t <= now) {
+            s.handle_timeout(now);
+        }
+        s.poll_timeout()
+    });
+    let due = control::take();
+    control::end(outer);
+    if due {
+        crate::io::write::write_control_through(p);
+    }
+    t
 }

@@ -51,9 +51,18 @@ pub(crate) struct WriterCfg {
 const IDLE: Duration = Duration::from_secs(60);
 /// After the shutdown deadline, how long a write to a peer that does not read may go on.
 const GRACE: Duration = Duration::from_secs(1);
+/// How long a writer with a quiet plain TCP connection waits for more before it ends (see
+/// [`run_writer`]).
+pub(crate) const LINGER: Duration = Duration::from_secs(2);
 
 /// While the peer has a connection or something queued (see `peer::demand`): write what
 /// is due, take more, sleep until poked.
+///
+/// **Resting**: on a plain TCP connection that is not closed for idleness (static peers,
+/// the mesh), a writer that found nothing to write for [`LINGER`] ends, connection or
+/// not: an idle peer costs no writer thread. Its heartbeats and delayed acknowledgements
+/// are written by the ticker that makes them due (without waiting, see `tick.rs`), and
+/// any poke of the lane starts a writer again (`Lane::set_on_poke`), as does a send.
 pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
     let mut bundler = cfg.bundler.as_ref().map(|b| b.build());
     let mut batch = Batch::default();
@@ -103,30 +112,57 @@ pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
             // a reconnect, or the deadline.
             if bundler.is_none() || peer.lane.is_empty() || peer.window_full() {
                 if !move_pieces(&peer) {
-                    wait(&peer, epoch, Some(deadline));
+                    wait(&peer, epoch, Some(deadline), None);
                 }
                 continue;
             }
         }
-        match bundler.as_mut() {
+        // May this writer rest once nothing comes for a while (see above)? With connections
+        // closed for idleness it stays, and looks at the idle time at least that often (the
+        // ticker writes the heartbeats that used to wake it).
+        let rests = conn
+            .as_ref()
+            .is_some_and(|c| cfg.idle_close.is_none() && c.link.writes_without_waiting());
+        let linger = match cfg.idle_close {
+            Some(after) if conn.is_some() => Some(after.clamp(Duration::from_millis(1), LINGER)),
+            _ => rests.then_some(LINGER),
+        };
+        let idle = match bundler.as_mut() {
             Some(b) if !peer.window_full() => {
                 match peer
                     .lane
-                    .next_batch(b.as_mut(), epoch, &mut batch, peer.bulk_room())
+                    .next_batch(b.as_mut(), epoch, &mut batch, peer.bulk_room(), linger)
                 {
                     Next::Batch(reason) => {
                         hold(&peer, &mut batch, reason);
                         peer.lane.end_move();
+                        false
                     }
+                    Next::Idle => true,
                     // Poked, a piece to move, or closed and empty (shutting down: the
                     // branch above goes on).
-                    Next::Wake | Next::Drained => {}
+                    Next::Wake | Next::Drained => false,
                 }
             }
             // The ordinary window is full, or transfer-queue (the bundler thread fills it):
             // only pieces to move, or wait for a poke.
-            _ if peer.bulk_room() && peer.lane.bulk_ready() => {}
-            _ => wait(&peer, epoch, None),
+            _ if peer.bulk_room() && peer.lane.bulk_ready() => false,
+            _ => !wait(&peer, epoch, None, linger),
+        };
+        // Rest: nothing to write on the connection, checked again after the flag is down
+        // (a poke meanwhile either sees the flag down and starts a writer, or made work
+        // this check sees).
+        if idle
+            && rests
+            && let Some(c) = &conn
+            && shutdown.deadline().is_none()
+            && peer.nothing_to_write(c)
+            && peer.writer_may_end(|| {
+                shutdown.deadline().is_some() || c.is_closed() || !peer.nothing_to_write(c)
+            })
+        {
+            debug!(peer = %peer.name, "writer rests (nothing to write)");
+            return;
         }
         move_pieces(&peer);
     }
@@ -206,15 +242,16 @@ fn move_pieces(peer: &Peer) -> bool {
     moved
 }
 
-/// Sleep until poked, or until the shutdown deadline if there is one.
-fn wait(peer: &Peer, epoch: u64, deadline: Option<Instant>) {
+/// Sleep until poked, or until the shutdown deadline if there is one (else `linger`, if
+/// given). Returns whether it was poked.
+fn wait(peer: &Peer, epoch: u64, deadline: Option<Instant>, linger: Option<Duration>) -> bool {
     let d = match deadline {
         Some(t) => t
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1)),
-        None => IDLE,
+        None => linger.unwrap_or(IDLE),
     };
-    peer.lane.wait_epoch(epoch, d);
+    peer.lane.wait_epoch(epoch, d)
 }
 
 /// Number a batch and hold it in the window (it is written next round; a large batch's

@@ -18,6 +18,10 @@ impl Lane {
         let mut g = self.lock();
         self.bump(&mut g);
         self.not_empty.notify_all();
+        drop(g);
+        if let Some(f) = self.on_poke.get() {
+            f();
+        }
     }
 
     /// The current epoch (no lock: the writer reads it once per round).
@@ -25,13 +29,15 @@ impl Lane {
         self.epoch.load(Ordering::Acquire)
     }
 
-    /// Wait until the epoch moves past `epoch` (a poke) or `d` passes.
-    pub fn wait_epoch(&self, epoch: u64, d: Duration) {
+    /// Wait until the epoch moves past `epoch` (a poke) or `d` passes. Returns whether it
+    /// moved.
+    pub fn wait_epoch(&self, epoch: u64, d: Duration) -> bool {
         let g = self.lock();
-        let _ = self
+        let (g, _) = self
             .not_empty
             .wait_timeout_while(g, d, |g| g.epoch == epoch)
             .unwrap_or_else(|p| p.into_inner());
+        g.epoch != epoch
     }
 
     /// Refuse new messages; the writer drains what is queued, then sees `Drained`.
@@ -73,6 +79,12 @@ impl Lane {
     pub fn is_empty(&self) -> bool {
         let g = self.lock();
         g.outbox.is_empty() && g.bulk.is_empty()
+    }
+
+    /// Whether nothing is queued and no sender is moving a batch into the window itself.
+    pub fn is_at_rest(&self) -> bool {
+        let g = self.lock();
+        g.outbox.is_empty() && g.bulk.is_empty() && !g.direct_busy
     }
 
     /// Whether the lane is closed and empty: nothing more can come out of it.
@@ -145,13 +157,15 @@ impl Lane {
     /// to write into `batch`. Returns `Wake` as soon as the epoch moves past `epoch`, or if
     /// a piece is ready and `bulk_room` says it may go. While a piece is ready, a batch
     /// takes at most `ORDINARY_WEIGHT` pieces' worth of ordinary bytes (see
-    /// `batchwire_core::bulk`).
+    /// `batchwire_core::bulk`). With `linger`, a writer parked with nothing to wait for
+    /// returns `Idle` once that long went by with no message and no poke.
     pub fn next_batch(
         &self,
         bundler: &mut dyn Bundler,
         epoch: u64,
         batch: &mut Batch,
         bulk_room: bool,
+        linger: Option<Duration>,
     ) -> Next {
         let mut g = self.lock();
         let mut idler = self.idle.idler_after(g.yield_next);
@@ -217,9 +231,28 @@ impl Lane {
                         }
                         IdleStep::Park => {
                             g.writer_waiting = true;
-                            g = match until {
-                                None => self.not_empty.wait(g).unwrap_or_else(|p| p.into_inner()),
-                                Some(t) => {
+                            g = match (until, linger) {
+                                (None, None) => {
+                                    self.not_empty.wait(g).unwrap_or_else(|p| p.into_inner())
+                                }
+                                (None, Some(d)) => {
+                                    let (g, r) = self
+                                        .not_empty
+                                        .wait_timeout(g, d)
+                                        .unwrap_or_else(|p| p.into_inner());
+                                    let mut g = g;
+                                    if r.timed_out()
+                                        && g.epoch == epoch
+                                        && g.outbox.is_empty()
+                                        && g.bulk.is_empty()
+                                        && !g.direct_busy
+                                    {
+                                        g.writer_waiting = false;
+                                        return Next::Idle;
+                                    }
+                                    g
+                                }
+                                (Some(t), _) => {
                                     let d = t
                                         .saturating_duration_since(now)
                                         .max(Duration::from_micros(1));

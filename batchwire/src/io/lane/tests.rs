@@ -109,7 +109,7 @@ fn a_lone_message_for_a_parked_writer_goes_to_its_sender_unless_a_stream_is_on()
     let writer = std::thread::scope(|s| {
         let w = s.spawn(|| {
             let mut got = Batch::default();
-            let next = l.next_batch(b.as_mut(), epoch, &mut got, true);
+            let next = l.next_batch(b.as_mut(), epoch, &mut got, true, None);
             (next, got.messages())
         });
         std::thread::sleep(Duration::from_millis(20));
@@ -150,7 +150,7 @@ fn senders_stop_writing_through_when_the_writer_finds_company_and_probe_for_it()
         }
         let mut got = Batch::default();
         l.lock().writer_waiting = false;
-        let next = l.next_batch(b.as_mut(), l.epoch(), &mut got, true);
+        let next = l.next_batch(b.as_mut(), l.epoch(), &mut got, true, None);
         assert_eq!(
             (next, got.messages()),
             (Next::Batch(FlushReason::Drained), n as u64)
@@ -178,7 +178,7 @@ fn senders_stop_writing_through_when_the_writer_finds_company_and_probe_for_it()
             // The writer takes it (and, a single message, keeps write-through on).
             l.lock().writer_waiting = false;
             let mut got = Batch::default();
-            l.next_batch(b.as_mut(), l.epoch(), &mut got, true);
+            l.next_batch(b.as_mut(), l.epoch(), &mut got, true, None);
             assert_eq!(got.messages(), 1);
         }
         kinds.push(k);
@@ -325,7 +325,7 @@ fn payloads_from_the_reference_size_on_reach_the_batch_uncopied_and_the_rest_are
         assert!(l.lock().outbox.bytes() > 10_000, "the queue counts it");
         let mut batch = Batch::default();
         let mut b = b;
-        l.next_batch(b.as_mut(), l.epoch(), &mut batch, true);
+        l.next_batch(b.as_mut(), l.epoch(), &mut batch, true, None);
         assert_eq!(batch.messages(), 2);
         let msgs = batch.decode_messages();
         assert_eq!(msgs[1].payload, big);
@@ -350,7 +350,7 @@ fn large_and_bulk_messages_go_in_pieces_and_their_pair_follows_them() {
     assert_eq!(l.queued(), 4);
     let mut batch = Batch::default();
     assert_eq!(
-        l.next_batch(b.as_mut(), l.epoch(), &mut batch, true),
+        l.next_batch(b.as_mut(), l.epoch(), &mut batch, true, None),
         Next::Batch(FlushReason::Drained)
     );
     assert_eq!(batch.messages(), 1, "only the ordinary one");
@@ -382,7 +382,7 @@ fn while_a_piece_is_ready_a_batch_is_capped_and_a_parked_writer_wakes_for_it() {
     }
     push_to(&l, "m2", Bytes::from(vec![0; 10]), true, false).unwrap();
     let mut batch = Batch::default();
-    l.next_batch(b.as_mut(), l.epoch(), &mut batch, true);
+    l.next_batch(b.as_mut(), l.epoch(), &mut batch, true, None);
     assert_eq!(
         batch.messages(),
         10_000,
@@ -392,7 +392,7 @@ fn while_a_piece_is_ready_a_batch_is_capped_and_a_parked_writer_wakes_for_it() {
     for _ in 0..10_000 {
         push_to(&l, "m", Bytes::from(vec![0; 100]), false, false).unwrap();
     }
-    l.next_batch(b.as_mut(), l.epoch(), &mut batch, true);
+    l.next_batch(b.as_mut(), l.epoch(), &mut batch, true, None);
     assert!(
         batch.buf.len() <= ORDINARY_WEIGHT * (64 << 10) + (64 << 10),
         "capped"
@@ -401,7 +401,7 @@ fn while_a_piece_is_ready_a_batch_is_capped_and_a_parked_writer_wakes_for_it() {
     let (l, mut b) = lane(BundlerKind::Natural, 1 << 30);
     push_to(&l, "m2", Bytes::from(vec![0; 10]), true, false).unwrap();
     assert_eq!(
-        l.next_batch(b.as_mut(), l.epoch(), &mut batch, true),
+        l.next_batch(b.as_mut(), l.epoch(), &mut batch, true, None),
         Next::Wake
     );
 }
@@ -414,24 +414,24 @@ fn natural_takes_everything_none_takes_one() {
     }
     let mut b = Batch::default();
     assert_eq!(
-        l.next_batch(none.as_mut(), 0, &mut b, true),
+        l.next_batch(none.as_mut(), 0, &mut b, true, None),
         Next::Batch(FlushReason::Single)
     );
     assert_eq!(b.messages(), 1);
     let mut nat = BundlerConfig::default().build();
     assert_eq!(
-        l.next_batch(nat.as_mut(), 0, &mut b, true),
+        l.next_batch(nat.as_mut(), 0, &mut b, true, None),
         Next::Batch(FlushReason::Drained)
     );
     assert_eq!(b.messages(), 4);
     l.close();
     assert_eq!(
-        l.next_batch(nat.as_mut(), 0, &mut b, true),
+        l.next_batch(nat.as_mut(), 0, &mut b, true, None),
         Next::Wake,
         "closing wakes a consumer waiting on an older epoch"
     );
     assert_eq!(
-        l.next_batch(nat.as_mut(), l.epoch(), &mut b, true),
+        l.next_batch(nat.as_mut(), l.epoch(), &mut b, true, None),
         Next::Drained
     );
     assert_eq!(push(&l, 9, true), Err(PushError::Closed));
@@ -446,7 +446,7 @@ fn blocked_sender_resumes_when_writer_drains() {
     let t = std::thread::spawn(move || push(&l2, 3, true).is_ok());
     std::thread::sleep(Duration::from_millis(20));
     let mut batch = Batch::default();
-    l.next_batch(b.as_mut(), 0, &mut batch, true);
+    l.next_batch(b.as_mut(), 0, &mut batch, true, None);
     assert!(t.join().unwrap());
     assert_eq!(l.queued(), 1);
     assert!(l.blocked_ns.load(Ordering::Relaxed) > 0);
@@ -467,8 +467,8 @@ fn a_parked_writer_wakes_for_a_message_and_for_a_poke() {
         let t = std::thread::spawn(move || {
             let mut b = BundlerConfig::default().build();
             let mut batch = Batch::default();
-            let first = l2.next_batch(b.as_mut(), 0, &mut batch, true);
-            let second = l2.next_batch(b.as_mut(), 0, &mut batch, true);
+            let first = l2.next_batch(b.as_mut(), 0, &mut batch, true, None);
+            let second = l2.next_batch(b.as_mut(), 0, &mut batch, true, None);
             (first, second)
         });
         std::thread::sleep(Duration::from_millis(20));
@@ -495,7 +495,7 @@ fn linger_writer_sleeps_until_the_deadline_or_max_size() {
     let t0 = Instant::now();
     let mut batch = Batch::default();
     assert_eq!(
-        l.next_batch(bc.build().as_mut(), 0, &mut batch, true),
+        l.next_batch(bc.build().as_mut(), 0, &mut batch, true, None),
         Next::Batch(FlushReason::Timer)
     );
     assert!(t0.elapsed() >= Duration::from_millis(25));
@@ -503,7 +503,7 @@ fn linger_writer_sleeps_until_the_deadline_or_max_size() {
         push(&l, i, false).unwrap();
     }
     assert_eq!(
-        l.next_batch(bc.build().as_mut(), 0, &mut batch, true),
+        l.next_batch(bc.build().as_mut(), 0, &mut batch, true, None),
         Next::Batch(FlushReason::SizeReached)
     );
     assert_eq!(batch.messages(), 60);

@@ -23,6 +23,7 @@ use tracing::warn;
 use batchwire_core::session::PeerState;
 
 use super::Peer;
+use crate::io::conn::Conn;
 
 /// Asks the node's dialers for a connection to the named peer.
 pub(crate) type DialHook = Box<dyn Fn(&Name) + Send + Sync>;
@@ -82,6 +83,29 @@ impl Peer {
             d.writer_running.store(false, SeqCst);
             warn!(node = %self.ctx.node, peer = %self.name, error = %e, "cannot start the peer's writer; will try again with the next message");
         }
+    }
+
+    /// The lane was poked (see `Lane::set_on_poke`): start the writer unless it runs, if
+    /// there is a connection to write to or something queued.
+    pub(super) fn writer_wanted(&self) {
+        if !self.demand.writer_running.load(SeqCst)
+            && (self.is_connected() || !self.lane.is_empty())
+        {
+            self.ensure_writer();
+        }
+    }
+
+    /// Whether nothing is left to write on `c`, a plain TCP connection (a writer may rest:
+    /// see `write::run_writer`): nothing queued or being written through, no carry, no
+    /// control, credit or notice due, nothing in the window that `c` has not had.
+    pub fn nothing_to_write(&self, c: &Conn) -> bool {
+        c.link.writes_without_waiting()
+            && !c.has_carry()
+            && self.lane.is_at_rest()
+            && !self.has_notices()
+            && !self.flow.has_output()
+            && self
+                .session(|s, _| !s.control_due(c.id) && !s.has_unwritten(c.id) && !s.is_closing())
     }
 
     /// The writer found nothing to do (no connection, nothing queued): it ends unless

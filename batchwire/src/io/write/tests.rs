@@ -8,6 +8,8 @@ use batchwire_core::session::SessionConfig;
 use bytes::BytesMut;
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
 
 /// A peer whose session is connected over a real loopback socket; returns the peer
 /// and the other end of the socket.
@@ -244,4 +246,84 @@ fn a_snapshot_taken_after_a_replacement_goes_on_the_successor() {
     write_pending(&peer, &new, None, &mut Vec::new(), Mode::Wait);
     let got = read_until(&mut theirs2, |f| matches!(f, Frame::Sync(_)));
     assert!(matches!(got[0], Frame::Sync(_)), "{got:?}");
+}
+
+/// Writers started the way the node starts them (the peer's hooks), kept to be looked at.
+fn writers_on_demand(peer: &Arc<Peer>, shutdown: &Shutdown) -> Arc<Mutex<Vec<JoinHandle<()>>>> {
+    let started: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+    let (s, sd) = (started.clone(), shutdown.clone());
+    let hooks = crate::io::peer::Hooks {
+        spawn_writer: Box::new(move |p| {
+            let cfg = WriterCfg {
+                bundler: Some(BundlerConfig::default()),
+                shared_done: None,
+                idle_close: None,
+            };
+            let sd = sd.clone();
+            s.lock()
+                .unwrap()
+                .push(std::thread::spawn(move || run_writer(p, cfg, sd)));
+            Ok(())
+        }),
+        dial: None,
+    };
+    testing::set_hooks(peer, hooks);
+    started
+}
+
+/// Resting (`run_writer`): a writer with nothing to write ends within `LINGER` while its
+/// connection stays up; the ticker writes the heartbeat itself without starting one; any
+/// poke starts one again, and what is queued then goes out.
+#[test]
+fn a_quiet_writer_rests_the_ticker_writes_heartbeats_and_a_poke_brings_it_back() {
+    let cfg = SessionConfig {
+        heartbeat_interval: Duration::from_millis(50),
+        peer_timeout: Duration::from_secs(60),
+        ..SessionConfig::default()
+    };
+    let (peer, mut theirs) = connected_peer(cfg);
+    let shutdown = Shutdown::default();
+    let started = writers_on_demand(&peer, &shutdown);
+    peer.ensure_writer();
+    let deadline = Instant::now() + LINGER + Duration::from_secs(10);
+    while !started.lock().unwrap()[0].is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(started.lock().unwrap()[0].is_finished(), "the writer rests");
+    assert!(peer.is_connected(), "the connection stays");
+
+    // A heartbeat falls due: the ticker writes it, and no writer starts for it.
+    std::thread::sleep(Duration::from_millis(60));
+    crate::io::tick::tick(&peer);
+    let got = read_until(&mut theirs, |f| matches!(f, Frame::Ack(_)));
+    assert!(matches!(got[..], [Frame::Ack(_)]), "{got:?}");
+    assert_eq!(
+        started.lock().unwrap().len(),
+        1,
+        "no writer for a heartbeat"
+    );
+
+    // A poke (here a connection change would do it, or room in the window) starts one.
+    peer.lane.poke();
+    assert_eq!(started.lock().unwrap().len(), 2, "a poke starts a writer");
+    let payload = Bytes::from(7u64.to_le_bytes().to_vec());
+    peer.lane
+        .push(
+            crate::io::lane::Outgoing {
+                dest: 0,
+                to: &Name::from_static("inbox"),
+                from: &Name::from_static("f"),
+                payload: &payload,
+                bulk: false,
+            },
+            true,
+        )
+        .unwrap();
+    let got = read_until(&mut theirs, |f| matches!(f, Frame::Messages(_)));
+    assert!(matches!(got.last(), Some(Frame::Messages(_))), "{got:?}");
+    shutdown.drain(Instant::now());
+    peer.lane.close();
+    for h in std::mem::take(&mut *started.lock().unwrap()) {
+        h.join().unwrap();
+    }
 }
