@@ -77,6 +77,7 @@ pub const DEFAULTS: &str = r#"# batchwire node configuration (TOML). Every key i
 # events_capacity = 4096            # events queued for each subscriber
 # shutdown_timeout_ms = 5000        # how long a shutdown waits for acknowledgements
 # write_check_ms = 100              # a blocked write returns this often
+# thread_linger_ms = 2000           # a peer's idle writer/reader thread ends after this
 # heartbeat_interval_ms = 500
 # peer_timeout_ms = 3000
 

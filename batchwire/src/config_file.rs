@@ -114,6 +114,8 @@ pub struct NodeFile {
     pub shutdown_timeout_ms: Option<u64>,
     /// [`NodeConfig::write_check`], in milliseconds.
     pub write_check_ms: Option<u64>,
+    /// [`NodeConfig::thread_linger`], in milliseconds.
+    pub thread_linger_ms: Option<u64>,
     /// [`NodeConfig::heartbeat_interval`], in milliseconds.
     pub heartbeat_interval_ms: Option<u64>,
     /// [`NodeConfig::peer_timeout`], in milliseconds.
@@ -219,6 +221,7 @@ impl NodeFile {
             handshake_timeout_ms => handshake_timeout via ms,
             shutdown_timeout_ms => shutdown_timeout via ms,
             write_check_ms => write_check via ms,
+            thread_linger_ms => thread_linger via ms,
             heartbeat_interval_ms => heartbeat_interval via ms,
             peer_timeout_ms => peer_timeout via ms,
         );

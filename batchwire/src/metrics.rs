@@ -14,6 +14,7 @@
 //! | `batchwire_writes_total`, `batchwire_writes_through_total` (made by a sending thread) | counter | node, peer |
 //! | `batchwire_reads_total`, `batchwire_reads_led_total` (made by an application thread waiting for a reply or a message) | counter | node, peer |
 //! | `batchwire_piece_bytes_in_place_total` (pieces read straight into their message's buffer) | counter | node, peer |
+//! | `batchwire_writer_starts_total`, `batchwire_reader_rests_total` (threads ended and started again around idle time, see `NodeConfig::thread_linger`) | counter | node, peer |
 //! | `batchwire_flushes_total` | counter | node, peer, reason (drained, size, timer, single) |
 //! | `batchwire_resent_total`, `batchwire_acked_total` | counter | node, peer |
 //! | `batchwire_connects_total` | counter | node, peer |
@@ -103,6 +104,14 @@ fn describe() {
     c(
         "batchwire_reads_led_total",
         "Reads of the peer's connection made by an application thread waiting for a reply or a message.",
+    );
+    c(
+        "batchwire_writer_starts_total",
+        "Writer threads started for the peer (one ends after thread_linger with nothing to write).",
+    );
+    c(
+        "batchwire_reader_rests_total",
+        "Times the reader thread of the peer's connection ended because the connection went idle.",
     );
     describe_counter!(
         "batchwire_piece_bytes_in_place_total",
@@ -290,6 +299,8 @@ impl NodeStats {
             c("batchwire_writes_through_total", p.writes_through);
             c("batchwire_reads_total", p.reads);
             c("batchwire_reads_led_total", p.reads_led);
+            c("batchwire_writer_starts_total", p.writer_starts);
+            c("batchwire_reader_rests_total", p.reader_rests);
             c(
                 "batchwire_piece_bytes_in_place_total",
                 p.piece_bytes_in_place,

@@ -19,6 +19,10 @@ pub(crate) struct PeerCounters {
     /// Reads made by an application thread waiting for a reply or a message (leading),
     /// not the reader thread.
     pub reads_led: AtomicU64,
+    /// Writer threads started (a writer ends after `thread_linger` with nothing to write).
+    pub writer_starts: AtomicU64,
+    /// Times the connection's reader thread ended with the connection resting.
+    pub reader_rests: AtomicU64,
     /// Bytes of pieces read straight into their message's reassembly buffer.
     pub piece_bytes_in_place: AtomicU64,
     pub send_failed: AtomicU64,
@@ -112,6 +116,12 @@ pub struct PeerStats {
     /// in its hands at once, with no wake-up by the reader thread), rather than by the
     /// connection's reader thread.
     pub reads_led: u64,
+    /// Writer threads started for this peer: one per connection or burst of traffic after
+    /// a pause of `thread_linger` (an idle peer has none).
+    pub writer_starts: u64,
+    /// Times the reader thread of this peer's connection ended because nothing moved for
+    /// `thread_linger` (the node's thread for resting connections watched it meanwhile).
+    pub reader_rests: u64,
     /// Bytes of large messages' pieces read from the socket straight into the message's
     /// reassembly buffer (not copied there from the receive buffer). The rest of a piece
     /// (what came with its fields, or all of it over TLS or when it arrived whole with
@@ -189,6 +199,8 @@ impl PeerCounters {
             writes_through: self.writes_through.load(Relaxed),
             reads: self.reads.load(Relaxed),
             reads_led: self.reads_led.load(Relaxed),
+            writer_starts: self.writer_starts.load(Relaxed),
+            reader_rests: self.reader_rests.load(Relaxed),
             piece_bytes_in_place: self.piece_bytes_in_place.load(Relaxed),
             messages_per_write_histogram: self
                 .per_write

@@ -250,60 +250,73 @@ fn transfer_queue_one_stuck_peer_does_not_stall_the_others() {
     drop(never_reads);
 }
 
-/// An idle peer costs no writer thread: a writer with nothing to write ends after a linger
-/// (2 s) while the connection stays up, and the ticker writes the heartbeats itself. So
-/// both nodes stay up through four peer timeouts with no writer, no writer starts for a
-/// heartbeat, and the next sends start one and arrive once, in order.
+/// Threads of this test process whose names start with one of `prefixes` (Linux names
+/// are cut to 15 bytes).
+fn threads_named(prefixes: &[&str]) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .filter(|c| prefixes.iter().any(|p| c.starts_with(p)))
+        .collect()
+}
+
+/// An idle peer costs no thread: after `thread_linger` with nothing either way its writer
+/// and its connection's reader end (and the dialer that made it), while the connection
+/// stays up: the ticker writes the heartbeats, and the node's one thread for resting
+/// connections reads them. Both nodes stay up through four peer timeouts with no thread
+/// started for a heartbeat; the next sends arrive once, in order; and when the connection
+/// ends (the peer restarts) the dialer starts again and reconnects.
 #[test]
-fn an_idle_peer_has_no_writer_and_stays_up_on_the_tickers_heartbeats() {
-    let cfgs = mesh(&["a", "b"])
+fn an_idle_peer_costs_no_thread_and_stays_up() {
+    let cfgs: Vec<NodeConfig> = mesh(&["ia", "ib"])
         .into_iter()
         .map(|c| {
             c.mailbox("inbox")
                 .heartbeat_interval(Duration::from_millis(100))
                 .peer_timeout(Duration::from_millis(800))
+                .thread_linger(Duration::from_millis(300))
         })
         .collect();
-    let nodes = start(cfgs);
+    let b_cfg = cfgs[1].clone();
+    let mut nodes = start(cfgs);
     let events: Vec<_> = nodes.iter().map(|n| n.events()).collect();
-    let (a, b) = (&nodes[0], &nodes[1]);
     let (to_a, to_b) = (
-        Address::new("a", "inbox").unwrap(),
-        Address::new("b", "inbox").unwrap(),
+        Address::new("ia", "inbox").unwrap(),
+        Address::new("ib", "inbox").unwrap(),
     );
-    let (in_a, in_b) = (a.mailbox("inbox").unwrap(), b.mailbox("inbox").unwrap());
-    // One message each way: each node has a writer now.
-    a.send(&to_b, 0u64.to_le_bytes().to_vec()).unwrap();
-    b.send(&to_a, 0u64.to_le_bytes().to_vec()).unwrap();
-    let busy = [a.threads(), b.threads()];
+    let in_a = nodes[0].mailbox("inbox").unwrap();
+    let in_b = nodes[1].mailbox("inbox").unwrap();
+    nodes[0].send(&to_b, 0u64.to_le_bytes().to_vec()).unwrap();
+    nodes[1].send(&to_a, 0u64.to_le_bytes().to_vec()).unwrap();
     assert_eq!(seq(&in_b.recv_timeout(T).unwrap().payload), 0);
     assert_eq!(seq(&in_a.recv_timeout(T).unwrap().payload), 0);
 
+    // Per peer: writers, inbound readers, readers started again, dialers.
+    let per_peer = ["bw-write-i", "bw-in-i", "bw-read-i", "bw-dial-i"];
     let deadline = Instant::now() + Duration::from_secs(15);
-    while (a.threads() >= busy[0] || b.threads() >= busy[1]) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
+    while !threads_named(&per_peer).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
     }
-    let resting = [a.threads(), b.threads()];
-    assert!(
-        resting[0] < busy[0] && resting[1] < busy[1],
-        "the writers rest: threads {busy:?} -> {resting:?}"
-    );
+    assert_eq!(threads_named(&per_peer), Vec::<String>::new(), "all rest");
+    let mut resting = threads_named(&["bw-rest-i"]);
+    resting.sort();
+    assert_eq!(resting, ["bw-rest-ia", "bw-rest-ib"]);
+
     let quiet_until = Instant::now() + Duration::from_millis(3200);
     while Instant::now() < quiet_until {
-        let now = [a.threads(), b.threads()];
-        assert!(
-            now[0] <= resting[0] && now[1] <= resting[1],
-            "no writer starts for a heartbeat: {resting:?} -> {now:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
+        let t = threads_named(&per_peer);
+        assert!(t.is_empty(), "a thread started while idle: {t:?}");
+        std::thread::sleep(Duration::from_millis(10));
     }
     assert!(bad(&events[0]).is_empty(), "{:?}", bad(&events[0]));
     assert!(bad(&events[1]).is_empty(), "{:?}", bad(&events[1]));
-    assert_eq!(a.connected_peers(), ["b"]);
-    assert_eq!(b.connected_peers(), ["a"]);
+    assert_eq!(nodes[0].connected_peers(), ["ib"]);
+    assert_eq!(nodes[1].connected_peers(), ["ia"]);
 
     for i in 1..=1000u64 {
-        a.send(&to_b, i.to_le_bytes().to_vec()).unwrap();
+        nodes[0].send(&to_b, i.to_le_bytes().to_vec()).unwrap();
     }
     for i in 1..=1000u64 {
         assert_eq!(seq(&in_b.recv_timeout(T).unwrap().payload), i);
@@ -312,4 +325,17 @@ fn an_idle_peer_has_no_writer_and_stays_up_on_the_tickers_heartbeats() {
         in_b.recv_timeout(Duration::from_millis(50)).is_err(),
         "once"
     );
+
+    // The connection ends with the peer; ia dials again (its dialer had ended).
+    drop(in_b);
+    nodes.pop().unwrap().shutdown();
+    let b = Node::start(b_cfg).unwrap();
+    assert!(
+        nodes[0].wait_for_peers(&["ib"], T),
+        "ia reconnects: {:?}",
+        nodes[0].connected_peers()
+    );
+    let in_b = b.mailbox("inbox").unwrap();
+    nodes[0].send(&to_b, 7u64.to_le_bytes().to_vec()).unwrap();
+    assert_eq!(seq(&in_b.recv_timeout(T).unwrap().payload), 7);
 }

@@ -1,7 +1,8 @@
 //! The `scale` scenario: what one node costs per peer. A hub node process has N peers (N
 //! leaf nodes in a second process, which dial it); once all are connected and settled, the
-//! hub reads its own threads and resident memory, then its CPU time over an idle window
-//! (nothing sent; only heartbeats flow). Run for several N (default 1, 16 and 128).
+//! hub reads its CPU time over an idle window (nothing sent; only heartbeats flow), and its
+//! threads and resident memory as the window ends. Run for several N (default 1, 16 and
+//! 128).
 //!
 //! Every node runs with static peers only (`without_membership`): with membership the
 //! leaves would learn of each other through the hub and connect in a full mesh, N x N
@@ -111,10 +112,12 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                     .map(|p| p.frames_received)
                     .sum::<u64>()
             };
-            let (threads, rss_kib, cpu0) = own_usage()?;
+            let (_, _, cpu0) = own_usage()?;
             let (f0, t0) = (frames(&node), Instant::now());
             std::thread::sleep(Duration::from_secs(a.idle_secs));
-            let (_, _, cpu1) = own_usage()?;
+            // Threads and memory as the idle window ends: what an idle node keeps (a
+            // writer with nothing to write ends after a linger of 2 s).
+            let (threads, rss_kib, cpu1) = own_usage()?;
             let secs = t0.elapsed().as_secs_f64();
             let f1 = frames(&node);
             node.shutdown();
@@ -240,7 +243,7 @@ fn cpu_percent(r: &HubReport) -> f64 {
 
 fn print_table(reports: &[HubReport]) {
     outln!(
-        "\nscale: one node (natural, defaults: heartbeat 500 ms; static peers, membership off) with N peers, each peer a node in another process; measured on the node after connecting, idle (nothing sent)"
+        "\nscale: one node (natural, defaults: heartbeat 500 ms; static peers, membership off) with N peers, each peer a node in another process; measured on the node over an idle window after connecting (nothing sent), threads and memory as it ends"
     );
     let mut t = Table::new([
         "peers",

@@ -110,6 +110,7 @@ impl NodeConfig {
                 10 * MINUTE,
             ),
             ("write_check_ms", self.write_check, MS, MINUTE),
+            ("thread_linger_ms", self.thread_linger, MS, HOUR),
             (
                 "shutdown_timeout_ms",
                 self.shutdown_timeout,

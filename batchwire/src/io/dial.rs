@@ -17,10 +17,10 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use batchwire_core::codec::Name;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::io::setup::{Setup, Side};
 use crate::io::threads::Threads;
@@ -57,6 +57,11 @@ impl Dialers {
             fixed,
             on_demand,
         }))
+    }
+
+    /// The handle of what [`Dialers::downgrade`] gave.
+    pub fn from_inner(inner: Arc<DialersInner>) -> Dialers {
+        Dialers(inner)
     }
 
     /// A cheap handle that does not keep the dialers alive (for the peers' hooks).
@@ -136,6 +141,32 @@ impl Dialers {
         if let Err(e) = spawned {
             debug!(node = %inner.setup.name, peer = %name, error = %e, "cannot start a dialer");
             map.remove(name);
+        }
+    }
+
+    /// A connection to `name` ended: in the mesh, if this node dials it and no dialer runs
+    /// (the one that made it ended once its reader rested, see `run_dialer`), start one.
+    pub fn redial(&self, name: &Name) {
+        let inner = &self.0;
+        if inner.on_demand && !inner.fixed.contains(name) {
+            return;
+        }
+        let map = inner.map.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(t) = map.get(name).cloned() else {
+            return;
+        };
+        drop(map);
+        if !t.keep.load(Ordering::Acquire) || t.running.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (st, pn, t2) = (inner.setup.clone(), name.detached(), t.clone());
+        let spawned = inner.threads.spawn(format!("bw-dial-{name}"), move || {
+            run_dialer(&st, &pn, &t2);
+            t2.running.store(false, Ordering::Release);
+        });
+        if let Err(e) = spawned {
+            t.running.store(false, Ordering::SeqCst);
+            warn!(node = %inner.setup.name, peer = %name, error = %e, "cannot start a dialer again; the peer's next connection is its to make");
         }
     }
 
@@ -221,7 +252,7 @@ pub(crate) fn want(inner: &std::sync::Weak<DialersInner>, name: &Name) {
 /// The dialer of a connection on demand: dial while the peer has no connection and wants
 /// one (something pending, or asked for), with back-off; read each connection until it
 /// ends. Ends when the peer is connected (perhaps by its own dial) or wants nothing.
-fn run_on_demand(setup: &Setup, name: &Name, target: &Target) {
+fn run_on_demand(setup: &Arc<Setup>, name: &Name, target: &Target) {
     let mut backoff = Backoff::new(setup.config.reconnect_min, setup.config.reconnect_max);
     let mut failures = 0u32;
     loop {
@@ -245,7 +276,7 @@ fn run_on_demand(setup: &Setup, name: &Name, target: &Target) {
 
 /// One attempt: connect to `addr` and run the connection to its end (this thread is its
 /// reader). Returns whether its handshake completed.
-fn dial_once(setup: &Setup, peer: &Name, addr: SocketAddr, failures: &mut u32) -> bool {
+fn dial_once(setup: &Arc<Setup>, peer: &Name, addr: SocketAddr, failures: &mut u32) -> bool {
     match TcpStream::connect_timeout(&addr, setup.config.handshake_timeout) {
         Ok(s) => {
             let ok = setup.run(s, Side::Dial(peer.clone()));
@@ -305,21 +336,29 @@ impl Backoff {
     }
 }
 
-fn run_dialer(setup: &Setup, peer: &Name, target: &Target) {
+fn run_dialer(setup: &Arc<Setup>, peer: &Name, target: &Target) {
     let mut backoff = Backoff::new(setup.config.reconnect_min, setup.config.reconnect_max);
     let mut failures = 0u32;
     let go_on = || !setup.shutdown.is_stopped() && target.keep.load(Ordering::Acquire);
     while go_on() {
-        // A live canonical connection already serves the peer: the one this node dialled
-        // to join through it (our name sorts first, so it is canonical). Dialing again
-        // would replace it, and what the peer wrote on it and does not send again on the
-        // new one (an undeliverable notice) could be lost with it. Wait for it to end
-        // (woken by every connection change, and at least once a second to look at the
-        // node stopping or the member leaving).
+        // A live canonical connection already serves the peer: the one this dialer made,
+        // whose reader rests (see `io::resting`), or the one this node dialled to join
+        // through it (our name sorts first, so it is canonical). Dialing again would
+        // replace it, and what the peer wrote on it and does not send again on the new one
+        // (an undeliverable notice) could be lost with it. This thread ends; the
+        // connection's teardown starts a dialer again (`Dialers::redial`). The flag goes
+        // down first and the connection is looked at again, so one of the two sees the
+        // other.
         if let Some(p) = setup.peers.get(peer.as_bytes())
             && p.current_is_live_canonical()
         {
-            p.wait_while_live_canonical(Instant::now() + Duration::from_secs(1), || !go_on());
+            target.running.store(false, Ordering::SeqCst);
+            if p.current_is_live_canonical()
+                || !go_on()
+                || target.running.swap(true, Ordering::SeqCst)
+            {
+                return;
+            }
             continue;
         }
         let addr = *target.addr.lock().unwrap_or_else(|p| p.into_inner());

@@ -36,6 +36,7 @@ pub(crate) mod membership;
 pub(crate) mod peer;
 pub(crate) mod peers;
 pub(crate) mod read;
+pub(crate) mod resting;
 pub(crate) mod runtime;
 pub(crate) mod setup;
 pub(crate) mod shutdown;

@@ -228,6 +228,7 @@ impl Peers {
         let (threads, shutdown, node) = (m.threads.clone(), m.shutdown.clone(), m.ctx.node.clone());
         let bundler = (!m.shared).then_some(m.config.bundler);
         let shared_done = m.shared_done.clone();
+        let linger = m.config.thread_linger;
         let idle_close = m
             .config
             .on_demand()
@@ -239,6 +240,7 @@ impl Peers {
                 shared_done: shared_done.clone(),
                 // Static peers stay connected.
                 idle_close: idle_close.filter(|_| !p.pinned.load(Ordering::Acquire)),
+                linger,
             };
             let (sd, node) = (shutdown.clone(), node.clone());
             threads.spawn(format!("bw-write-{node}-{}", p.name), move || {

@@ -28,12 +28,17 @@
 //! (otherwise in `recv(2)` with it, see `read_until_end`), and it alone tears the
 //! connection down, whoever found that it ended.
 //!
+//! On plain TCP the reader thread also **rests** once nothing moved either way for a while
+//! (see [`Stopped::Rested`]): the connection then costs no thread while it is idle.
+//!
 //! This file holds the reader's loop; `read/` its parts: `in_place.rs` (one read, and
-//! pieces read in place), `leading.rs` and `frames.rs` (what each frame does).
+//! pieces read in place), `leading.rs`, `resting.rs` and `frames.rs` (what each frame
+//! does).
 
 mod frames;
 mod in_place;
 mod leading;
+mod resting;
 
 use std::io::ErrorKind;
 use std::os::fd::OwnedFd;
@@ -99,6 +104,21 @@ pub(crate) struct Reader<'a> {
     pub max_frame: usize,
     pub max_payload: u64,
     pub read_bytes: usize,
+    /// The reader thread may rest after this long with no message either way and no one
+    /// leading (`None`: never; a TLS link never does). See [`Stopped::Rested`].
+    pub linger: Option<Duration>,
+}
+
+/// How [`Reader::read_on`] stopped.
+pub(crate) enum Stopped {
+    /// The connection ended: `Ok` on GOODBYE, else why. The read side is gone.
+    Ended(Result<(), LinkError>),
+    /// **Resting**: no message came or went and no thread tried to lead for `linger`, and
+    /// the socket is empty. The read side stays on the connection (behind its read turn)
+    /// for whoever reads next: a leader, the node's thread for resting connections
+    /// (`io::resting`, which reads what comes without a thread of its own while it is only
+    /// heartbeats, see [`Reader::serve_rested`]), or a reader thread started again.
+    Rested,
 }
 
 impl Reader<'_> {
@@ -107,8 +127,20 @@ impl Reader<'_> {
         self.conn.link.read_size(self.read_bytes)
     }
 
-    /// Read frames and act on them until the peer says goodbye (`Ok`) or something breaks.
+    /// Read frames and act on them until the peer says goodbye (`Ok`) or something breaks
+    /// (with `linger`, the thread may rest on the way: see [`Reader::read_on`]).
+    #[cfg(test)]
     pub fn run(&self, buf: BytesMut) -> Result<(), LinkError> {
+        self.start(buf);
+        loop {
+            if let Stopped::Ended(r) = self.read_on() {
+                return r;
+            }
+        }
+    }
+
+    /// A new connection: say where credit stands, and set up its read side.
+    pub fn start(&self, buf: BytesMut) {
         // Where credit stands, as of what was delivered before this connection: the first
         // thing this side says on it (after RESUME).
         self.snapshot();
@@ -122,9 +154,16 @@ impl Reader<'_> {
             next_read: None,
             look: false,
         });
+    }
+
+    /// Read frames and act on them (after [`Reader::start`], on any thread) until the
+    /// connection ends or the thread may rest.
+    pub fn read_on(&self) -> Stopped {
         let r = self.read_until_end();
-        // No caller leads a connection whose reader stopped.
-        *self.conn.read_turn() = None;
+        if matches!(r, Stopped::Ended(_)) {
+            // No caller leads a connection whose reader stopped.
+            *self.conn.read_turn() = None;
+        }
         r
     }
 
@@ -154,9 +193,11 @@ impl Reader<'_> {
     /// messages never wait on it for longer. A receiver that is behind (its read filled
     /// all it asked for) gets no such pause: this thread reads beside it, on another CPU
     /// if there is one.
-    fn read_until_end(&self) -> Result<(), LinkError> {
+    fn read_until_end(&self) -> Stopped {
         let mut cache: Option<Arc<MailboxQueue>> = None;
         let mut missed = 0;
+        // Activity seen, and since when it has not moved (see `rest_due`).
+        let mut activity = (self.activity(), Instant::now());
         // Lead tries seen, and reads since they last moved.
         let (mut seen, mut quiet) = (0u32, 0u32);
         let mut aside_seen = self.conn.lead_tries.load(Relaxed);
@@ -186,21 +227,31 @@ impl Reader<'_> {
                 None if missed < LOOKS => {
                     missed += 1;
                     std::thread::yield_now();
-                    self.wait_readable(None, None)?;
+                    if let Err(e) = self.wait_readable(None, None) {
+                        return Stopped::Ended(Err(e.into()));
+                    }
                     continue;
                 }
                 None => self.conn.read_turn(),
             };
             missed = 0;
             let Some(side) = turn.as_mut() else {
-                return Err(LinkError::Eof);
+                return Stopped::Ended(Err(LinkError::Eof));
             };
             let step = (|| {
                 if let Some(end) = side.ended.take() {
-                    return Err(end);
+                    return Err(Stopped::Ended(end));
                 }
-                if self.act(side, &mut cache).map_err(Err)? {
-                    return Err(Ok(()));
+                let end = |e| Stopped::Ended(Err(e));
+                if self.act(side, &mut cache).map_err(end)? {
+                    return Err(Stopped::Ended(Ok(())));
+                }
+                if self.rest_due(side, &mut activity) {
+                    // Only if the socket is empty now.
+                    return match self.read_once(side, false).map_err(end)? {
+                        false => Err(Stopped::Rested),
+                        true => Ok(true),
+                    };
                 }
                 let tries = self.conn.lead_tries.load(Relaxed);
                 if tries != seen {
@@ -208,14 +259,18 @@ impl Reader<'_> {
                 }
                 let wait =
                     (!side.drained || !self.leadable() || quiet >= QUIET_READS) && !side.look;
-                self.read_once(side, wait).map_err(Err)
+                self.read_once(side, wait).map_err(end)
             })();
             match step {
                 Ok(true) => quiet = quiet.saturating_add(1),
                 Ok(false) => {
                     drop(turn);
-                    self.wait_readable(None, None)?;
+                    if let Err(e) = self.wait_readable(None, None) {
+                        return Stopped::Ended(Err(e.into()));
+                    }
                 }
+                // The read side stays for whoever reads next.
+                Err(Stopped::Rested) => return Stopped::Rested,
                 // The end, found here or by a leader: no one leads from now on (cleared
                 // with the turn still held, so no thread slips in before `run` does).
                 Err(end) => {

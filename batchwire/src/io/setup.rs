@@ -4,7 +4,10 @@
 //! event loop (`io::accept`), and their thread goes on at [`Setup::established`]. Every
 //! step is commented, in the manner of mini-redis' `connection.rs`.
 
+mod reading;
 mod steps;
+
+pub(crate) use reading::Reading;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -22,7 +25,7 @@ use tracing::{debug, info};
 
 use crate::certs::cert_names;
 use crate::config::NodeConfig;
-use crate::event::{CloseReason, Event};
+use crate::event::Event;
 use crate::io::conn::{Conn, LinkError};
 use crate::io::events::Events;
 use crate::io::lane::Lane;
@@ -31,8 +34,9 @@ use crate::io::mailbox::Mailboxes;
 use crate::io::members::Members;
 use crate::io::peer::Peer;
 use crate::io::peers::{AddError, Peers};
-use crate::io::read::Reader;
+use crate::io::resting::Resting;
 use crate::io::shutdown::Shutdown;
+use crate::io::threads::Threads;
 use crate::stats::SecurityCounters;
 
 /// Handshake frames are small; anything bigger than this before authentication is refused.
@@ -43,6 +47,9 @@ pub(crate) const HANDSHAKE_MAX_FRAME: usize = 4096;
 pub(crate) fn looks_like_tls(buf: &[u8]) -> bool {
     buf.len() >= 2 && matches!(buf[0], 0x15 | 0x16) && buf[1] == 3
 }
+
+/// Told the name of a peer whose connection ended (see [`Setup::on_lost`]).
+pub(crate) type LostHook = Box<dyn Fn(&Name) + Send + Sync>;
 
 /// What connections need, shared by the acceptor's threads and the dialers.
 pub(crate) struct Setup {
@@ -70,6 +77,12 @@ pub(crate) struct Setup {
     statics: Vec<(Name, SocketAddr)>,
     /// The seeds' addresses as last resolved (the joiner's, at most `join::MAX_ADDRS`).
     seed_addrs: Mutex<Vec<SocketAddr>>,
+    /// The node's thread for resting connections (`None` if its poll could not be made:
+    /// reader threads then never rest).
+    pub resting: Option<Resting>,
+    /// Called with a peer's name when one of its connections ended (the dialers start a
+    /// dialer again if the mesh needs one: `Dialers::redial`).
+    pub on_lost: std::sync::OnceLock<LostHook>,
 }
 
 /// A connection whose batchwire handshake is done: the peer proved the cluster secret
@@ -112,7 +125,15 @@ impl Setup {
         shared: Option<Arc<Lane>>,
         members: Option<Members>,
         statics: Vec<(Name, SocketAddr)>,
+        threads: Threads,
     ) -> Setup {
+        let resting = match Resting::new(name.clone(), threads, shutdown.clone()) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(node = %name, error = %e, "cannot make a poll for resting connections; reader threads stay");
+                None
+            }
+        };
         let seed_addrs = config
             .seeds()
             .iter()
@@ -138,6 +159,8 @@ impl Setup {
             members,
             statics,
             seed_addrs: Mutex::new(seed_addrs),
+            resting,
+            on_lost: std::sync::OnceLock::new(),
         }
     }
 
@@ -241,7 +264,7 @@ impl Setup {
 
     /// Run a dialled connection to its end (on the dialler's thread). Returns whether the
     /// handshake succeeded.
-    pub fn run(&self, stream: TcpStream, side: Side) -> bool {
+    pub fn run(self: &Arc<Self>, stream: TcpStream, side: Side) -> bool {
         let Ok(addr) = stream.peer_addr() else {
             return false; // already gone
         };
@@ -302,7 +325,7 @@ impl Setup {
     /// Run a connection whose handshake is done to its end: with TLS the certificate's
     /// name first, then (the inbound handshake's place freed) RESUME, the reader and the
     /// teardown. Returns whether the peer was authenticated.
-    pub fn established(&self, h: Handshaken, slot: Option<HandshakeSlot>) -> bool {
+    pub fn established(self: &Arc<Self>, h: Handshaken, slot: Option<HandshakeSlot>) -> bool {
         let (link, info, buf, addr) = (h.link, h.info, h.buf, h.addr);
         let (deadline, dialled, joining) = (h.deadline, h.dialled, h.joining);
         if let Err(e) = self.check_certificate(&link, &info) {
@@ -311,7 +334,7 @@ impl Setup {
         }
         let link = Arc::new(link);
         drop(slot);
-        let _span = tracing::info_span!(
+        let span = tracing::info_span!(
             "conn",
             node = %self.name,
             peer = %info.name,
@@ -412,77 +435,19 @@ impl Setup {
         });
         self.announce(&info, dialled.then_some(addr));
 
-        // 4. Read until the connection ends one way or another.
-        let reader = Reader {
-            peer: &peer,
-            conn: &conn,
-            mailboxes: &self.mailboxes,
-            events: &self.events,
-            shared: self.shared.as_deref(),
-            max_frame: self.config.max_frame(),
-            max_payload: self.config.max_payload as u64,
-            read_bytes: self.config.read_bytes,
+        // 4. Read until the connection ends one way or another (on this thread, and
+        //    while it rests on the node's thread for resting connections and the threads
+        //    that one starts), then tear it down.
+        let reading = Reading {
+            setup: self.clone(),
+            peer,
+            conn,
+            info,
+            addr,
         };
-        let result = reader.run(buf);
-
-        // 5. Tear down: close both halves (the writer notices) and forget the connection.
-        //    One that another connection of the peer had already superseded (the join
-        //    connection once the canonical one is up, or a redundant one) ends quietly,
-        //    whoever closed it: nothing of the session depended on it.
-        let superseded = peer.current().is_some_and(|c| c.id != conn.id);
-        conn.close();
-        peer.session(|s, now| s.handle_disconnect(now, conn.id));
-        peer.uninstall(&conn);
-        // Connections on demand (not static peers): with nothing pending either way the
-        // session parks (closed for idleness, by either end, or broken while quiet); else
-        // a connection is wanted back at once.
-        let parked = self.config.on_demand()
-            && !peer.pinned.load(Relaxed)
-            && !superseded
-            && !self.shutdown.is_shutting_down()
-            && result.is_err()
-            && peer.park_or_redial();
-        let reason = match &result {
-            Ok(()) => CloseReason::Goodbye,
-            Err(e) => {
-                if e.is_violation() {
-                    peer.stats.violations.fetch_add(1, Relaxed);
-                }
-                e.close_reason()
-            }
-        };
-        let reason = match reason {
-            _ if self.shutdown.is_shutting_down() && result.is_err() => CloseReason::ShutDown,
-            CloseReason::Closed | CloseReason::Io(_) if superseded => CloseReason::Replaced,
-            // Closed by this end for idleness, or by the other (a clean close with nothing
-            // pending here either).
-            CloseReason::Closed | CloseReason::Io(_) if parked && conn.closed_idle() => {
-                CloseReason::Idle
-            }
-            CloseReason::Closed if parked => CloseReason::Idle,
-            CloseReason::Closed if peer.state() == batchwire_core::session::PeerState::Down => {
-                CloseReason::Down
-            }
-            r => r,
-        };
-        match &reason {
-            CloseReason::Goodbye => {
-                info!(node = %self.name, peer = %info.name, "peer said goodbye")
-            }
-            CloseReason::ShutDown | CloseReason::Replaced | CloseReason::Idle => {
-                debug!(node = %self.name, peer = %info.name, %reason, "connection closed")
-            }
-            CloseReason::Protocol(_) => {
-                warn_limited!(node = %self.name, peer = %info.name, %addr, %reason, "protocol violation; connection closed, nothing skipped")
-            }
-            _ => {
-                warn_limited!(node = %self.name, peer = %info.name, %addr, %reason, "connection lost; will resume")
-            }
-        }
-        self.events.emit(Event::Disconnected {
-            peer: info.name.to_string(),
-            reason,
-        });
+        reading.start(buf);
+        drop(span);
+        reading.go();
         true
     }
 

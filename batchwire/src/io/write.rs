@@ -44,6 +44,8 @@ pub(crate) struct WriterCfg {
     /// Connections on demand: close one that carried no message either way for this long
     /// with nothing pending (see `peer::demand`).
     pub idle_close: Option<Duration>,
+    /// How long a writer with nothing to write waits before it ends (`thread_linger`).
+    pub linger: Duration,
 }
 
 /// How long an idle writer sleeps before looking up anyway (it is woken for everything
@@ -51,15 +53,12 @@ pub(crate) struct WriterCfg {
 const IDLE: Duration = Duration::from_secs(60);
 /// After the shutdown deadline, how long a write to a peer that does not read may go on.
 const GRACE: Duration = Duration::from_secs(1);
-/// How long a writer with a quiet plain TCP connection waits for more before it ends (see
-/// [`run_writer`]).
-pub(crate) const LINGER: Duration = Duration::from_secs(2);
 
 /// While the peer has a connection or something queued (see `peer::demand`): write what
 /// is due, take more, sleep until poked.
 ///
 /// **Resting**: on a plain TCP connection that is not closed for idleness (static peers,
-/// the mesh), a writer that found nothing to write for [`LINGER`] ends, connection or
+/// the mesh), a writer that found nothing to write for `cfg.linger` ends, connection or
 /// not: an idle peer costs no writer thread. Its heartbeats and delayed acknowledgements
 /// are written by the ticker that makes them due (without waiting, see `tick.rs`), and
 /// any poke of the lane starts a writer again (`Lane::set_on_poke`), as does a send.
@@ -124,8 +123,10 @@ pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
             .as_ref()
             .is_some_and(|c| cfg.idle_close.is_none() && c.link.writes_without_waiting());
         let linger = match cfg.idle_close {
-            Some(after) if conn.is_some() => Some(after.clamp(Duration::from_millis(1), LINGER)),
-            _ => rests.then_some(LINGER),
+            Some(after) if conn.is_some() => {
+                Some(after.clamp(Duration::from_millis(1), cfg.linger))
+            }
+            _ => rests.then_some(cfg.linger),
         };
         let idle = match bundler.as_mut() {
             Some(b) if !peer.window_full() => {

@@ -43,14 +43,6 @@ impl Peer {
             && self.session(|s, _| s.incarnation()) == Some(incarnation)
     }
 
-    /// Wait (at most until `deadline`) while the current connection is live and
-    /// canonical, waking whenever a connection comes or goes or `stop()` holds.
-    pub fn wait_while_live_canonical(&self, deadline: Instant, stop: impl Fn() -> bool) {
-        self.ctx
-            .conns
-            .wait_until(deadline, || stop() || !self.current_is_live_canonical());
-    }
-
     /// Whether the current connection is live and canonical (no session lock taken: for
     /// use inside `Peer::session`).
     pub fn current_is_live_canonical(&self) -> bool {

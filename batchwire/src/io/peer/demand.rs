@@ -82,6 +82,10 @@ impl Peer {
         if let Err(e) = (h.spawn_writer)(me) {
             d.writer_running.store(false, SeqCst);
             warn!(node = %self.ctx.node, peer = %self.name, error = %e, "cannot start the peer's writer; will try again with the next message");
+        } else {
+            self.stats
+                .writer_starts
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

@@ -192,13 +192,13 @@ impl Reader<'_> {
 /// While a thread leads `peer`'s connection: control its session turns make due waits for
 /// `flush` (before the thread waits for the socket) or the end of the lead, where the
 /// thread writes it itself if no one is writing (`write_control_through`).
-struct DeferControl<'a> {
+pub(super) struct DeferControl<'a> {
     peer: &'a Peer,
     outer: Option<(*const Peer, bool)>,
 }
 
 impl<'a> DeferControl<'a> {
-    fn new(peer: &'a Peer) -> Self {
+    pub(super) fn new(peer: &'a Peer) -> Self {
         DeferControl {
             peer,
             outer: crate::io::peer::control::begin(peer),

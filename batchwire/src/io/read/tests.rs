@@ -197,6 +197,7 @@ fn reader_of<'a>(
         max_frame: 1 << 20,
         max_payload: 1 << 20,
         read_bytes: 1 << 16,
+        linger: None,
     }
 }
 

@@ -106,6 +106,7 @@ impl Runtime {
             max_frame: self.config.max_frame(),
             max_payload: self.config.max_payload as u64,
             read_bytes: self.config.read_bytes,
+            linger: None,
         }
         .lead(done, until, wake)
     }

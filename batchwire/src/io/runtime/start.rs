@@ -116,6 +116,7 @@ impl Runtime {
             shared_lane.clone(),
             members.clone(),
             peer_names.clone(),
+            threads.clone(),
         ));
         let dialers = Dialers::new(
             setup.clone(),
@@ -124,6 +125,12 @@ impl Runtime {
             config.on_demand(),
         );
         let weak = dialers.downgrade();
+        let lost = weak.clone();
+        let _ = setup.on_lost.set(Box::new(move |n: &Name| {
+            if let Some(d) = lost.upgrade() {
+                crate::io::dial::Dialers::from_inner(d).redial(n);
+            }
+        }));
         let _ = ctx.hooks.set(crate::io::peer::Hooks {
             spawn_writer: Box::new(peers.writer_spawner()),
             dial: config

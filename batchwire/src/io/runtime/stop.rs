@@ -38,6 +38,10 @@ impl Runtime {
         //    own).
         self.shutdown.stop();
         self.timer.wake();
+        // Connections still resting get their readers back (which see the sweep below).
+        if let Some(r) = &self.setup.resting {
+            r.stop();
+        }
         // Requests still waiting fail now (their replies can no longer come).
         self.ctx.calls.stop();
         // The membership thread by a datagram from its own socket (`DatagramWaker`).

@@ -53,6 +53,7 @@ fn spawn_writer(peer: &Arc<Peer>, shutdown: &Shutdown) -> std::thread::JoinHandl
         bundler: Some(BundlerConfig::default()),
         shared_done: None,
         idle_close: None,
+        linger: Duration::from_secs(2),
     };
     std::thread::spawn(move || run_writer(p, cfg, sd))
 }
@@ -258,6 +259,7 @@ fn writers_on_demand(peer: &Arc<Peer>, shutdown: &Shutdown) -> Arc<Mutex<Vec<Joi
                 bundler: Some(BundlerConfig::default()),
                 shared_done: None,
                 idle_close: None,
+                linger: Duration::from_millis(200),
             };
             let sd = sd.clone();
             s.lock()
@@ -271,7 +273,7 @@ fn writers_on_demand(peer: &Arc<Peer>, shutdown: &Shutdown) -> Arc<Mutex<Vec<Joi
     started
 }
 
-/// Resting (`run_writer`): a writer with nothing to write ends within `LINGER` while its
+/// Resting (`run_writer`): a writer with nothing to write ends after its linger while its
 /// connection stays up; the ticker writes the heartbeat itself without starting one; any
 /// poke starts one again, and what is queued then goes out.
 #[test]
@@ -285,7 +287,7 @@ fn a_quiet_writer_rests_the_ticker_writes_heartbeats_and_a_poke_brings_it_back()
     let shutdown = Shutdown::default();
     let started = writers_on_demand(&peer, &shutdown);
     peer.ensure_writer();
-    let deadline = Instant::now() + LINGER + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while !started.lock().unwrap()[0].is_finished() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }

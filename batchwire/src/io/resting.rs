@@ -1,0 +1,213 @@
+//! The node's one thread for resting connections: plain TCP connections whose reader thread
+//! ended because nothing moved either way for `thread_linger` (see `read::Stopped::Rested`).
+//!
+//! Each is registered with one `mio` poll (edge-triggered: a connection is parked only with
+//! its socket read empty, and one that became readable meanwhile is reported when it is
+//! registered). When one is readable this thread reads and acts on what came, as a leader
+//! would (`Reader::serve_rested`: heartbeats, acknowledgements, a lone message), and leaves
+//! it parked; a connection that needs more (a stream, a piece read in place, a thread
+//! leading it, its end) is taken off the poll and given a reader thread again, which reads
+//! on and, if it ended, tears it down as usual (`setup::Reading`). So an idle peer costs no
+//! thread, and none is started for its heartbeats.
+//!
+//! The thread starts with the first connection that rests (a node whose connections never
+//! rest has none), sleeps in `epoll_wait` until one is readable or it is woken, and at
+//! shutdown gives every connection still parked a reader thread (which sees the node's last
+//! sweep close it) and ends.
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use batchwire_core::codec::Name;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use tracing::warn;
+
+use crate::io::setup::Reading;
+use crate::io::shutdown::Shutdown;
+use crate::io::threads::Threads;
+
+/// The token of the thread's waker (connections have 1 and up).
+const WAKE: Token = Token(0);
+
+/// A cheap handle on the node's resting connections.
+#[derive(Clone)]
+pub(crate) struct Resting(Arc<Inner>);
+
+struct Inner {
+    node: Name,
+    registry: Registry,
+    waker: Waker,
+    /// The poll, until the thread takes it.
+    poll: Mutex<Option<Poll>>,
+    started: AtomicBool,
+    parked: Mutex<Parked>,
+    threads: Threads,
+    shutdown: Shutdown,
+}
+
+#[derive(Default)]
+struct Parked {
+    by_token: HashMap<usize, Reading>,
+    next: usize,
+    /// The thread ended (shutdown): nothing parks any more.
+    closed: bool,
+}
+
+impl Resting {
+    pub fn new(node: Name, threads: Threads, shutdown: Shutdown) -> std::io::Result<Resting> {
+        let poll = Poll::new()?;
+        let registry = poll.registry().try_clone()?;
+        let waker = Waker::new(poll.registry(), WAKE)?;
+        Ok(Resting(Arc::new(Inner {
+            node,
+            registry,
+            waker,
+            poll: Mutex::new(Some(poll)),
+            started: AtomicBool::new(false),
+            parked: Mutex::new(Parked {
+                next: 1,
+                ..Parked::default()
+            }),
+            threads,
+            shutdown,
+        })))
+    }
+
+    /// Park a connection whose reader thread rests (its socket `fd` read empty). Hands it
+    /// back if it cannot rest here (the node stops, or the poll refused it): the caller
+    /// reads on.
+    pub fn park(&self, fd: RawFd, r: Reading) -> Result<(), Reading> {
+        let inner = &self.0;
+        if inner.shutdown.is_stopped() || !self.ensure_thread() {
+            return Err(r);
+        }
+        let token = {
+            let mut g = inner.parked.lock().unwrap_or_else(|p| p.into_inner());
+            if g.closed {
+                return Err(r);
+            }
+            let t = g.next;
+            g.next += 1;
+            g.by_token.insert(t, r);
+            t
+        };
+        // Registered after it is in the table: an event for it finds it there.
+        if let Err(e) =
+            inner
+                .registry
+                .register(&mut SourceFd(&fd), Token(token), Interest::READABLE)
+        {
+            warn!(node = %inner.node, error = %e, "cannot watch a resting connection; its reader goes on");
+            let mut g = inner.parked.lock().unwrap_or_else(|p| p.into_inner());
+            return match g.by_token.remove(&token) {
+                Some(r) => Err(r),
+                // The thread took it meanwhile (it stopped): it gave it a reader.
+                None => Ok(()),
+            };
+        }
+        Ok(())
+    }
+
+    /// The node stops: the thread gives every parked connection a reader and ends.
+    pub fn stop(&self) {
+        let _ = self.0.waker.wake();
+    }
+
+    fn ensure_thread(&self) -> bool {
+        let inner = &self.0;
+        if inner.started.load(Ordering::Acquire) {
+            return true;
+        }
+        let Some(poll) = inner.poll.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            // Another thread is starting it.
+            return true;
+        };
+        let me = self.clone();
+        match inner
+            .threads
+            .spawn(format!("bw-rest-{}", inner.node), move || me.run(poll))
+        {
+            Ok(()) => {
+                inner.started.store(true, Ordering::Release);
+                true
+            }
+            Err(e) => {
+                warn!(node = %inner.node, error = %e, "cannot start the thread for resting connections; readers stay");
+                false
+            }
+        }
+    }
+
+    fn run(&self, mut poll: Poll) {
+        let inner = &self.0;
+        let mut events = Events::with_capacity(256);
+        loop {
+            if inner.shutdown.is_stopped() {
+                break;
+            }
+            if let Err(e) = poll.poll(&mut events, None) {
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                warn!(node = %inner.node, error = %e, "waiting for resting connections failed; they get their readers back");
+                break;
+            }
+            for ev in events.iter() {
+                let token = ev.token().0;
+                if token == WAKE.0 {
+                    continue;
+                }
+                let Some(r) = inner
+                    .parked
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .by_token
+                    .remove(&token)
+                else {
+                    continue;
+                };
+                if r.serve() {
+                    let mut g = inner.parked.lock().unwrap_or_else(|p| p.into_inner());
+                    g.by_token.insert(token, r);
+                } else {
+                    self.wake_reader(r);
+                }
+            }
+        }
+        let all: Vec<Reading> = {
+            let mut g = inner.parked.lock().unwrap_or_else(|p| p.into_inner());
+            g.closed = true;
+            g.by_token.drain().map(|(_, r)| r).collect()
+        };
+        for r in all {
+            self.wake_reader(r);
+        }
+    }
+
+    /// Take `r` off the poll and give it a reader thread (or, if none can start, close it
+    /// and tear it down here).
+    fn wake_reader(&self, r: Reading) {
+        let inner = &self.0;
+        if let Some(fd) = r.fd() {
+            let _ = inner.registry.deregister(&mut SourceFd(&fd));
+        }
+        let slot = Arc::new(Mutex::new(Some(r)));
+        let s2 = slot.clone();
+        let spawned = inner
+            .threads
+            .spawn_inbound(format!("bw-read-{}", inner.node), move || {
+                if let Some(r) = s2.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    r.go();
+                }
+            });
+        if let Err(e) = spawned
+            && let Some(r) = slot.lock().unwrap_or_else(|p| p.into_inner()).take()
+        {
+            warn!(node = %inner.node, error = %e, "cannot start a reader thread for a connection; closed it (it resumes on the next one)");
+            r.fail(e);
+        }
+    }
+}
