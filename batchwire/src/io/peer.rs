@@ -11,7 +11,7 @@
 mod budget;
 pub(crate) use budget::{ReassemblyBudget, ReassemblyGuard};
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::Waker;
 use std::time::{Duration, Instant};
@@ -53,6 +53,7 @@ pub(crate) struct PeerCtx {
 mod conns;
 pub(crate) mod control;
 mod demand;
+mod schedule;
 pub(crate) use demand::Hooks;
 
 /// Connections coming and going, for whoever waits for them (`wait_for_peers`, the
@@ -160,6 +161,10 @@ pub(crate) struct Peer {
     me: Weak<Peer>,
     /// Its writer and connection on demand.
     demand: demand::Demand,
+    /// The earliest deadline of this peer's session the ticker's schedule holds (in the
+    /// timer's nanoseconds; `u64::MAX`: none): a later one is not scheduled again (the
+    /// ticker reschedules from the session when the earlier one comes).
+    scheduled: AtomicU64,
 }
 
 /// Undeliverable notices for this peer, summed per (destination, sender) pair until the
@@ -225,6 +230,7 @@ impl Peer {
                 stats: PeerCounters::default(),
                 me: me.clone(),
                 demand: Default::default(),
+                scheduled: AtomicU64::new(u64::MAX),
             }
         })
     }
@@ -313,7 +319,7 @@ impl Peer {
             self.lane.poke();
         }
         if let Some(t) = deadline {
-            self.ctx.timer.wake_at(t);
+            self.schedule(t);
         }
         for e in events {
             self.dispatch(e, &mut failed_on_down);

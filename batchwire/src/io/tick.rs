@@ -19,16 +19,35 @@ use crate::io::timer::Timer;
 /// Longest sleep when no session has a deadline (nothing connected).
 const IDLE: Duration = Duration::from_secs(60);
 
+/// How often the ticker looks at every session anyway (a safety net under the schedule:
+/// every deadline change goes through `Peer::session`, which schedules it).
+const SWEEP: Duration = Duration::from_secs(10);
+
 pub(crate) fn run_ticker(peers: Peers, timer: Timer, shutdown: Shutdown) {
+    let mut due = Vec::new();
+    let mut sweep_at = Instant::now();
     while !shutdown.is_stopped() {
         timer.reset();
-        let mut next: Option<Instant> = None;
-        for p in peers.all() {
-            if let Some(t) = tick(&p) {
-                next = Some(next.map_or(t, |n| n.min(t)));
+        let now = Instant::now();
+        if now >= sweep_at {
+            sweep_at = now + SWEEP;
+            for p in peers.all() {
+                p.unschedule();
+                p.reschedule(tick(&p));
             }
         }
-        timer.sleep_until(next, IDLE);
+        // The peers due now; each handled once, then scheduled at its session's next
+        // deadline (entries whose deadline moved later are looked at and scheduled anew).
+        due.clear();
+        timer.take_due(now, &mut due);
+        for &id in &due {
+            if let Some(p) = peers.by_id(id) {
+                p.unschedule();
+                p.reschedule(tick(&p));
+            }
+        }
+        let next = timer.next_due().map_or(sweep_at, |t| t.min(sweep_at));
+        timer.sleep_until(Some(next), IDLE);
     }
 }
 

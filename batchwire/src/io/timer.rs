@@ -1,7 +1,13 @@
 //! The ticker's alarm clock. The ticker sleeps until the earliest session deadline; anyone
 //! who gives a session an earlier deadline (a delayed acknowledgement, say) calls
 //! [`Timer::wake_at`], which costs one atomic load unless it is earlier than the alarm.
+//!
+//! And its schedule: which peer is due when ([`Timer::schedule`], [`Timer::take_due`]), so
+//! that a wake-up handles the peers due then, not every peer (at a thousand peers, two
+//! thousand heartbeats a second each looked at every session).
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -16,6 +22,9 @@ struct Inner {
     alarm: AtomicU64,
     lock: Mutex<()>,
     cv: Condvar,
+    /// (nanoseconds since `origin`, peer): a peer whose session has a deadline then. An
+    /// entry may be stale (the deadline moved): the ticker looks at the session anyway.
+    due: Mutex<BinaryHeap<Reverse<(u64, u32)>>>,
 }
 
 impl Timer {
@@ -25,11 +34,47 @@ impl Timer {
             alarm: AtomicU64::new(u64::MAX),
             lock: Mutex::new(()),
             cv: Condvar::new(),
+            due: Mutex::new(BinaryHeap::new()),
         }))
     }
 
-    fn ns(&self, t: Instant) -> u64 {
+    /// `t` in nanoseconds since the timer's origin.
+    pub fn ns(&self, t: Instant) -> u64 {
         t.saturating_duration_since(self.0.origin).as_nanos() as u64
+    }
+
+    /// Peer `id`'s session has a deadline at `t`: the ticker looks at it then.
+    pub fn schedule(&self, id: u32, t: Instant) {
+        let ns = self.ns(t);
+        self.0
+            .due
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Reverse((ns, id)));
+        self.wake_at(t);
+    }
+
+    /// The ticker: take the peers due by `now` (each once) into `out`.
+    pub fn take_due(&self, now: Instant, out: &mut Vec<u32>) {
+        let now = self.ns(now);
+        let mut g = self.0.due.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(&Reverse((t, id))) = g.peek() {
+            if t > now {
+                break;
+            }
+            g.pop();
+            out.push(id);
+        }
+        drop(g);
+        out.sort_unstable();
+        out.dedup();
+    }
+
+    /// When the next scheduled peer is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        let g = self.0.due.lock().unwrap_or_else(|p| p.into_inner());
+        g.peek()
+            .map(|Reverse((t, _))| self.0.origin + Duration::from_nanos(*t))
     }
 
     /// Make sure the ticker is awake at `t`.
@@ -88,6 +133,31 @@ impl Timer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_schedule_gives_the_peers_due_each_once_and_the_next_time() {
+        let timer = Timer::new();
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        timer.schedule(5, ms(10));
+        timer.schedule(3, ms(5));
+        timer.schedule(5, ms(1));
+        timer.schedule(9, ms(30));
+        let mut due = Vec::new();
+        timer.take_due(ms(6), &mut due);
+        assert_eq!(due, [3, 5]);
+        let next = timer.next_due().unwrap();
+        assert!(next >= ms(10) - Duration::from_micros(1) && next <= ms(10));
+        due.clear();
+        timer.take_due(ms(10), &mut due);
+        assert_eq!(due, [5], "a stale entry is given too: the ticker looks");
+        due.clear();
+        timer.take_due(ms(29), &mut due);
+        assert!(due.is_empty());
+        timer.take_due(ms(30), &mut due);
+        assert_eq!(due, [9]);
+        assert_eq!(timer.next_due(), None);
+    }
 
     #[test]
     fn an_earlier_deadline_wakes_the_sleeper() {
