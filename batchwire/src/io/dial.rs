@@ -120,28 +120,43 @@ impl Dialers {
             return;
         }
         let mut map = inner.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(t) = map.get(name) {
-            *t.addr.lock().unwrap_or_else(|p| p.into_inner()) = addr;
-            t.keep.store(true, Ordering::Release);
-            if t.running.load(Ordering::Acquire) {
-                return;
-            }
-        }
-        let t = Arc::new(Target {
-            addr: Mutex::new(addr),
-            keep: AtomicBool::new(true),
-            running: AtomicBool::new(true),
-        });
-        map.insert(name.detached(), t.clone());
-        let (st, pn) = (inner.setup.clone(), name.detached());
-        let spawned = inner.threads.spawn(format!("bw-dial-{name}"), move || {
-            run_dialer(&st, &pn, &t);
-            t.running.store(false, Ordering::Release);
-        });
-        if let Err(e) = spawned {
+        // One target per member, kept while the member is: its dialer (whoever started
+        // it) owns `running`, so there is never a second one.
+        let t = map
+            .entry(name.detached())
+            .or_insert_with(|| {
+                Arc::new(Target {
+                    addr: Mutex::new(addr),
+                    keep: AtomicBool::new(true),
+                    running: AtomicBool::new(false),
+                })
+            })
+            .clone();
+        drop(map);
+        *t.addr.lock().unwrap_or_else(|p| p.into_inner()) = addr;
+        t.keep.store(true, Ordering::Release);
+        if let Err(e) = self.start_dialer(name, t) {
             debug!(node = %inner.setup.name, peer = %name, error = %e, "cannot start a dialer");
-            map.remove(name);
         }
+    }
+
+    /// Start the mesh dialer of `t` unless one runs (it owns `t.running` while it runs).
+    fn start_dialer(&self, name: &Name, t: Arc<Target>) -> std::io::Result<()> {
+        if t.running.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let (st, pn, t2) = (self.0.setup.clone(), name.detached(), t.clone());
+        let spawned = self.0.threads.spawn(format!("bw-dial-{name}"), move || {
+            // Down only if this dialer still owns it (it may have handed it over, see
+            // `run_dialer`).
+            if run_dialer(&st, &pn, &t2) {
+                t2.running.store(false, Ordering::SeqCst);
+            }
+        });
+        if spawned.is_err() {
+            t.running.store(false, Ordering::SeqCst);
+        }
+        spawned
     }
 
     /// A connection to `name` ended: in the mesh, if this node dials it and no dialer runs
@@ -156,16 +171,10 @@ impl Dialers {
             return;
         };
         drop(map);
-        if !t.keep.load(Ordering::Acquire) || t.running.swap(true, Ordering::SeqCst) {
+        if !t.keep.load(Ordering::Acquire) {
             return;
         }
-        let (st, pn, t2) = (inner.setup.clone(), name.detached(), t.clone());
-        let spawned = inner.threads.spawn(format!("bw-dial-{name}"), move || {
-            run_dialer(&st, &pn, &t2);
-            t2.running.store(false, Ordering::Release);
-        });
-        if let Err(e) = spawned {
-            t.running.store(false, Ordering::SeqCst);
+        if let Err(e) = self.start_dialer(name, t) {
             warn!(node = %inner.setup.name, peer = %name, error = %e, "cannot start a dialer again; the peer's next connection is its to make");
         }
     }
@@ -336,7 +345,9 @@ impl Backoff {
     }
 }
 
-fn run_dialer(setup: &Arc<Setup>, peer: &Name, target: &Target) {
+/// The mesh dialer of `peer`. Returns whether it still owns `target.running` (false: it
+/// handed the flag over, see below, and must not touch it).
+fn run_dialer(setup: &Arc<Setup>, peer: &Name, target: &Target) -> bool {
     let mut backoff = Backoff::new(setup.config.reconnect_min, setup.config.reconnect_max);
     let mut failures = 0u32;
     let go_on = || !setup.shutdown.is_stopped() && target.keep.load(Ordering::Acquire);
@@ -357,7 +368,7 @@ fn run_dialer(setup: &Arc<Setup>, peer: &Name, target: &Target) {
                 || !go_on()
                 || target.running.swap(true, Ordering::SeqCst)
             {
-                return;
+                return false;
             }
             continue;
         }
@@ -367,6 +378,7 @@ fn run_dialer(setup: &Arc<Setup>, peer: &Name, target: &Target) {
             break;
         }
     }
+    true
 }
 
 /// Whether a failed connect says the peer is not there (rather than that the attempt was

@@ -121,20 +121,32 @@ impl Resting {
         if inner.started.load(Ordering::Acquire) {
             return true;
         }
-        let Some(poll) = inner.poll.lock().unwrap_or_else(|p| p.into_inner()).take() else {
-            // Another thread is starting it.
+        // One starter at a time, holding the poll: another thread that would park meanwhile
+        // waits for it here, and a start that failed leaves the poll for the next try.
+        let mut slot = inner.poll.lock().unwrap_or_else(|p| p.into_inner());
+        if inner.started.load(Ordering::Acquire) {
             return true;
+        }
+        let Some(poll) = slot.take() else {
+            return false;
         };
-        let me = self.clone();
-        match inner
+        let handover = Arc::new(Mutex::new(Some(poll)));
+        let (me, h2) = (self.clone(), handover.clone());
+        let spawned = inner
             .threads
-            .spawn(format!("bw-rest-{}", inner.node), move || me.run(poll))
-        {
+            .spawn(format!("bw-rest-{}", inner.node), move || {
+                let poll = h2.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(poll) = poll {
+                    me.run(poll)
+                }
+            });
+        match spawned {
             Ok(()) => {
                 inner.started.store(true, Ordering::Release);
                 true
             }
             Err(e) => {
+                *slot = handover.lock().unwrap_or_else(|p| p.into_inner()).take();
                 warn!(node = %inner.node, error = %e, "cannot start the thread for resting connections; readers stay");
                 false
             }

@@ -444,6 +444,7 @@ impl Setup {
             conn,
             info,
             addr,
+            rests: !joining,
         };
         reading.start(buf);
         drop(span);

@@ -15,13 +15,18 @@ impl Lane {
 
     /// Make the consumer look up: `next_batch` returns `Wake`, `wait_epoch` returns.
     pub fn poke(&self) {
-        let mut g = self.lock();
-        self.bump(&mut g);
-        self.not_empty.notify_all();
-        drop(g);
+        self.nudge();
         if let Some(f) = self.on_poke.get() {
             f();
         }
+    }
+
+    /// A poke without the hook (the caller starts the writer itself, outside a session
+    /// turn: `Peer::install`).
+    pub fn nudge(&self) {
+        let mut g = self.lock();
+        self.bump(&mut g);
+        self.not_empty.notify_all();
     }
 
     /// The current epoch (no lock: the writer reads it once per round).

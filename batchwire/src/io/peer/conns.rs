@@ -17,7 +17,9 @@ impl Peer {
             .unwrap_or_else(|p| p.into_inner())
             .replace(conn);
         self.set_connected(true);
-        self.lane.poke();
+        // Installed in a session turn: the caller starts the writer after it (a thread
+        // start is no work for a session lock).
+        self.lane.nudge();
         self.ctx.conns.changed();
         old
     }

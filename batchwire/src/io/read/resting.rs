@@ -100,4 +100,17 @@ impl Reader<'_> {
         }
         false
     }
+
+    /// No thread could be started to read on (the connection is closed): let go of the
+    /// read side, and of a piece being read in place (its message's room goes now, as
+    /// when a connection ends). If a leader holds the turn, it finds the connection closed
+    /// and leaves the rest to the connection's end.
+    pub fn abandon(&self) {
+        let Some(mut turn) = self.conn.try_read_turn() else {
+            return;
+        };
+        let piece = turn.as_mut().and_then(|side| side.piece.take());
+        self.drop_in_place(piece.as_ref().map(|p| &p.head));
+        *turn = None;
+    }
 }

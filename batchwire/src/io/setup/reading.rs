@@ -24,6 +24,9 @@ pub(crate) struct Reading {
     pub(super) conn: Arc<Conn>,
     pub(super) info: PeerInfo,
     pub(super) addr: SocketAddr,
+    /// Whether its reader may rest (not a join connection: the joiner counts it in flight
+    /// until its reader returns).
+    pub(super) rests: bool,
 }
 
 impl Reading {
@@ -38,7 +41,7 @@ impl Reading {
             max_frame: s.config.max_frame(),
             max_payload: s.config.max_payload as u64,
             read_bytes: s.config.read_bytes,
-            linger: s.resting.is_some().then_some(s.config.thread_linger),
+            linger: (self.rests && s.resting.is_some()).then_some(s.config.thread_linger),
         }
     }
 
@@ -96,7 +99,7 @@ impl Reading {
     /// resumes on the next connection).
     pub fn fail(self, e: std::io::Error) {
         self.conn.close();
-        *self.conn.read_turn() = None;
+        self.reader().abandon();
         self.teardown(Err(LinkError::Io(e)));
     }
 
