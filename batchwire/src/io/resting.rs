@@ -25,39 +25,54 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use tracing::warn;
 
-use crate::io::setup::Reading;
 use crate::io::shutdown::Shutdown;
 use crate::io::threads::Threads;
 
 /// The token of the thread's waker (connections have 1 and up).
 const WAKE: Token = Token(0);
 
-/// A cheap handle on the node's resting connections.
-#[derive(Clone)]
-pub(crate) struct Resting(Arc<Inner>);
+/// A resting connection, as this thread sees it (`setup::Reading` is the one there is).
+pub(crate) trait Rested: Send + Sized + 'static {
+    /// Its socket.
+    fn fd(&self) -> Option<RawFd>;
+    /// It is readable: read what is there; whether it may go on resting.
+    fn serve(&self) -> bool;
+    /// On a thread of its own: read on (and tear down at the end).
+    fn go(self);
+    /// No thread could be started for it: close it and tear it down.
+    fn fail(self, e: std::io::Error);
+}
 
-struct Inner {
+/// A cheap handle on the node's resting connections.
+pub(crate) struct Resting<T>(Arc<Inner<T>>);
+
+impl<T> Clone for Resting<T> {
+    fn clone(&self) -> Self {
+        Resting(self.0.clone())
+    }
+}
+
+struct Inner<T> {
     node: Name,
     registry: Registry,
     waker: Waker,
     /// The poll, until the thread takes it.
     poll: Mutex<Option<Poll>>,
     started: AtomicBool,
-    parked: Mutex<Parked>,
+    parked: Mutex<Parked<T>>,
     threads: Threads,
     shutdown: Shutdown,
 }
 
-#[derive(Default)]
-struct Parked {
-    by_token: HashMap<usize, Reading>,
+struct Parked<T> {
+    by_token: HashMap<usize, T>,
     next: usize,
     /// The thread ended (shutdown): nothing parks any more.
     closed: bool,
 }
 
-impl Resting {
-    pub fn new(node: Name, threads: Threads, shutdown: Shutdown) -> std::io::Result<Resting> {
+impl<T: Rested> Resting<T> {
+    pub fn new(node: Name, threads: Threads, shutdown: Shutdown) -> std::io::Result<Self> {
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
         let waker = Waker::new(poll.registry(), WAKE)?;
@@ -68,8 +83,9 @@ impl Resting {
             poll: Mutex::new(Some(poll)),
             started: AtomicBool::new(false),
             parked: Mutex::new(Parked {
+                by_token: HashMap::new(),
                 next: 1,
-                ..Parked::default()
+                closed: false,
             }),
             threads,
             shutdown,
@@ -79,7 +95,7 @@ impl Resting {
     /// Park a connection whose reader thread rests (its socket `fd` read empty). Hands it
     /// back if it cannot rest here (the node stops, or the poll refused it): the caller
     /// reads on.
-    pub fn park(&self, fd: RawFd, r: Reading) -> Result<(), Reading> {
+    pub fn park(&self, fd: RawFd, r: T) -> Result<(), T> {
         let inner = &self.0;
         if inner.shutdown.is_stopped() || !self.ensure_thread() {
             return Err(r);
@@ -189,7 +205,7 @@ impl Resting {
                 }
             }
         }
-        let all: Vec<Reading> = {
+        let all: Vec<T> = {
             let mut g = inner.parked.lock().unwrap_or_else(|p| p.into_inner());
             g.closed = true;
             g.by_token.drain().map(|(_, r)| r).collect()
@@ -201,7 +217,7 @@ impl Resting {
 
     /// Take `r` off the poll and give it a reader thread (or, if none can start, close it
     /// and tear it down here).
-    fn wake_reader(&self, r: Reading) {
+    fn wake_reader(&self, r: T) {
         let inner = &self.0;
         if let Some(fd) = r.fd() {
             let _ = inner.registry.deregister(&mut SourceFd(&fd));

@@ -79,7 +79,7 @@ pub(crate) struct Setup {
     seed_addrs: Mutex<Vec<SocketAddr>>,
     /// The node's thread for resting connections (`None` if its poll could not be made:
     /// reader threads then never rest).
-    pub resting: Option<Resting>,
+    pub resting: Option<Resting<Reading>>,
     /// Called with a peer's name when one of its connections ended (the dialers start a
     /// dialer again if the mesh needs one: `Dialers::redial`).
     pub on_lost: std::sync::OnceLock<LostHook>,
@@ -448,7 +448,7 @@ impl Setup {
         };
         reading.start(buf);
         drop(span);
-        reading.go();
+        crate::io::resting::Rested::go(reading);
         true
     }
 

@@ -15,6 +15,7 @@ use crate::io::conn::{Conn, LinkError};
 use crate::io::logs::warn_limited;
 use crate::io::peer::Peer;
 use crate::io::read::{Reader, Stopped};
+use crate::io::resting::Rested;
 
 /// A connection past RESUME and what its reader needs; moves between threads while it
 /// rests (see `io::resting`).
@@ -45,25 +46,27 @@ impl Reading {
         }
     }
 
-    /// The connection's socket, if plain TCP.
-    pub fn fd(&self) -> Option<RawFd> {
-        self.conn.link.plain_fd()
-    }
-
     /// Set up the read side of the new connection (see `Reader::start`).
     pub(super) fn start(&self, buf: bytes::BytesMut) {
         self.reader().start(buf);
     }
+}
+
+impl Rested for Reading {
+    /// The connection's socket, if plain TCP.
+    fn fd(&self) -> Option<RawFd> {
+        self.conn.link.plain_fd()
+    }
 
     /// Resting and readable: read what is there (see `Reader::serve_rested`). Returns
     /// whether it may go on resting.
-    pub fn serve(&self) -> bool {
+    fn serve(&self) -> bool {
         self.reader().serve_rested()
     }
 
     /// On this thread, read until the connection ends (then tear it down) or rests (then
     /// park it with the node's thread for resting connections and return).
-    pub fn go(self) {
+    fn go(self) {
         let _span = tracing::info_span!(
             "conn",
             node = %self.setup.name,
@@ -97,12 +100,14 @@ impl Reading {
 
     /// No thread could be started to read it: close it and tear it down (the session
     /// resumes on the next connection).
-    pub fn fail(self, e: std::io::Error) {
+    fn fail(self, e: std::io::Error) {
         self.conn.close();
         self.reader().abandon();
         self.teardown(Err(LinkError::Io(e)));
     }
+}
 
+impl Reading {
     fn teardown(self, result: Result<(), LinkError>) {
         let s = &*self.setup;
         let (peer, conn, info, addr) = (&self.peer, &self.conn, &self.info, self.addr);
