@@ -266,8 +266,9 @@ fn threads_named(prefixes: &[&str]) -> Vec<String> {
 /// and its connection's reader end (and the dialer that made it), while the connection
 /// stays up: the ticker writes the heartbeats, and the node's one thread for resting
 /// connections reads them. Both nodes stay up through four peer timeouts with no thread
-/// started for a heartbeat; the next sends arrive once, in order; and when the connection
-/// ends (the peer restarts) the dialer starts again and reconnects.
+/// started for a heartbeat; a lone message starts no writer either way; the next sends
+/// arrive once, in order; and when the connection ends (the peer restarts) the dialer
+/// starts again and reconnects.
 #[test]
 fn an_idle_peer_costs_no_thread_and_stays_up() {
     let cfgs: Vec<NodeConfig> = mesh(&["ia", "ib"])
@@ -315,10 +316,23 @@ fn an_idle_peer_costs_no_thread_and_stays_up() {
     assert_eq!(nodes[0].connected_peers(), ["ib"]);
     assert_eq!(nodes[1].connected_peers(), ["ia"]);
 
-    for i in 1..=1000u64 {
+    // A lone message starts no thread: its sender writes it, the resting thread reads it,
+    // the ticker writes its acknowledgement.
+    let starts = |n: &Node, p: &str| {
+        let st = n.stats();
+        st.peers.iter().find(|x| x.peer == p).unwrap().writer_starts
+    };
+    let before = [starts(&nodes[0], "ib"), starts(&nodes[1], "ia")];
+    nodes[0].send(&to_b, 1u64.to_le_bytes().to_vec()).unwrap();
+    assert_eq!(seq(&in_b.recv_timeout(T).unwrap().payload), 1);
+    std::thread::sleep(Duration::from_millis(100));
+    let after = [starts(&nodes[0], "ib"), starts(&nodes[1], "ia")];
+    assert_eq!(before, after, "writers started for a lone message");
+
+    for i in 2..=1000u64 {
         nodes[0].send(&to_b, i.to_le_bytes().to_vec()).unwrap();
     }
-    for i in 1..=1000u64 {
+    for i in 2..=1000u64 {
         assert_eq!(seq(&in_b.recv_timeout(T).unwrap().payload), i);
     }
     assert!(

@@ -116,6 +116,10 @@ struct Inner {
     /// The peer is declared down: sends are refused (until it is back up).
     down: bool,
     writer_waiting: bool,
+    /// No writer runs (it rests, or none started yet): like a parked one, a sender may
+    /// write a lone message through (a hint: a writer starting meanwhile is harmless, the
+    /// two take turns as with a parked one).
+    writer_absent: bool,
     /// Senders waiting for room or credit (blocking sends), woken one at a time while they
     /// wait for the same thing.
     senders: Relay<WaitKey>,
@@ -233,6 +237,7 @@ impl Lane {
                 closed: false,
                 down: false,
                 writer_waiting: false,
+                writer_absent: true,
                 senders: Relay::default(),
                 room: Wakers::default(),
                 epoch: 0,
@@ -431,7 +436,8 @@ impl Lane {
         if bytes as u64 > self.high_water.load(Ordering::Relaxed) {
             self.high_water.store(bytes as u64, Ordering::Relaxed);
         }
-        if g.writer_waiting && (was_empty || bytes >= self.wake_bytes) {
+        let idle_writer = g.writer_waiting || g.writer_absent;
+        if idle_writer && (was_empty || bytes >= self.wake_bytes) {
             // Only here, once per wake-up of the writer, is the clock read.
             if self.write_through && was_empty {
                 let now = Instant::now();

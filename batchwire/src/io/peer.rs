@@ -161,6 +161,9 @@ pub(crate) struct Peer {
     me: Weak<Peer>,
     /// Its writer and connection on demand.
     demand: demand::Demand,
+    /// Mirror of the session: control is due, or the window holds what the connection has
+    /// not had, or it is closing (a writer is wanted: see `demand::writer_wanted`).
+    write_due: AtomicBool,
     /// The earliest deadline of this peer's session the ticker's schedule holds (in the
     /// timer's nanoseconds; `u64::MAX`: none): a later one is not scheduled again (the
     /// ticker reschedules from the session when the earlier one comes).
@@ -231,6 +234,7 @@ impl Peer {
                 me: me.clone(),
                 demand: Default::default(),
                 scheduled: AtomicU64::new(u64::MAX),
+                write_due: AtomicBool::new(false),
             }
         })
     }
@@ -298,6 +302,9 @@ impl Peer {
         let delivered = delivering_before && !s.delivering() && s.is_closing();
         // The mirrors are written under the lock, so they follow the session's order.
         self.state.store(state_code(s.state()), Ordering::Release);
+        let write_due =
+            due_after || s.is_closing() || s.current().is_some_and(|c| s.has_unwritten(c));
+        self.write_due.store(write_due, Ordering::Release);
         self.window_full.store(full_after, Ordering::Release);
         self.bulk_room.store(bulk_after, Ordering::Release);
         let _order = (!events.is_empty()).then(|| {

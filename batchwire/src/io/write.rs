@@ -63,6 +63,15 @@ const GRACE: Duration = Duration::from_secs(1);
 /// are written by the ticker that makes them due (without waiting, see `tick.rs`), and
 /// any poke of the lane starts a writer again (`Lane::set_on_poke`), as does a send.
 pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
+    // While no writer runs, a sender writes a lone message through itself (no thread
+    // start for it: see `Lane::push_direct`).
+    peer.lane.set_writer_absent(false);
+    writer_loop(&peer, cfg, shutdown);
+    peer.lane.set_writer_absent(true);
+}
+
+fn writer_loop(peer: &Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
+    let peer = peer.clone();
     let mut bundler = cfg.bundler.as_ref().map(|b| b.build());
     let mut batch = Batch::default();
     let mut control = Vec::new();

@@ -21,6 +21,11 @@ impl Lane {
         }
     }
 
+    /// A writer starts (`false`) or ended (`true`): see `Inner::writer_absent`.
+    pub fn set_writer_absent(&self, absent: bool) {
+        self.lock().writer_absent = absent;
+    }
+
     /// A poke without the hook (the caller starts the writer itself, outside a session
     /// turn: `Peer::install`).
     pub fn nudge(&self) {

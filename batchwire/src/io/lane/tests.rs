@@ -93,7 +93,13 @@ fn a_lone_message_for_a_parked_writer_goes_to_its_sender_unless_a_stream_is_on()
         g.through_ok = true;
         g.probe = 0;
     };
+    // No writer at all (none started yet, or it rests): the sender takes it.
+    assert_eq!(push_direct(&l, 9, true), Pushed::Direct);
+    let b9 = l.take_direct();
+    assert_eq!(b9.messages(), 1);
+    l.finish_direct(b9);
     // Writer awake: queued, whatever else holds.
+    l.set_writer_absent(false);
     assert_eq!(push_direct(&l, 0, true), Pushed::Queued);
     drop_queued(&l);
     // Parked, the lane quiet: the sender takes it, and the writer takes nothing until

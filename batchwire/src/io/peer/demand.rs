@@ -66,6 +66,15 @@ impl Peer {
         }
     }
 
+    /// After the sender wrote a message through itself: no writer is started for it (what
+    /// the socket did not take pokes one), but a connection is on its way.
+    #[inline]
+    pub fn after_push_through(&self) {
+        if !self.demand.connected.load(SeqCst) {
+            self.want_connection(self.state() == PeerState::Down);
+        }
+    }
+
     /// Start the writer unless it runs.
     pub fn ensure_writer(&self) {
         let d = &self.demand;
@@ -90,11 +99,20 @@ impl Peer {
     }
 
     /// The lane was poked (see `Lane::set_on_poke`): start the writer unless it runs, if
-    /// there is a connection to write to or something queued.
+    /// there is something for it: queued, or (with a connection) control or data the
+    /// session says is due, a carry, notices, credit. (A poke for room in the window, with
+    /// nothing to write, starts none: a request and its reply would each start a thread.)
     pub(super) fn writer_wanted(&self) {
-        if !self.demand.writer_running.load(SeqCst)
-            && (self.is_connected() || !self.lane.is_empty())
-        {
+        if self.demand.writer_running.load(SeqCst) {
+            return;
+        }
+        let wanted = !self.lane.is_at_rest()
+            || (self.is_connected()
+                && (self.write_due.load(std::sync::atomic::Ordering::Acquire)
+                    || self.has_notices()
+                    || self.flow.has_output()
+                    || self.current().is_some_and(|c| c.has_carry())));
+        if wanted {
             self.ensure_writer();
         }
     }

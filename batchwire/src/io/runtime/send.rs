@@ -115,17 +115,23 @@ impl Runtime {
     /// one after charging the peer's credit. With `block`, wait for room and credit.
     pub(super) fn push_to(&self, peer: &Peer, m: Outgoing, block: bool) -> Result<(), PushError> {
         let r = self.push_inner(peer, m, block);
-        // Its writer runs and a connection is on its way (see `peer::demand`).
-        peer.after_push();
-        r
+        match r {
+            // Written through (or held for the next connection): a writer is started by
+            // what is left over, if anything (see `write::write_through`).
+            Ok(true) => peer.after_push_through(),
+            // Its writer runs and a connection is on its way (see `peer::demand`).
+            _ => peer.after_push(),
+        }
+        r.map(|_| ())
     }
 
+    /// Returns whether the sender wrote the message through itself.
     pub(super) fn push_inner(
         &self,
         peer: &Peer,
         m: Outgoing,
         block: bool,
-    ) -> Result<(), PushError> {
+    ) -> Result<bool, PushError> {
         let Some(shared) = self
             .shared_lane
             .as_ref()
@@ -136,8 +142,9 @@ impl Runtime {
             let may_write = || !peer.window_full() && !crate::io::mailbox::serving_backlog();
             if peer.lane.push_direct(m, block, may_write)? == Pushed::Direct {
                 crate::io::write::write_through(peer, &self.shutdown);
+                return Ok(true);
             }
-            return Ok(());
+            return Ok(false);
         };
         // Transfer-queue: the sender waits at the door of a peer whose window is full, so
         // the shared queue never holds what only that peer could take.
@@ -151,11 +158,12 @@ impl Runtime {
         }
         // Behind a bulk message of its pair, it waits in the peer's bulk queue.
         let Some(charge) = peer.lane.charge_unless_bulk(&m, block)? else {
-            return peer.lane.push(m, block);
+            return peer.lane.push(m, block).map(|()| false);
         };
         shared
             .push(m, block)
             .inspect_err(|_| peer.lane.refund(m.to, charge))
+            .map(|()| false)
     }
 
     /// Send to mailbox `mailbox` on every peer (and this node if `include_self`).

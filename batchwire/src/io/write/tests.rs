@@ -274,8 +274,9 @@ fn writers_on_demand(peer: &Arc<Peer>, shutdown: &Shutdown) -> Arc<Mutex<Vec<Joi
 }
 
 /// Resting (`run_writer`): a writer with nothing to write ends after its linger while its
-/// connection stays up; the ticker writes the heartbeat itself without starting one; any
-/// poke starts one again, and what is queued then goes out.
+/// connection stays up; the ticker writes the heartbeat itself without starting one; a
+/// poke with something to write starts one again (one with nothing, none), and what is
+/// queued goes out.
 #[test]
 fn a_quiet_writer_rests_the_ticker_writes_heartbeats_and_a_poke_brings_it_back() {
     let cfg = SessionConfig {
@@ -305,9 +306,14 @@ fn a_quiet_writer_rests_the_ticker_writes_heartbeats_and_a_poke_brings_it_back()
         "no writer for a heartbeat"
     );
 
-    // A poke (here a connection change would do it, or room in the window) starts one.
+    // A poke with nothing to write (room in the window, say) starts none; one with
+    // something queued starts one, and it writes it.
     peer.lane.poke();
-    assert_eq!(started.lock().unwrap().len(), 2, "a poke starts a writer");
+    assert_eq!(
+        started.lock().unwrap().len(),
+        1,
+        "nothing to write, no writer"
+    );
     let payload = Bytes::from(7u64.to_le_bytes().to_vec());
     peer.lane
         .push(
@@ -321,6 +327,8 @@ fn a_quiet_writer_rests_the_ticker_writes_heartbeats_and_a_poke_brings_it_back()
             true,
         )
         .unwrap();
+    peer.lane.poke();
+    assert_eq!(started.lock().unwrap().len(), 2, "a poke starts a writer");
     let got = read_until(&mut theirs, |f| matches!(f, Frame::Messages(_)));
     assert!(matches!(got.last(), Some(Frame::Messages(_))), "{got:?}");
     shutdown.drain(Instant::now());
