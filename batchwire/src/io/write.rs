@@ -65,9 +65,9 @@ const GRACE: Duration = Duration::from_secs(1);
 pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
     // While no writer runs, a sender writes a lone message through itself (no thread
     // start for it: see `Lane::push_direct`).
+    // (Set again when it ends: `Peer::writer_may_end`, before its running flag goes down.)
     peer.lane.set_writer_absent(false);
     writer_loop(&peer, cfg, shutdown);
-    peer.lane.set_writer_absent(true);
 }
 
 fn writer_loop(peer: &Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {

@@ -134,14 +134,24 @@ impl Peer {
     /// something came meanwhile (then it goes on and this returns false).
     pub fn writer_may_end(&self, has_work: impl Fn() -> bool) -> bool {
         let d = &self.demand;
+        // Senders may write a lone message through from now on (this writer holds no
+        // batch here). Said before the flag goes down, so a writer started after it says
+        // the opposite last (never an ending writer after a running one: a sender writing
+        // through beside a writer with a batch in hand could number after it).
+        self.lane.set_writer_absent(true);
         d.writer_running.store(false, SeqCst);
         if !has_work() {
             return true;
         }
         // Something came: go on, unless another writer was started for it meanwhile.
-        d.writer_running
+        if d.writer_running
             .compare_exchange(false, true, SeqCst, SeqCst)
             .is_err()
+        {
+            return true;
+        }
+        self.lane.set_writer_absent(false);
+        false
     }
 
     pub(super) fn set_connected(&self, up: bool) {
