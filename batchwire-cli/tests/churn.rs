@@ -134,7 +134,9 @@ fn twenty_thousand_connect_and_close_leave_no_trace() {
     // A leak would be one thread, two maps and its stack per connection: 20,000 of each.
     // What remains is the allocator's per-thread arenas (glibc keeps at most 8 per core):
     // measured here +14..+22 maps and +0.1..0.3 MiB, flat from 10,000 to 70,000.
-    assert_eq!(end.0, base.0, "threads back to the baseline");
+    // Threads may end below the baseline: a writer or reader with nothing to do for
+    // `thread_linger` (2 s) rests, and the churn takes longer than that.
+    assert!(end.0 <= base.0, "threads: {base:?} -> {end:?}");
     assert!(end.1 <= base.1 + 48, "memory maps: {base:?} -> {end:?}");
     assert!(
         end.1 <= half.1 + 24,
