@@ -284,7 +284,8 @@ impl Node {
         self.rt.threads()
     }
 
-    /// Names of the peers with a live connection.
+    /// Names of the peers with a live connection whose session is up: a send to one of
+    /// them is taken (not refused as down) from the moment it is listed here.
     pub fn connected_peers(&self) -> Vec<String> {
         self.rt.connected_peers()
     }

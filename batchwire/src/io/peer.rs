@@ -291,6 +291,17 @@ impl Peer {
             }
             failed_on_down = msgs;
         }
+        // Up again (after any Down of this turn): sends are taken from now on, in this
+        // turn too, so that a sender that saw the peer connected (the state mirror below)
+        // is not refused as down by a lane that has not heard yet.
+        if events.iter().rev().find_map(|e| match e {
+            SessionEvent::Up { .. } => Some(true),
+            SessionEvent::Down { .. } => Some(false),
+            _ => None,
+        }) == Some(true)
+        {
+            self.lane.set_down(false);
+        }
         let deadline = s.poll_timeout();
         let (due_after, full_after, empty_after, bulk_after) = (
             due(&s),
@@ -301,7 +312,8 @@ impl Peer {
         // A writer waiting to say goodbye waits for a delivery in progress to end.
         let delivered = delivering_before && !s.delivering() && s.is_closing();
         // The mirrors are written under the lock, so they follow the session's order.
-        self.state.store(state_code(s.state()), Ordering::Release);
+        let code = state_code(s.state());
+        let came_up = self.state.swap(code, Ordering::AcqRel) != code && s.state() == PeerState::Up;
         let write_due =
             due_after || s.is_closing() || s.current().is_some_and(|c| s.has_unwritten(c));
         self.write_due.store(write_due, Ordering::Release);
@@ -313,6 +325,11 @@ impl Peer {
             Dispatching { _guard: g }
         });
         drop(s);
+        // Waiters for connected peers count only those up (`Runtime::connected_peers`): the
+        // connection was installed in this turn, before the mirror said so.
+        if came_up {
+            self.ctx.conns.changed();
+        }
         if full_before && !full_after {
             self.wake_senders();
         }
@@ -339,8 +356,8 @@ impl Peer {
     fn dispatch(&self, e: SessionEvent, failed: &mut Vec<batchwire_core::frame::Message>) {
         let node = &self.ctx.node;
         match e {
+            // (The lane took sends again in the turn: see `session`.)
             SessionEvent::Up { incarnation } => {
-                self.lane.set_down(false);
                 info!(node = %node, peer = %self.name, incarnation, "peer up");
                 self.ctx.events.emit(Event::PeerUp {
                     peer: self.name.to_string(),

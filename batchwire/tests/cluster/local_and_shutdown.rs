@@ -351,3 +351,41 @@ fn send_all_with_no_peers_reaches_this_node_only() {
         node.shutdown();
     }
 }
+
+/// A peer that restarts takes sends the moment this node sees it connected again: its
+/// lane stops refusing them (as down, since it said goodbye) in the same session turn
+/// that brings it up, not later when the event is handed out (a send in between was
+/// refused with `PeerDown`, 1 run in 10 of a TLS test).
+#[test]
+fn a_restarted_peer_takes_sends_as_soon_as_it_is_seen_connected() {
+    let cfgs: Vec<NodeConfig> = mesh(&["ra", "rb"])
+        .into_iter()
+        .map(|c| c.mailbox("inbox"))
+        .collect();
+    let b_cfg = cfgs[1].clone();
+    let mut nodes = start(cfgs);
+    let mut b = nodes.pop().unwrap();
+    let a = nodes.pop().unwrap();
+    let to_b = Address::new("rb", "inbox").unwrap();
+    let seen = |a: &Node| a.connected_peers().iter().any(|p| p == "rb");
+    for round in 0..8u64 {
+        b.shutdown();
+        let deadline = Instant::now() + T;
+        while seen(&a) {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: rb still connected"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        b = Node::start(b_cfg.clone()).unwrap();
+        let inbox = b.mailbox("inbox").unwrap();
+        while !seen(&a) {
+            assert!(Instant::now() < deadline, "round {round}: rb not back");
+            std::thread::yield_now();
+        }
+        a.send(&to_b, round.to_le_bytes().to_vec())
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(seq(&inbox.recv_timeout(T).unwrap().payload), round);
+    }
+}

@@ -57,13 +57,14 @@ impl Runtime {
         }
     }
 
-    /// Names of the peers with a live connection.
+    /// Names of the peers with a live connection whose session is up (a send to one is
+    /// taken: the connection's RESUME is done).
     pub fn connected_peers(&self) -> Vec<String> {
         let mut v: Vec<String> = self
             .peers
             .all()
             .iter()
-            .filter(|p| p.current().is_some_and(|c| !c.is_closed()))
+            .filter(|p| p.current().is_some_and(|c| !c.is_closed()) && p.state() == PeerState::Up)
             .map(|p| p.name.to_string())
             .collect();
         v.sort();
