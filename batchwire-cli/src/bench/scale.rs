@@ -9,6 +9,10 @@
 //! connections in the leaves' one process (about 33,000 threads at N = 128, beyond this
 //! machine's `pid_max`), which is not what is measured. What membership adds per member
 //! is the `membership` scenario's subject.
+//!
+//! With `bench --tls` every node runs mutual TLS: the run makes a throwaway CA and
+//! certificates for the hub and the leaves it needs (the bench's own are for n0..n15 only),
+//! passes their folder to its workers, and removes it at the end.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -33,6 +37,10 @@ pub struct WorkerArgs {
     /// Seconds of idle measured.
     #[arg(long)]
     pub idle_secs: u64,
+    /// Run mutual TLS with the certificates in this folder (`NAME.pem`, `NAME-key.pem`,
+    /// `ca.pem` for the hub and every leaf).
+    #[arg(long)]
+    pub tls_dir: Option<std::path::PathBuf>,
 }
 
 /// What the hub reports.
@@ -46,6 +54,9 @@ pub struct HubReport {
     pub idle_secs: f64,
     /// Frames received per second during the idle window (the peers' heartbeats).
     pub frames_per_sec: f64,
+    /// The hub ran mutual TLS.
+    #[serde(default)]
+    pub tls: bool,
 }
 
 fn leaf_name(i: usize) -> String {
@@ -86,10 +97,17 @@ fn own_usage() -> Result<(u64, u64, f64), String> {
 /// Run a worker role.
 pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     let deadline = Duration::from_secs(60 + a.peers as u64 / 2);
+    let tls = |cfg: NodeConfig| match &a.tls_dir {
+        Some(d) => {
+            let files = batchwire::TlsFiles::in_dir(d, cfg.name());
+            cfg.tls(files)
+        }
+        None => cfg,
+    };
     match a.role.as_str() {
         "hub" => {
             let mut cfg =
-                NodeConfig::new("hub", addr(a.base_port, 0)?, secret).without_membership();
+                tls(NodeConfig::new("hub", addr(a.base_port, 0)?, secret).without_membership());
             for i in 0..a.peers {
                 cfg = cfg.peer(leaf_name(i), addr(a.base_port, 1 + i)?);
             }
@@ -128,15 +146,20 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                 idle_cpu_ms: cpu1 - cpu0,
                 idle_secs: secs,
                 frames_per_sec: (f1 - f0) as f64 / secs,
+                tls: a.tls_dir.is_some(),
             })
         }
         "leaves" => {
             let hub = addr(a.base_port, 0)?;
             let nodes = (0..a.peers)
                 .map(|i| {
-                    let cfg = NodeConfig::new(leaf_name(i), addr(a.base_port, 1 + i)?, secret)
-                        .without_membership()
-                        .peer("hub", hub);
+                    let cfg = tls(NodeConfig::new(
+                        leaf_name(i),
+                        addr(a.base_port, 1 + i)?,
+                        secret,
+                    ))
+                    .without_membership()
+                    .peer("hub", hub);
                     Node::start(cfg).ctx("starting a leaf")
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -170,6 +193,20 @@ pub fn run(
     quiet: bool,
 ) -> Result<Vec<BenchResult>, String> {
     let progress = Progress::new(counts.len() as u64, "scale", quiet);
+    // `bench --tls`: certificates for the hub and as many leaves as the largest count.
+    let tls_dir = match super::workers::tls_for_all() {
+        Some(_) => {
+            let dir =
+                std::env::temp_dir().join(format!("batchwire-scale-tls-{}", std::process::id()));
+            let most = counts.iter().copied().max().unwrap_or(0);
+            let mut names = vec!["hub".to_string()];
+            names.extend((0..most).map(leaf_name));
+            let refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+            crate::certs::generate_certs(&dir, &refs)?;
+            Some(RemoveOnDrop(dir))
+        }
+        None => None,
+    };
     let mut reports = Vec::new();
     for &n in counts {
         if n == 0 {
@@ -190,6 +227,11 @@ pub fn run(
             ]
             .iter()
             .map(|s| s.to_string())
+            .chain(
+                tls_dir
+                    .iter()
+                    .flat_map(|d| ["--tls-dir".to_string(), d.0.to_string_lossy().into_owned()]),
+            )
             .collect()
         };
         let hub = spawn_worker(&args("hub")).ctx("starting the hub")?;
@@ -237,13 +279,25 @@ pub fn run(
         .collect())
 }
 
+/// A folder removed when dropped (it holds a throwaway CA's private key).
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn cpu_percent(r: &HubReport) -> f64 {
     100.0 * r.idle_cpu_ms / 1000.0 / r.idle_secs.max(1e-9)
 }
 
 fn print_table(reports: &[HubReport]) {
+    // As the hubs ran it.
+    let tls = !reports.is_empty() && reports.iter().all(|r| r.tls);
     outln!(
-        "\nscale: one node (natural, defaults: heartbeat 500 ms; static peers, membership off) with N peers, each peer a node in another process; measured on the node over an idle window after connecting (nothing sent), threads and memory as it ends"
+        "\nscale: one node (natural, defaults: heartbeat 500 ms; static peers, membership off{}) with N peers, each peer a node in another process; measured on the node over an idle window after connecting (nothing sent), threads and memory as it ends",
+        if tls { "; mutual TLS" } else { "" }
     );
     let mut t = Table::new([
         "peers",

@@ -178,7 +178,7 @@ static BENCH_TLS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock:
 static TLS_FOR_ALL: AtomicBool = AtomicBool::new(false);
 
 /// The certificates every worker is given: only with `bench --tls`.
-fn tls_for_all() -> Option<&'static std::path::PathBuf> {
+pub(crate) fn tls_for_all() -> Option<&'static std::path::PathBuf> {
     BENCH_TLS
         .get()
         .filter(|_| TLS_FOR_ALL.load(Ordering::Relaxed))

@@ -367,3 +367,43 @@ fn bench_duplex_with_the_default_list_and_a_size_past_64_mib() {
     let rows = check_report(&v, "throughput");
     assert_eq!(rows[0]["size"], big, "{rows:?}");
 }
+
+/// `bench scale` measures a node with N idle peers, over plain TCP and, with `--tls`, over
+/// mutual TLS with certificates it makes for the hub and its leaves (the bench's own are
+/// for n0..n15): every peer connects (else the hub fails the run) and the rows are there.
+#[test]
+fn bench_scale_runs_over_plain_tcp_and_tls() {
+    for tls in [false, true] {
+        let mut args = vec!["scale", "--peer-counts", "1,3", "--idle-secs", "1"];
+        if tls {
+            args.push("--tls");
+        }
+        let (v, stdout) = bench_within(
+            "bench-scale",
+            4,
+            &args,
+            &[],
+            std::time::Duration::from_secs(60),
+        );
+        assert_eq!(stdout.contains("mutual TLS"), tls, "{stdout}");
+        let rows = check_report(&v, "scale");
+        for n in [1, 3] {
+            for (what, unit) in [
+                ("threads", "threads"),
+                ("resident memory", "KiB"),
+                ("idle CPU", "% of one core"),
+            ] {
+                let name = format!("{n} peers: {what}");
+                let r = rows
+                    .iter()
+                    .find(|r| r["bundler"] == name.as_str())
+                    .unwrap_or_else(|| panic!("no row {name:?}: {rows:?}"));
+                assert_eq!(r["unit"], unit, "{r}");
+                assert_eq!(r["nodes"], n + 1, "{r}");
+                if what != "idle CPU" {
+                    assert!(r["median"].as_f64().unwrap() > 0.0, "{r}");
+                }
+            }
+        }
+    }
+}
