@@ -271,10 +271,26 @@ fn threads_named(prefixes: &[&str]) -> Vec<String> {
 /// starts again and reconnects.
 #[test]
 fn an_idle_peer_costs_no_thread_and_stays_up() {
-    let cfgs: Vec<NodeConfig> = mesh(&["ia", "ib"])
+    idle_peer_costs_no_thread(["ia", "ib"], |c| c);
+}
+
+/// The same over mutual TLS: the ticker encrypts and writes the heartbeats without
+/// waiting, and the thread for resting connections decrypts what comes.
+#[test]
+fn an_idle_tls_peer_costs_no_thread_and_stays_up() {
+    let certs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/certs/idle");
+    idle_peer_costs_no_thread(["ta", "tb"], move |c| {
+        let files = batchwire::TlsFiles::in_dir(&certs, c.name());
+        c.tls(files)
+    });
+}
+
+fn idle_peer_costs_no_thread(names: [&str; 2], with: impl Fn(NodeConfig) -> NodeConfig) {
+    let cfgs: Vec<NodeConfig> = mesh(&names)
         .into_iter()
         .map(|c| {
-            c.mailbox("inbox")
+            with(c)
+                .mailbox("inbox")
                 .heartbeat_interval(Duration::from_millis(100))
                 .peer_timeout(Duration::from_millis(800))
                 .thread_linger(Duration::from_millis(300))
@@ -284,8 +300,8 @@ fn an_idle_peer_costs_no_thread_and_stays_up() {
     let mut nodes = start(cfgs);
     let events: Vec<_> = nodes.iter().map(|n| n.events()).collect();
     let (to_a, to_b) = (
-        Address::new("ia", "inbox").unwrap(),
-        Address::new("ib", "inbox").unwrap(),
+        Address::new(names[0], "inbox").unwrap(),
+        Address::new(names[1], "inbox").unwrap(),
     );
     let in_a = nodes[0].mailbox("inbox").unwrap();
     let in_b = nodes[1].mailbox("inbox").unwrap();
@@ -295,15 +311,20 @@ fn an_idle_peer_costs_no_thread_and_stays_up() {
     assert_eq!(seq(&in_a.recv_timeout(T).unwrap().payload), 0);
 
     // Per peer: writers, inbound readers, readers started again, dialers.
-    let per_peer = ["bw-write-i", "bw-in-i", "bw-read-i", "bw-dial-i"];
+    let per_peer: Vec<String> = ["bw-write-", "bw-in-", "bw-read-", "bw-dial-"]
+        .iter()
+        .flat_map(|t| names.map(|n| format!("{t}{n}")))
+        .collect();
+    let per_peer: Vec<&str> = per_peer.iter().map(|s| s.as_str()).collect();
     let deadline = Instant::now() + Duration::from_secs(15);
     while !threads_named(&per_peer).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(threads_named(&per_peer), Vec::<String>::new(), "all rest");
-    let mut resting = threads_named(&["bw-rest-i"]);
+    let rest = names.map(|n| format!("bw-rest-{n}"));
+    let mut resting = threads_named(&[&rest[0], &rest[1]]);
     resting.sort();
-    assert_eq!(resting, ["bw-rest-ia", "bw-rest-ib"]);
+    assert_eq!(resting, rest);
 
     let quiet_until = Instant::now() + Duration::from_millis(3200);
     while Instant::now() < quiet_until {
@@ -313,8 +334,8 @@ fn an_idle_peer_costs_no_thread_and_stays_up() {
     }
     assert!(bad(&events[0]).is_empty(), "{:?}", bad(&events[0]));
     assert!(bad(&events[1]).is_empty(), "{:?}", bad(&events[1]));
-    assert_eq!(nodes[0].connected_peers(), ["ib"]);
-    assert_eq!(nodes[1].connected_peers(), ["ia"]);
+    assert_eq!(nodes[0].connected_peers(), [names[1]]);
+    assert_eq!(nodes[1].connected_peers(), [names[0]]);
 
     // A lone message starts no thread: its sender writes it, the resting thread reads it,
     // the ticker writes its acknowledgement.
@@ -322,11 +343,11 @@ fn an_idle_peer_costs_no_thread_and_stays_up() {
         let st = n.stats();
         st.peers.iter().find(|x| x.peer == p).unwrap().writer_starts
     };
-    let before = [starts(&nodes[0], "ib"), starts(&nodes[1], "ia")];
+    let before = [starts(&nodes[0], names[1]), starts(&nodes[1], names[0])];
     nodes[0].send(&to_b, 1u64.to_le_bytes().to_vec()).unwrap();
     assert_eq!(seq(&in_b.recv_timeout(T).unwrap().payload), 1);
     std::thread::sleep(Duration::from_millis(100));
-    let after = [starts(&nodes[0], "ib"), starts(&nodes[1], "ia")];
+    let after = [starts(&nodes[0], names[1]), starts(&nodes[1], names[0])];
     assert_eq!(before, after, "writers started for a lone message");
 
     for i in 2..=1000u64 {
@@ -340,13 +361,14 @@ fn an_idle_peer_costs_no_thread_and_stays_up() {
         "once"
     );
 
-    // The connection ends with the peer; ia dials again (its dialer had ended).
+    // The connection ends with the peer; the first dials again (its dialer had ended).
     drop(in_b);
     nodes.pop().unwrap().shutdown();
     let b = Node::start(b_cfg).unwrap();
     assert!(
-        nodes[0].wait_for_peers(&["ib"], T),
-        "ia reconnects: {:?}",
+        nodes[0].wait_for_peers(&[names[1]], T),
+        "{} reconnects: {:?}",
+        names[0],
         nodes[0].connected_peers()
     );
     let in_b = b.mailbox("inbox").unwrap();

@@ -8,6 +8,11 @@
 //! wants to send in reply to what the reader fed it (key updates) stay in rustls until the
 //! writer, woken for them, sends them in order with its own.
 //!
+//! Over TLS too, a write may be made without waiting ([`Link::try_write_vectored`]: a
+//! sender's lone message, the ticker's heartbeat, control a resting connection's reader
+//! made due): a piece is encrypted and sent with `MSG_DONTWAIT`, and the records the
+//! socket did not take wait in `unsent`, in front of everything written after them.
+//!
 //! Every write after setup goes through [`Link::write_vectored`]: the socket's write
 //! timeout (`write_check`) makes each blocked write return now and then, and the caller
 //! says whether to go on. So no write blocks without a look up.
@@ -60,6 +65,10 @@ pub(crate) enum Link {
         /// Ciphertext read from the socket without holding `state` (the reader's alone:
         /// its lock is never contended; its buffer is reused).
         cipher: Mutex<Cipher>,
+        /// Records encrypted by a write that did not wait, which the socket did not take:
+        /// the next write sends them first (only the holder of the write turn touches
+        /// them, so this lock is never contended). `pending_out` is set while any wait.
+        unsent: Mutex<Vec<u8>>,
     },
 }
 
@@ -159,6 +168,7 @@ impl Link {
             pending_out: AtomicBool::new(false),
             waker: OnceLock::new(),
             cipher: Mutex::new(Cipher::default()),
+            unsent: Mutex::new(Vec::new()),
         }
     }
 
@@ -206,8 +216,17 @@ impl Link {
                 sock,
                 state,
                 pending_out,
+                unsent,
                 ..
             } => {
+                // What a write that did not wait left goes first.
+                {
+                    let mut u = Self::lock(unsent);
+                    if !u.is_empty() {
+                        write_slices(sock, &[&u], go_on)?;
+                        u.clear();
+                    }
+                }
                 // Encrypt a piece of at most `PIECE` bytes under the state lock, write it
                 // after releasing it, and go on with the next piece. Records rustls queued
                 // in reply to the reader go out first, in order. In pieces because after a
@@ -244,22 +263,60 @@ impl Link {
     }
 
     /// Write as much of `bufs`, in order, as the socket takes now without waiting, and
-    /// return how many bytes that was (0 if it takes none). Plain TCP only (`None` over
-    /// TLS). The caller owns what was not written: it must go out before anything else.
+    /// return how many bytes that was (0 if it takes none). The caller owns what was not
+    /// written: it must go out before anything else. Over TLS, at most a piece ([`PIECE`])
+    /// is encrypted, and what is returned is the plaintext taken: the records of it that
+    /// the socket did not take wait in the link and go first with the next write
+    /// ([`Link::tls_pending`] says so; call [`Link::flush_tls`] or write again).
     #[cfg(unix)]
     pub fn try_write_vectored(&self, bufs: &[&[u8]]) -> Option<std::io::Result<usize>> {
-        let fd = self.plain_fd()?;
-        loop {
-            // The fd is this link's socket, open while `self` is borrowed.
-            let e = match crate::sys::send_vectored(fd, bufs) {
-                Ok(n) => return Some(Ok(n)),
-                Err(e) => e,
-            };
-            match e.kind() {
-                std::io::ErrorKind::Interrupted => continue,
-                std::io::ErrorKind::WouldBlock => return Some(Ok(0)),
-                _ => return Some(Err(e)),
+        match self {
+            Link::Plain(s) => {
+                use std::os::fd::AsRawFd;
+                Some(send_now(s.as_raw_fd(), bufs))
             }
+            Link::Tls {
+                sock,
+                state,
+                pending_out,
+                unsent,
+                ..
+            } => Some((|| {
+                use std::os::fd::AsRawFd;
+                let fd = sock.as_raw_fd();
+                let mut u = Self::lock(unsent);
+                if !u.is_empty() {
+                    let n = send_now(fd, &[&u])?;
+                    u.drain(..n);
+                    if !u.is_empty() {
+                        return Ok(0);
+                    }
+                }
+                let total: usize = bufs.iter().map(|b| b.len()).sum();
+                let mut tls = TlsWrite::new(bufs);
+                let mut out = Vec::with_capacity(total.min(PIECE) + 1024);
+                {
+                    let mut st = Self::lock(state);
+                    pending_out.store(false, Ordering::Release);
+                    while st.conn.wants_write() {
+                        st.conn.write_tls(&mut out)?;
+                    }
+                    tls.feed(&mut st.conn.writer(), PIECE)?;
+                    while st.conn.wants_write() {
+                        st.conn.write_tls(&mut out)?;
+                    }
+                }
+                let n = if out.is_empty() {
+                    0
+                } else {
+                    send_now(fd, &[&out])?
+                };
+                if n < out.len() {
+                    u.extend_from_slice(&out[n..]);
+                    pending_out.store(true, Ordering::Release);
+                }
+                Ok(total - tls.left())
+            })()),
         }
     }
 
@@ -269,9 +326,9 @@ impl Link {
         None
     }
 
-    /// Whether [`Link::try_write_vectored`] writes (plain TCP, on Unix).
+    /// Whether [`Link::try_write_vectored`] writes (on Unix, plain TCP and TLS).
     pub fn writes_without_waiting(&self) -> bool {
-        cfg!(unix) && matches!(self, Link::Plain(_))
+        cfg!(unix)
     }
 
     /// Write `buf` (setup: the socket's timeouts bound it).
@@ -279,7 +336,8 @@ impl Link {
         self.write_vectored(&[buf], &mut || false).map(|_| ())
     }
 
-    /// TLS: whether rustls has records of its own to send (see `flush_tls`).
+    /// TLS: whether records wait to be sent: rustls' own (replies to what the reader fed
+    /// it), or what a write that did not wait left (see `flush_tls`).
     pub fn tls_pending(&self) -> bool {
         match self {
             Link::Plain(_) => false,
@@ -287,7 +345,7 @@ impl Link {
         }
     }
 
-    /// TLS: send the records rustls queued in reply to what the reader fed it.
+    /// TLS: send the records that wait (see `tls_pending`).
     pub fn flush_tls(&self, go_on: &mut dyn FnMut() -> bool) -> std::io::Result<()> {
         self.write_vectored(&[], go_on).map(|_| ())
     }
@@ -308,6 +366,13 @@ impl Link {
             Link::Plain(s) => Some(s.as_raw_fd()),
             Link::Tls { .. } => None,
         }
+    }
+
+    /// The socket, plain or TLS (the node's thread for resting connections polls it).
+    #[cfg(unix)]
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.sock().as_raw_fd()
     }
 
     /// What one read should ask for, given `read_bytes`: all of it on a plain link, at most
@@ -343,6 +408,7 @@ impl Link {
                 pending_out,
                 waker,
                 cipher,
+                ..
             } => {
                 let feed = |conn: &mut rustls::Connection, data: &mut &[u8]| {
                     conn.read_tls(data)?;
@@ -524,6 +590,27 @@ impl<'a> TlsWrite<'a> {
             self.plain.clear();
         }
         Ok(!self.rest.is_empty() || self.bufs.len() > 0)
+    }
+
+    /// Plaintext bytes not handed to rustls yet.
+    fn left(&self) -> usize {
+        self.rest.len() + self.bufs.as_slice().iter().map(|b| b.len()).sum::<usize>()
+    }
+}
+
+/// One send of `bufs` without waiting: how many bytes the socket took (0 if none).
+#[cfg(unix)]
+fn send_now(fd: std::os::fd::RawFd, bufs: &[&[u8]]) -> std::io::Result<usize> {
+    loop {
+        // The fd is a link's socket, open while the link is borrowed.
+        match crate::sys::send_vectored(fd, bufs) {
+            Ok(n) => return Ok(n),
+            Err(e) => match e.kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock => return Ok(0),
+                _ => return Err(e),
+            },
+        }
     }
 }
 

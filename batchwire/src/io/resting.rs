@@ -1,4 +1,4 @@
-//! The node's one thread for resting connections: plain TCP connections whose reader thread
+//! The node's one thread for resting connections: connections (plain TCP or TLS) whose reader thread
 //! ended because nothing moved either way for `thread_linger` (see `read::Stopped::Rested`).
 //!
 //! Each is registered with one `mio` poll (edge-triggered: a connection is parked only with

@@ -4,9 +4,9 @@
 //! An idle node wakes only for its heartbeats.
 //!
 //! The control frame a timer makes due (a heartbeat, a delayed acknowledgement) the ticker
-//! writes itself, without waiting, when no one else is writing to that plain TCP
-//! connection (`write::write_control_through`; what the socket does not take at once goes
-//! to the writer): so an idle peer needs no writer thread (see `write::run_writer`), and
+//! writes itself, without waiting, when no one else is writing to that connection
+//! (`write::write_control_through`; what the socket does not take at once goes to the
+//! writer): so an idle peer needs no writer thread (see `write::run_writer`), and
 //! one that has one is not woken for it.
 
 use std::time::{Duration, Instant};

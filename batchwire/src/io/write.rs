@@ -57,7 +57,7 @@ const GRACE: Duration = Duration::from_secs(1);
 /// While the peer has a connection or something queued (see `peer::demand`): write what
 /// is due, take more, sleep until poked.
 ///
-/// **Resting**: on a plain TCP connection that is not closed for idleness (static peers,
+/// **Resting**: on a connection (plain TCP or TLS, on Unix) that is not closed for idleness (static peers,
 /// the mesh), a writer that found nothing to write for `cfg.linger` ends, connection or
 /// not: an idle peer costs no writer thread. Its heartbeats and delayed acknowledgements
 /// are written by the ticker that makes them due (without waiting, see `tick.rs`), and
@@ -300,7 +300,7 @@ pub(crate) fn hold_frames(peer: &Peer, frames: &[(&[u8], u32)], reason: FlushRea
 
 /// Write-through ([`crate::io::lane::Pushed::Direct`]): the sender found the writer
 /// parked and the lane quiet, and took the batch itself. Hold it in the window, then, if
-/// no one else is writing and the connection is plain TCP, write it (with any control
+/// no one else is writing, write it (with any control
 /// frame due) without waiting: what the socket does not take at once is left on the
 /// connection for the writer, which is poked. Otherwise the writer writes it.
 pub(crate) fn write_through(peer: &Peer, shutdown: &Shutdown) {
@@ -312,7 +312,7 @@ pub(crate) fn write_through(peer: &Peer, shutdown: &Shutdown) {
 }
 
 /// Control made due by a thread that leads the peer's connection (an acknowledgement,
-/// mostly: see `Peer::session`): if no one is writing and the connection is plain TCP,
+/// mostly: see `Peer::session`): if no one is writing,
 /// the thread writes it itself without waiting, with anything else due (what the socket
 /// does not take at once is left for the writer, which is poked); otherwise the writer is
 /// poked. It saves the writer's wake-up, and the leader being preempted by it, for every
@@ -328,8 +328,7 @@ pub(crate) fn write_control_through(peer: &Peer) {
 }
 
 /// What is due on the peer's connection, written by the calling thread without waiting
-/// if no one else is writing and the connection is plain TCP; otherwise the writer is
-/// poked to write it.
+/// if no one else is writing (on Unix); otherwise the writer is poked to write it.
 fn write_now_or_poke(peer: &Peer, shutdown: Option<&Shutdown>) {
     let wrote = peer
         .current()
@@ -356,7 +355,7 @@ enum Mode {
 
 /// One vectored write of what is due on `c`: control frames, then unwritten data. Call
 /// with the write turn. Returns false if it could not write at all (without waiting: the
-/// connection has a carry left to write first, or is not plain TCP).
+/// connection has a carry left to write first, or cannot be written without waiting).
 fn write_pending(
     peer: &Peer,
     c: &Conn,
@@ -372,7 +371,9 @@ fn write_pending(
         fail_write(peer, c, &e);
         return true;
     }
-    if c.link.tls_pending()
+    // (Without waiting, the write below sends what waits first, if the socket takes it.)
+    if mode == Mode::Wait
+        && c.link.tls_pending()
         && let Err(e) = c.link.flush_tls(&mut go_on)
     {
         fail_write(peer, c, &e);
@@ -413,6 +414,9 @@ fn write_pending(
                     // chunks). It counts as written here; the window keeps it until
                     // acknowledged, like anything written.
                     c.set_carry(rest_after(control, &u.chunks(), n));
+                    peer.lane.poke();
+                } else if c.link.tls_pending() {
+                    // TLS records the socket did not take: the writer sends them.
                     peer.lane.poke();
                 }
                 Ok(total)

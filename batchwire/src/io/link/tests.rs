@@ -185,6 +185,57 @@ proptest! {
 /// A read without waiting takes what is at hand, and says `WouldBlock` once nothing is
 /// (the reader looks so after a read that took all it asked for, to acknowledge at once
 /// when a stream stopped exactly there).
+/// Writes that do not wait, over TLS, into a socket the reader does not empty: each takes
+/// at most a piece of plaintext, records the socket refused wait in the link (it says so)
+/// and go out first with the next write of either kind, and once the socket takes none, a
+/// write without waiting takes no plaintext either. The reader gets every byte once, in
+/// order, when it reads at last.
+#[cfg(unix)]
+#[test]
+fn tls_writes_without_waiting_keep_what_the_socket_refused_in_order() {
+    let (a, b) = tls_pair();
+    assert!(a.writes_without_waiting());
+    let mut want = Vec::new();
+    let (mut refused, mut full) = (false, false);
+    for i in 0..4000usize {
+        let data: Vec<u8> = (0..(1 + i % 3) * 20_000)
+            .map(|j| (i * 31 + j) as u8)
+            .collect();
+        let n = a
+            .try_write_vectored(&[&data[..10], &data[10..]])
+            .unwrap()
+            .unwrap();
+        assert!(n <= PIECE, "took {n} bytes in one write without waiting");
+        want.extend_from_slice(&data[..n]);
+        refused |= a.tls_pending();
+        if n == 0 {
+            full = true;
+            break;
+        }
+    }
+    assert!(
+        refused && full,
+        "the socket never filled: refused {refused}, full {full}"
+    );
+    // An ordinary write now: what waits goes first, then this.
+    let tail: Vec<u8> = (0..50_000).map(|j| (j * 7) as u8).collect();
+    want.extend_from_slice(&tail);
+    let total = want.len();
+    let reader = std::thread::spawn(move || {
+        let mut got = BytesMut::new();
+        while got.len() < total {
+            let n = b.read_append(&mut got, 256 << 10, true).unwrap();
+            assert!(n > 0);
+        }
+        got
+    });
+    a.write_vectored(&[&tail], &mut || true).unwrap();
+    assert!(!a.tls_pending(), "sent");
+    let got = reader.join().unwrap();
+    assert_eq!(got.len(), want.len());
+    assert!(got[..] == want[..], "the bytes differ");
+}
+
 #[test]
 fn tls_reads_without_waiting_take_what_is_at_hand() {
     let (a, b) = tls_pair();

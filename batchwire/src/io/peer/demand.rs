@@ -111,18 +111,22 @@ impl Peer {
                 && (self.write_due.load(std::sync::atomic::Ordering::Acquire)
                     || self.has_notices()
                     || self.flow.has_output()
-                    || self.current().is_some_and(|c| c.has_carry())));
+                    || self
+                        .current()
+                        .is_some_and(|c| c.has_carry() || c.link.tls_pending())));
         if wanted {
             self.ensure_writer();
         }
     }
 
-    /// Whether nothing is left to write on `c`, a plain TCP connection (a writer may rest:
-    /// see `write::run_writer`): nothing queued or being written through, no carry, no
-    /// control, credit or notice due, nothing in the window that `c` has not had.
+    /// Whether nothing is left to write on `c`, a connection written without waiting (a
+    /// writer may rest: see `write::run_writer`): nothing queued or being written through,
+    /// no carry, no TLS records waiting, no control, credit or notice due, nothing in the
+    /// window that `c` has not had.
     pub fn nothing_to_write(&self, c: &Conn) -> bool {
         c.link.writes_without_waiting()
             && !c.has_carry()
+            && !c.link.tls_pending()
             && self.lane.is_at_rest()
             && !self.has_notices()
             && !self.flow.has_output()

@@ -41,11 +41,12 @@ impl Reader<'_> {
         self.can_rest(side) && t.duration_since(seen.1) >= linger
     }
 
-    /// Whether the connection can be left without a reader thread: plain TCP (a TLS link's
-    /// reads go through rustls, whose state its reader keeps), not ended or closed, no piece
-    /// being read in place and no read cut short to a frame's end.
+    /// Whether the connection can be left without a reader thread: on Unix (plain TCP or
+    /// TLS: a TLS link rests only with rustls holding nothing, since its reads take all
+    /// there was before it rests), not ended or closed, no piece being read in place and
+    /// no read cut short to a frame's end.
     fn can_rest(&self, side: &ReadSide) -> bool {
-        self.leadable()
+        cfg!(unix)
             && side.ended.is_none()
             && side.piece.is_none()
             && side.next_read.is_none()

@@ -53,9 +53,9 @@ impl Reading {
 }
 
 impl Rested for Reading {
-    /// The connection's socket, if plain TCP.
+    /// The connection's socket (plain TCP or TLS).
     fn fd(&self) -> Option<RawFd> {
-        self.conn.link.plain_fd()
+        Some(self.conn.link.fd())
     }
 
     /// Resting and readable: read what is there (see `Reader::serve_rested`). Returns
