@@ -276,6 +276,15 @@ impl Peer {
         let now = Instant::now();
         let r = f(&mut s, now);
         let events: Vec<SessionEvent> = std::iter::from_fn(|| s.poll_event()).collect();
+        // A turn with events waits here for an earlier turn's dispatch to end, before it
+        // changes anything others see (the lane, the mirrors): so a peer back up is seen
+        // up only after an earlier Down was acted on in full (its calls failed), never
+        // while that is still going on.
+        let _order = (!events.is_empty()).then(|| {
+            let g = self.dispatching.lock().unwrap_or_else(|p| p.into_inner());
+            DISPATCHING.set(true);
+            Dispatching { _guard: g }
+        });
         // Declared down: what is queued for it can only go to it. Taken in this turn (the
         // lane refusing new messages first), so a message in pieces among it is given up
         // on the session still held: what runs while `dispatching` is held never takes
@@ -320,11 +329,6 @@ impl Peer {
         self.write_due.store(write_due, Ordering::Release);
         self.window_full.store(full_after, Ordering::Release);
         self.bulk_room.store(bulk_after, Ordering::Release);
-        let _order = (!events.is_empty()).then(|| {
-            let g = self.dispatching.lock().unwrap_or_else(|p| p.into_inner());
-            DISPATCHING.set(true);
-            Dispatching { _guard: g }
-        });
         drop(s);
         // Waiters for connected peers count only those up (`Runtime::connected_peers`): the
         // connection was installed in this turn, before the mirror said so.
