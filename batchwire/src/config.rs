@@ -524,7 +524,7 @@ impl NodeConfig {
         self
     }
 
-    /// How long a peer's writer thread (and, on plain TCP, its connection's reader thread)
+    /// How long a peer's writer thread (and its connection's reader thread)
     /// stays with nothing to do before it ends. An idle peer then costs no thread: its
     /// heartbeats are written by the node's ticker, its connection is watched by the node's
     /// one thread for resting connections, and the next message either way starts a thread

@@ -21,7 +21,7 @@ mod pieces;
 mod tls_config;
 #[cfg(unix)]
 use pieces::send_now;
-use pieces::{TlsWrite, write_slices};
+use pieces::{TlsWrite, write_draining, write_slices};
 pub(crate) use tls_config::{JOIN_SERVER_NAME, TlsConfigs};
 
 use std::io::{BufRead, Read, Write};
@@ -223,12 +223,13 @@ impl Link {
                 unsent,
                 ..
             } => {
-                // What a write that did not wait left goes first.
+                // What a write that did not wait left goes first. (A write that fails
+                // part way keeps what it did not write there, so that a last write, the
+                // goodbye at shutdown, never repeats or skips a record's bytes.)
                 {
                     let mut u = Self::lock(unsent);
                     if !u.is_empty() {
-                        write_slices(sock, &[&u], go_on)?;
-                        u.clear();
+                        write_draining(sock, &mut u, go_on)?;
                     }
                 }
                 // Encrypt a piece of at most `PIECE` bytes under the state lock, write it
@@ -244,7 +245,7 @@ impl Link {
                     out.clear();
                     let more = {
                         let mut st = Self::lock(state);
-                        pending_out.store(false, Ordering::Release);
+                        pending_out.store(false, Ordering::SeqCst);
                         while st.conn.wants_write() {
                             st.conn.write_tls(&mut out)?;
                         }
@@ -254,8 +255,14 @@ impl Link {
                         }
                         more
                     };
-                    if !out.is_empty() {
-                        write_slices(sock, &[&out], go_on)?;
+                    if !out.is_empty()
+                        && let Err(e) = write_draining(sock, &mut out, go_on)
+                    {
+                        if !out.is_empty() {
+                            Self::lock(unsent).extend_from_slice(&out);
+                            pending_out.store(true, Ordering::SeqCst);
+                        }
+                        return Err(e);
                     }
                     if !more {
                         break;
@@ -301,7 +308,7 @@ impl Link {
                 let mut out = Vec::with_capacity(total.min(PIECE) + 1024);
                 {
                     let mut st = Self::lock(state);
-                    pending_out.store(false, Ordering::Release);
+                    pending_out.store(false, Ordering::SeqCst);
                     while st.conn.wants_write() {
                         st.conn.write_tls(&mut out)?;
                     }
@@ -317,7 +324,7 @@ impl Link {
                 };
                 if n < out.len() {
                     u.extend_from_slice(&out[n..]);
-                    pending_out.store(true, Ordering::Release);
+                    pending_out.store(true, Ordering::SeqCst);
                 }
                 Ok(total - tls.left())
             })()),
@@ -345,7 +352,7 @@ impl Link {
     pub fn tls_pending(&self) -> bool {
         match self {
             Link::Plain(_) => false,
-            Link::Tls { pending_out, .. } => pending_out.load(Ordering::Acquire),
+            Link::Tls { pending_out, .. } => pending_out.load(Ordering::SeqCst),
         }
     }
 
@@ -424,7 +431,7 @@ impl Link {
                     // Protocol replies (key updates) wait in rustls for the writer, which
                     // alone writes to the socket.
                     if conn.wants_write() {
-                        pending_out.store(true, Ordering::Release);
+                        pending_out.store(true, Ordering::SeqCst);
                         if let Some(wake) = waker.get() {
                             wake();
                         }

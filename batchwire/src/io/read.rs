@@ -28,7 +28,7 @@
 //! (otherwise in `recv(2)` with it, see `read_until_end`), and it alone tears the
 //! connection down, whoever found that it ended.
 //!
-//! On plain TCP the reader thread also **rests** once nothing moved either way for a while
+//! On Unix (plain TCP or TLS) the reader thread also **rests** once nothing moved either way for a while
 //! (see [`Stopped::Rested`]): the connection then costs no thread while it is idle.
 //!
 //! This file holds the reader's loop; `read/` its parts: `in_place.rs` (one read, and
@@ -105,7 +105,7 @@ pub(crate) struct Reader<'a> {
     pub max_payload: u64,
     pub read_bytes: usize,
     /// The reader thread may rest after this long with no message either way and no one
-    /// leading (`None`: never; a TLS link never does). See [`Stopped::Rested`].
+    /// leading (`None`: never). See [`Stopped::Rested`].
     pub linger: Option<Duration>,
 }
 

@@ -526,8 +526,11 @@ fn close_step(peer: &Peer, conn: Option<&Conn>, cfg: &WriterCfg, deadline: Insta
             for f in frames {
                 f.encode(&mut out);
             }
-            let _ = write_carry(c, &mut || false);
-            let _ = c.link.write_vectored(&[&out], &mut || false);
+            // The goodbye only after all that was written before it: behind a carry cut
+            // short it would be read as the rest of a frame.
+            if write_carry(c, &mut || false).is_ok() {
+                let _ = c.link.write_vectored(&[&out], &mut || false);
+            }
             let _ = c.link.shutdown(std::net::Shutdown::Write);
             true
         }

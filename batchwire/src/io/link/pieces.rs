@@ -89,6 +89,39 @@ pub(super) fn send_now(fd: std::os::fd::RawFd, bufs: &[&[u8]]) -> std::io::Resul
     }
 }
 
+/// Write all of `buf`, going on after each timeout while `go_on` says so, and remove what
+/// was written from it: after an error, what is left in `buf` is what was not written.
+pub(super) fn write_draining(
+    mut s: &TcpStream,
+    buf: &mut Vec<u8>,
+    go_on: &mut dyn FnMut() -> bool,
+) -> std::io::Result<()> {
+    let mut done = 0;
+    let r = loop {
+        if done == buf.len() {
+            break Ok(());
+        }
+        match s.write(&buf[done..]) {
+            Ok(0) => break Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if !go_on() {
+                    break Err(e);
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    buf.drain(..done);
+    r
+}
+
 /// Write every slice, going on after each timeout while `go_on` says so.
 pub(super) fn write_slices(
     mut s: &TcpStream,

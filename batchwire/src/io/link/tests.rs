@@ -236,6 +236,58 @@ fn tls_writes_without_waiting_keep_what_the_socket_refused_in_order() {
     assert!(got[..] == want[..], "the bytes differ");
 }
 
+/// A write over TLS that gives up part way (the socket full, `go_on` says stop, as at
+/// shutdown) keeps what it did not write: the next write goes on from there, so the
+/// reader decrypts one unbroken stream (a repeated or skipped byte of a record fails its
+/// check): what was taken without waiting, then a prefix of the write that gave up, then
+/// the last write, whole.
+#[cfg(unix)]
+#[test]
+fn tls_a_write_that_gives_up_part_way_leaves_the_stream_whole() {
+    let (a, b) = tls_pair();
+    a.set_write_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    let mut taken = Vec::new();
+    for i in 0..4000usize {
+        let data: Vec<u8> = (0..300_000).map(|j| (i * 17 + j) as u8).collect();
+        let n = a.try_write_vectored(&[&data]).unwrap().unwrap();
+        taken.extend_from_slice(&data[..n]);
+        if n == 0 {
+            break;
+        }
+    }
+    assert!(a.tls_pending(), "the socket never filled");
+    // Some room, less than what waits: the next write gets part of it out, then gives up.
+    let mut got = BytesMut::new();
+    while got.len() < 1 << 20 {
+        b.read_append(&mut got, 64 << 10, true).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let given_up: Vec<u8> = (0..16_000_000).map(|j| (j * 3) as u8).collect();
+    assert!(a.write_vectored(&[&given_up], &mut || false).is_err());
+    let last: Vec<u8> = (0..5_000).map(|j| (j * 11) as u8).collect();
+    let (min, end) = (taken.len() + last.len(), last.clone());
+    let reader = std::thread::spawn(move || {
+        let mut got = got;
+        while got.len() < min || !got.ends_with(&end) {
+            b.read_append(&mut got, 256 << 10, true)?;
+        }
+        Ok::<_, std::io::Error>(got)
+    });
+    a.write_vectored(&[&last], &mut || true).unwrap();
+    let got = match reader.join().unwrap() {
+        Ok(g) => g,
+        Err(e) => panic!("the stream broke: {e}"),
+    };
+    assert!(got.starts_with(&taken), "what was taken without waiting");
+    let middle = &got[taken.len()..got.len() - last.len()];
+    assert!(
+        given_up.starts_with(middle),
+        "{} bytes of the write that gave up, not a prefix of it",
+        middle.len()
+    );
+}
+
 #[test]
 fn tls_reads_without_waiting_take_what_is_at_hand() {
     let (a, b) = tls_pair();
