@@ -226,11 +226,16 @@ impl Link {
                 // What a write that did not wait left goes first. (A write that fails
                 // part way keeps what it did not write there, so that a last write, the
                 // goodbye at shutdown, never repeats or skips a record's bytes.)
-                {
-                    let mut u = Self::lock(unsent);
-                    if !u.is_empty() {
-                        write_draining(sock, &mut u, go_on)?;
+                // Taken out for the write (no lock is held across a write that waits;
+                // only the holder of the write turn touches `unsent`), and its buffer
+                // freed once all of it went.
+                let mut left = std::mem::take(&mut *Self::lock(unsent));
+                if !left.is_empty() {
+                    let r = write_draining(sock, &mut left, go_on);
+                    if !left.is_empty() {
+                        *Self::lock(unsent) = left;
                     }
+                    r?;
                 }
                 // Encrypt a piece of at most `PIECE` bytes under the state lock, write it
                 // after releasing it, and go on with the next piece. Records rustls queued
@@ -302,6 +307,8 @@ impl Link {
                     if !u.is_empty() {
                         return Ok(0);
                     }
+                    // An idle connection keeps no buffer of up to a piece.
+                    *u = Vec::new();
                 }
                 let total: usize = bufs.iter().map(|b| b.len()).sum();
                 let mut tls = TlsWrite::new(bufs);

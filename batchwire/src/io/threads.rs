@@ -1,7 +1,8 @@
 //! The node's threads: started here, and joined at shutdown. Handles of threads that ended
 //! are dropped whenever another starts or ends (their stacks are freed then), so a node
 //! that accepts connections for years, or whose peers' threads all rested, holds handles
-//! (and stacks) only for threads that still run, and for the last one that ended.
+//! (and stacks) only for threads that still run, and for the last few that ended (one
+//! that ends cannot forget itself, nor two that end at once each other).
 
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;

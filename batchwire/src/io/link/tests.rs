@@ -182,9 +182,6 @@ proptest! {
     }
 }
 
-/// A read without waiting takes what is at hand, and says `WouldBlock` once nothing is
-/// (the reader looks so after a read that took all it asked for, to acknowledge at once
-/// when a stream stopped exactly there).
 /// Writes that do not wait, over TLS, into a socket the reader does not empty: each takes
 /// at most a piece of plaintext, records the socket refused wait in the link (it says so)
 /// and go out first with the next write of either kind, and once the socket takes none, a
@@ -288,6 +285,9 @@ fn tls_a_write_that_gives_up_part_way_leaves_the_stream_whole() {
     );
 }
 
+/// A read without waiting takes what is at hand, and says `WouldBlock` once nothing is
+/// (the reader looks so after a read that took all it asked for, to acknowledge at once
+/// when a stream stopped exactly there).
 #[test]
 fn tls_reads_without_waiting_take_what_is_at_hand() {
     let (a, b) = tls_pair();
