@@ -92,48 +92,41 @@ pub(super) fn send_now(fd: std::os::fd::RawFd, bufs: &[&[u8]]) -> std::io::Resul
 /// Write all of `buf`, going on after each timeout while `go_on` says so, and remove what
 /// was written from it: after an error, what is left in `buf` is what was not written.
 pub(super) fn write_draining(
-    mut s: &TcpStream,
+    s: &TcpStream,
     buf: &mut Vec<u8>,
     go_on: &mut dyn FnMut() -> bool,
 ) -> std::io::Result<()> {
     let mut done = 0;
-    let r = loop {
-        if done == buf.len() {
-            break Ok(());
-        }
-        match s.write(&buf[done..]) {
-            Ok(0) => break Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                if !go_on() {
-                    break Err(e);
-                }
-            }
-            Err(e) => break Err(e),
-        }
-    };
+    let r = write_counted(s, &[&buf[..]], go_on, &mut done);
     buf.drain(..done);
     r
 }
 
 /// Write every slice, going on after each timeout while `go_on` says so.
 pub(super) fn write_slices(
+    s: &TcpStream,
+    bufs: &[&[u8]],
+    go_on: &mut dyn FnMut() -> bool,
+) -> std::io::Result<()> {
+    write_counted(s, bufs, go_on, &mut 0)
+}
+
+/// [`write_slices`], counting into `done` what was written (also when it fails).
+fn write_counted(
     mut s: &TcpStream,
     bufs: &[&[u8]],
     go_on: &mut dyn FnMut() -> bool,
+    done: &mut usize,
 ) -> std::io::Result<()> {
     let mut slices: Vec<IoSlice> = bufs.iter().map(|b| IoSlice::new(b)).collect();
     let mut rest = &mut slices[..];
     while !rest.is_empty() {
         match s.write_vectored(rest) {
             Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut rest, n),
+            Ok(n) => {
+                *done += n;
+                IoSlice::advance_slices(&mut rest, n);
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e)
                 if matches!(
