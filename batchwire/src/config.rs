@@ -524,12 +524,12 @@ impl NodeConfig {
         self
     }
 
-    /// How long a peer's writer thread (and its connection's reader thread)
-    /// stays with nothing to do before it ends. An idle peer then costs no thread: its
-    /// heartbeats are written by the node's ticker, its connection is watched by the node's
-    /// one thread for resting connections, and the next message either way starts a thread
-    /// again (about 50 us). Raise it for traffic that pauses often for about this long.
-    /// Default 2 s.
+    /// How long a peer's writer thread (and its connection's reader thread) stays with
+    /// nothing to do before it ends. An idle peer then costs no thread: its heartbeats
+    /// are written by the node's ticker, its connection is watched by the node's one
+    /// thread for resting connections, and the next burst either way starts a thread again
+    /// (a lone message starts none: its sender writes it, the resting thread reads it).
+    /// Raise it for traffic that pauses often for about this long. Default 2 s.
     pub fn thread_linger(mut self, d: Duration) -> Self {
         self.thread_linger = d;
         self

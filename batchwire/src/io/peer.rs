@@ -322,8 +322,14 @@ impl Peer {
         // A writer waiting to say goodbye waits for a delivery in progress to end.
         let delivered = delivering_before && !s.delivering() && s.is_closing();
         // The mirrors are written under the lock, so they follow the session's order.
+        // (Only written under the session lock: a load and a store, no read-modify-write
+        // per turn.)
         let code = state_code(s.state());
-        let came_up = self.state.swap(code, Ordering::AcqRel) != code && s.state() == PeerState::Up;
+        let changed = self.state.load(Ordering::Relaxed) != code;
+        if changed {
+            self.state.store(code, Ordering::Release);
+        }
+        let came_up = changed && s.state() == PeerState::Up;
         let write_due =
             due_after || s.is_closing() || s.current().is_some_and(|c| s.has_unwritten(c));
         self.write_due.store(write_due, Ordering::Release);

@@ -34,7 +34,7 @@ const WAKE: Token = Token(0);
 /// A resting connection, as this thread sees it (`setup::Reading` is the one there is).
 pub(crate) trait Rested: Send + Sized + 'static {
     /// Its socket.
-    fn fd(&self) -> Option<RawFd>;
+    fn fd(&self) -> RawFd;
     /// It is readable: read what is there; whether it may go on resting.
     fn serve(&self) -> bool;
     /// On a thread of its own: read on (and tear down at the end).
@@ -219,9 +219,7 @@ impl<T: Rested> Resting<T> {
     /// and tear it down here).
     fn wake_reader(&self, r: T) {
         let inner = &self.0;
-        if let Some(fd) = r.fd() {
-            let _ = inner.registry.deregister(&mut SourceFd(&fd));
-        }
+        let _ = inner.registry.deregister(&mut SourceFd(&r.fd()));
         let slot = Arc::new(Mutex::new(Some(r)));
         let s2 = slot.clone();
         let spawned = inner

@@ -57,21 +57,20 @@ const GRACE: Duration = Duration::from_secs(1);
 /// While the peer has a connection or something queued (see `peer::demand`): write what
 /// is due, take more, sleep until poked.
 ///
-/// **Resting**: on a connection (plain TCP or TLS, on Unix) that is not closed for idleness (static peers,
-/// the mesh), a writer that found nothing to write for `cfg.linger` ends, connection or
-/// not: an idle peer costs no writer thread. Its heartbeats and delayed acknowledgements
+/// **Resting**: on a connection (plain TCP or TLS, on Unix) that is not closed for
+/// idleness (static peers, the mesh), a writer that found nothing to write for
+/// `cfg.linger` ends, connection or not: an idle peer costs no writer thread. Its heartbeats and delayed acknowledgements
 /// are written by the ticker that makes them due (without waiting, see `tick.rs`), and
 /// any poke of the lane starts a writer again (`Lane::set_on_poke`), as does a send.
 pub(crate) fn run_writer(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
-    // While no writer runs, a sender writes a lone message through itself (no thread
-    // start for it: see `Lane::push_direct`).
-    // (Set again when it ends: `Peer::writer_may_end`, before its running flag goes down.)
+    // A writer runs: senders no longer write lone messages through as to an absent one
+    // (see `Lane::push_direct`). Said absent again as it ends (`Peer::writer_may_end`,
+    // before its running flag goes down).
     peer.lane.set_writer_absent(false);
-    writer_loop(&peer, cfg, shutdown);
+    writer_loop(peer, cfg, shutdown);
 }
 
-fn writer_loop(peer: &Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
-    let peer = peer.clone();
+fn writer_loop(peer: Arc<Peer>, cfg: WriterCfg, shutdown: Shutdown) {
     let mut bundler = cfg.bundler.as_ref().map(|b| b.build());
     let mut batch = Batch::default();
     let mut control = Vec::new();

@@ -54,8 +54,8 @@ impl Reading {
 
 impl Rested for Reading {
     /// The connection's socket (plain TCP or TLS).
-    fn fd(&self) -> Option<RawFd> {
-        Some(self.conn.link.fd())
+    fn fd(&self) -> RawFd {
+        self.conn.link.fd()
     }
 
     /// Resting and readable: read what is there (see `Reader::serve_rested`). Returns
@@ -81,9 +81,10 @@ impl Rested for Reading {
             match stopped {
                 Stopped::Ended(r) => return me.teardown(r),
                 Stopped::Rested => {
-                    let (Some(resting), Some(fd)) = (me.setup.resting.clone(), me.fd()) else {
+                    let Some(resting) = me.setup.resting.clone() else {
                         continue;
                     };
+                    let fd = me.fd();
                     let peer = me.peer.clone();
                     match resting.park(fd, me) {
                         Ok(()) => {
