@@ -36,6 +36,18 @@ pub(crate) fn poll_readable<const N: usize>(
     Ok(p.map(|p| p.revents != 0))
 }
 
+/// Give the C allocator's free pages back to the kernel (glibc's `malloc_trim`): the
+/// touched pages of freed buffers otherwise stay resident until something reuses them.
+/// Nothing where that is not glibc.
+pub(crate) fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointer; it returns whole free pages of glibc's heaps to
+    // the kernel (madvise) under the allocator's own locks, and is safe from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// A new non-blocking eventfd (a counter that is readable while above zero).
 #[cfg(target_os = "linux")]
 pub(crate) fn eventfd() -> io::Result<OwnedFd> {

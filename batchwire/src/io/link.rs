@@ -393,6 +393,25 @@ impl Link {
         self.sock().as_raw_fd()
     }
 
+    /// The connection rests (no reader thread; see `io::resting`): let go of the buffer
+    /// ciphertext is read into (TLS), if rustls took all of it; the next read makes a new
+    /// one. Returns whether one was let go. (Read into at the handshake, its first pages
+    /// stayed resident: 4-8 KiB of every idle TLS peer.)
+    pub fn release_read_buffer(&self) -> bool {
+        match self {
+            Link::Plain(_) => false,
+            Link::Tls { cipher, .. } => {
+                let mut c = Self::lock(cipher);
+                if c.start < c.buf.len() || c.buf.capacity() == 0 {
+                    return false;
+                }
+                c.buf = BytesMut::new();
+                c.start = 0;
+                true
+            }
+        }
+    }
+
     /// What one read should ask for, given `read_bytes`: all of it on a plain link, at most
     /// [`TLS_PLAINTEXT_READ`] over TLS.
     pub fn read_size(&self, read_bytes: usize) -> usize {

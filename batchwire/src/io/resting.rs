@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use batchwire_core::codec::Name;
 use mio::unix::SourceFd;
@@ -30,6 +31,8 @@ use crate::io::threads::Threads;
 
 /// The token of the thread's waker (connections have 1 and up).
 const WAKE: Token = Token(0);
+/// Most often the allocator is asked to give free pages back as connections come to rest.
+const TRIM_EVERY: Duration = Duration::from_secs(1);
 
 /// A resting connection, as this thread sees it (`setup::Reading` is the one there is).
 pub(crate) trait Rested: Send + Sized + 'static {
@@ -37,6 +40,9 @@ pub(crate) trait Rested: Send + Sized + 'static {
     fn fd(&self) -> RawFd;
     /// It is readable: read what is there; whether it may go on resting.
     fn serve(&self) -> bool;
+    /// It rests: let go of the buffers its reads need only while they run; whether any
+    /// was let go.
+    fn release(&self) -> bool;
     /// On a thread of its own: read on (and tear down at the end).
     fn go(self);
     /// No thread could be started for it: close it and tear it down.
@@ -69,6 +75,9 @@ struct Parked<T> {
     next: usize,
     /// The thread ended (shutdown): nothing parks any more.
     closed: bool,
+    /// Buffers were let go as connections came to rest since the allocator last gave its
+    /// free pages back (see `run`).
+    to_trim: u8,
 }
 
 impl<T: Rested> Resting<T> {
@@ -86,6 +95,7 @@ impl<T: Rested> Resting<T> {
                 by_token: HashMap::new(),
                 next: 1,
                 closed: false,
+                to_trim: 0,
             }),
             threads,
             shutdown,
@@ -100,10 +110,15 @@ impl<T: Rested> Resting<T> {
         if inner.shutdown.is_stopped() || !self.ensure_thread() {
             return Err(r);
         }
+        let released = r.release();
         let token = {
             let mut g = inner.parked.lock().unwrap_or_else(|p| p.into_inner());
             if g.closed {
                 return Err(r);
+            }
+            if released && g.to_trim == 0 {
+                g.to_trim = 1;
+                let _ = inner.waker.wake();
             }
             let t = g.next;
             g.next += 1;
@@ -172,11 +187,39 @@ impl<T: Rested> Resting<T> {
     fn run(&self, mut poll: Poll) {
         let inner = &self.0;
         let mut events = Events::with_capacity(256);
+        let mut trimmed: Option<Instant> = None;
         loop {
             if inner.shutdown.is_stopped() {
                 break;
             }
-            if let Err(e) = poll.poll(&mut events, None) {
+            // Connections came to rest and let go of buffers: their pages go back to the
+            // kernel, at most once every `TRIM_EVERY` (a thousand connections resting at
+            // once are one trim).
+            let wait = if inner
+                .parked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .to_trim
+                > 0
+            {
+                let now = Instant::now();
+                match trimmed.map(|t| t + TRIM_EVERY).filter(|&due| due > now) {
+                    Some(due) => Some(due - now),
+                    None => {
+                        inner
+                            .parked
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .to_trim = 0;
+                        crate::sys::release_free_memory();
+                        trimmed = Some(Instant::now());
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            if let Err(e) = poll.poll(&mut events, wait) {
                 if e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
@@ -198,6 +241,7 @@ impl<T: Rested> Resting<T> {
                     continue;
                 };
                 if r.serve() {
+                    r.release();
                     let mut g = inner.parked.lock().unwrap_or_else(|p| p.into_inner());
                     g.by_token.insert(token, r);
                 } else {

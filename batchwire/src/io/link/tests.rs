@@ -366,3 +366,56 @@ fn a_certificate_names_only_the_nodes_spelt_exactly_as_in_it() {
     let junk = rustls::pki_types::CertificateDer::from(vec![0u8; 10]);
     assert!(cert_names(&junk, "a").unwrap_err().contains("unreadable"));
 }
+
+/// Bytes the TLS link's ciphertext buffer holds allocated (0 once let go).
+fn cipher_capacity(l: &Link) -> usize {
+    match l {
+        Link::Tls { cipher, .. } => Link::lock(cipher).buf.capacity(),
+        Link::Plain(_) => 0,
+    }
+}
+
+/// A resting link lets go of its ciphertext buffer only once rustls took all of it:
+/// asked between every read, however small, nothing read is lost or reordered, and the
+/// next read makes a new buffer.
+#[test]
+fn tls_a_resting_link_lets_go_of_its_read_buffer_only_when_rustls_took_it_all() {
+    let (a, b) = tls_pair();
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 31 % 251) as u8).collect();
+    let sent = data.clone();
+    let writer = std::thread::spawn(move || {
+        a.write_all(&sent).unwrap();
+        a
+    });
+    let asks = [1usize, 300, 5_000, 20_000];
+    let mut got = BytesMut::new();
+    let (mut kept, mut let_go) = (0, 0);
+    for i in 0.. {
+        assert!(i < 1_000_000, "the data did not arrive");
+        if got.len() == data.len() {
+            break;
+        }
+        let ask = asks[i % asks.len()].min(data.len() - got.len());
+        b.read_append(&mut got, ask, true).unwrap();
+        if b.release_read_buffer() {
+            let_go += 1;
+            assert_eq!(cipher_capacity(&b), 0);
+        } else {
+            kept += 1;
+        }
+    }
+    assert_eq!(&got[..], &data[..]);
+    assert!(kept > 0, "no read left ciphertext for the next one");
+    assert!(let_go > 0, "the buffer was never let go");
+    // Let go with nothing left in it; a later read makes a new one.
+    let a = writer.join().unwrap();
+    a.write_all(b"after").unwrap();
+    let mut more = BytesMut::new();
+    while more.len() < 5 {
+        let left = 5 - more.len();
+        b.read_append(&mut more, left, true).unwrap();
+    }
+    assert_eq!(&more[..], b"after");
+    assert!(b.release_read_buffer());
+    assert!(!b.release_read_buffer(), "nothing left to let go");
+}

@@ -64,6 +64,11 @@ impl Rested for Reading {
         self.reader().serve_rested()
     }
 
+    /// Resting: the ciphertext buffer of a TLS link goes (see `Link::release_read_buffer`).
+    fn release(&self) -> bool {
+        self.conn.link.release_read_buffer()
+    }
+
     /// On this thread, read until the connection ends (then tear it down) or rests (then
     /// park it with the node's thread for resting connections and return).
     fn go(self) {
