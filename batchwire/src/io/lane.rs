@@ -201,9 +201,10 @@ pub(crate) struct Lane {
     pub blocked_ns: AtomicU64,
     /// Sends that found a mailbox's credit used up (and waited, or were refused).
     pub credit_stalls: AtomicU64,
-    /// Odd while the writer moves something from this lane into the send window (taken
-    /// here, not yet held there), bumped under the lock when it takes and after it is done
-    /// ([`Lane::end_move`]): a SYNC recount that reads both must not fall between.
+    /// Odd while the writer (or a sender writing through) moves something from this lane
+    /// into the send window (taken here, not yet held there), bumped under the lock when it
+    /// takes and after it is done ([`Lane::end_move`]): a SYNC recount that reads both must
+    /// not fall between, nor a peer's removal (`Lane::close_if_at_rest`).
     moves: AtomicU64,
     /// `Inner::epoch`, readable without the lock senders contend for (written under it).
     epoch: AtomicU64,

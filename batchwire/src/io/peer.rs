@@ -21,7 +21,7 @@ use batchwire_core::codec::Name;
 use batchwire_core::frame::{Frame, Message, Undeliverable};
 use batchwire_core::outbox::Dest;
 use batchwire_core::reassembly::{Abandoned, Reassembly};
-use batchwire_core::session::{FailReason, PeerState, Session, SessionEvent};
+use batchwire_core::session::{DownReason, FailReason, PeerState, Session, SessionEvent};
 use tracing::{info, warn};
 
 use crate::address::Address;
@@ -389,19 +389,34 @@ impl Peer {
         {
             return false;
         }
-        // Under the session lock: nothing can be held meanwhile (the writer holds with it).
-        let idle = self.session(|s, _| s.window_bytes() == 0 && s.window_messages() == 0);
-        if !idle {
-            return false;
+        // One decision under the session lock (every hold into the window takes it) and
+        // the lane's (every send and every take): the window is empty, and the lane holds
+        // nothing and has nothing on its way into the window (a sender's write-through
+        // batch, the writer's batch or piece), so it closes with nothing that could still
+        // be held. Deciding in steps let a message taken out of the lane meanwhile be held
+        // in the window of a removed peer, which nothing writes or fails.
+        let removed = self.session(|s, _| {
+            let idle =
+                s.window_bytes() == 0 && s.window_messages() == 0 && self.lane.close_if_at_rest();
+            if idle {
+                self.removed.store(true, Ordering::Release);
+            }
+            idle
+        });
+        if removed {
+            self.lane.poke();
         }
-        self.lane.close();
-        if self.lane.queued() > 0 {
-            // A send slipped in before the close: it goes out (or fails) as usual.
-            return false;
+        removed
+    }
+
+    /// Whether what is taken for the window may be held there: not if the peer is down
+    /// (or said goodbye), nor once it was removed (nothing would write it). Call with the
+    /// session lock: the removal is decided under it.
+    pub fn holdable(&self, s: &Session) -> Result<(), FailReason> {
+        if self.is_removed() {
+            return Err(FailReason::Down(DownReason::Membership));
         }
-        self.removed.store(true, Ordering::Release);
-        self.lane.poke();
-        true
+        s.holdable()
     }
 
     /// Whether the node's reassembly budget has room for a message of `total` bytes.

@@ -270,7 +270,7 @@ fn hold(peer: &Peer, batch: &mut Batch, reason: FlushReason) {
     if batch.frames.is_empty() {
         return;
     }
-    let held = peer.session(|s, _| s.holdable().map(|()| s.hold_batch(batch)));
+    let held = peer.session(|s, _| peer.holdable(s).map(|()| s.hold_batch(batch)));
     match held {
         Ok(n) => count_held(peer, n, reason),
         Err(why) => peer.report_failed(batch.decode_messages(), why),
@@ -288,7 +288,7 @@ pub(crate) fn hold_frames(peer: &Peer, frames: &[(&[u8], u32)], reason: FlushRea
     if frames.is_empty() {
         return;
     }
-    let held = peer.session(|s, _| s.holdable().map(|()| s.hold(frames)));
+    let held = peer.session(|s, _| peer.holdable(s).map(|()| s.hold(frames)));
     match held {
         Ok(n) => count_held(peer, n, reason),
         Err(why) => peer.report_failed(decode_frames(frames.iter().map(|f| f.0)), why),

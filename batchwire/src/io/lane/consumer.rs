@@ -52,7 +52,27 @@ impl Lane {
 
     /// Refuse new messages; the writer drains what is queued, then sees `Drained`.
     pub fn close(&self) {
-        let mut g = self.lock();
+        let g = self.lock();
+        self.close_locked(g);
+    }
+
+    /// Close it only if nothing is queued and nothing taken out of it is on its way into
+    /// the send window (a sender's write-through batch, or the writer's batch or piece):
+    /// then nothing more can ever come out of it. Returns whether it closed. (The peer's
+    /// removal, under its session lock, so nothing is held in the window meanwhile.)
+    pub fn close_if_at_rest(&self) -> bool {
+        let g = self.lock();
+        // `moves` is odd from a take (the writer's, or a sender's write-through) until
+        // what was taken is held.
+        let at_rest =
+            g.outbox.is_empty() && g.bulk.is_empty() && self.moves.load(Ordering::Acquire) % 2 == 0;
+        if at_rest {
+            self.close_locked(g);
+        }
+        at_rest
+    }
+
+    fn close_locked(&self, mut g: MutexGuard<'_, Inner>) {
         g.closed = true;
         // A consumer waiting for a poke (`wait_epoch`) must look up too.
         self.bump(&mut g);
@@ -123,17 +143,13 @@ impl Lane {
 
     /// The writer took something to move into the window (under the lock).
     pub(super) fn begin_move(&self) {
-        if self.charges_credit {
-            self.moves.fetch_add(1, Ordering::AcqRel);
-        }
+        self.moves.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The writer is done moving what it took (`next_batch`'s batch is held, or the piece
     /// from `next_piece` advanced, restarted or unreserved).
     pub fn end_move(&self) {
-        if self.charges_credit {
-            self.moves.fetch_add(1, Ordering::AcqRel);
-        }
+        self.moves.fetch_add(1, Ordering::AcqRel);
     }
 
     /// See [`Lane::end_move`]: even when nothing is on its way into the window.

@@ -27,3 +27,67 @@ fn undeliverable_notices_are_summed_and_bounded() {
     assert_eq!(total, 3000, "every message counted");
     assert_eq!(frames, NOTICE_PAIRS + 1, "64 pairs and one summary");
 }
+
+/// Push message `n` to mailbox "to" of `p`'s lane as a sender that may write through.
+fn push(p: &Peer, n: u8) -> Result<crate::io::lane::Pushed, crate::io::lane::PushError> {
+    let payload = bytes::Bytes::from(vec![n; 10]);
+    p.lane.push_direct(
+        crate::io::lane::Outgoing {
+            dest: 0,
+            to: &Name::from_static("to"),
+            from: &Name::from_static("f"),
+            payload: &payload,
+            bulk: false,
+        },
+        false,
+        || true,
+    )
+}
+
+/// A forgotten member's peer is removed only when nothing of it can still reach the
+/// window: not while a sender's write-through batch or the writer's batch is on its way
+/// there (taken out of the lane, not yet held), which would then sit in the window of a
+/// removed peer, never written nor failed. Once removed, nothing is held any more.
+#[test]
+fn a_peer_is_removed_only_with_nothing_on_its_way_into_the_window() {
+    use crate::io::lane::Pushed;
+    let p = testing::peer(SessionConfig::default());
+    let window = |p: &Peer| p.session(|s, _| s.window_messages());
+
+    // A sender took the lane's only message to write it through itself.
+    assert_eq!(push(&p, 1).unwrap(), Pushed::Direct);
+    assert_eq!(p.lane.queued(), 0);
+    assert!(
+        !p.remove_if_idle(),
+        "removed with a write-through on its way"
+    );
+    assert!(!p.is_removed());
+    crate::io::write::write_through(&p, &crate::io::shutdown::Shutdown::default());
+    assert_eq!(window(&p), 1, "held, to be written on the next connection");
+    assert!(!p.remove_if_idle(), "removed with a message in the window");
+
+    // The writer took a batch and has not held it yet.
+    let q = testing::peer(SessionConfig::default());
+    q.lane.set_writer_absent(false);
+    assert_eq!(push(&q, 2).unwrap(), Pushed::Queued);
+    let mut b = batchwire_core::bundler::BundlerConfig::default().build();
+    let mut batch = batchwire_core::outbox::Batch::default();
+    let next = q
+        .lane
+        .next_batch(b.as_mut(), q.lane.epoch(), &mut batch, true, None);
+    assert!(matches!(next, crate::io::lane::Next::Batch(_)));
+    assert_eq!(q.lane.queued(), 0);
+    assert!(
+        !q.remove_if_idle(),
+        "removed with the writer's batch on its way"
+    );
+    assert!(push(&q, 3).is_ok(), "left open");
+    q.lane.end_move();
+
+    // Nothing anywhere: removed; the lane refuses sends and nothing is held any more.
+    let r = testing::peer(SessionConfig::default());
+    assert!(r.remove_if_idle());
+    assert!(r.is_removed());
+    assert!(push(&r, 4).is_err(), "a removed peer's lane refuses sends");
+    assert!(r.session(|s, _| r.holdable(s)).is_err());
+}
