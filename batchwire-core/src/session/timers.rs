@@ -127,10 +127,11 @@ impl Session {
     }
 
     /// The next control frame for connection `id`: an acknowledgement (which is also the
-    /// heartbeat) when one is due. Due whatever the send window holds. The frame counts as
+    /// heartbeat) when one is due. Due whatever the send window holds; never after the
+    /// goodbye ([`Session::poll_close`]), which is the last thing written. The frame counts as
     /// sent at `now` (the caller writes it next), so the heartbeat clock restarts here.
     pub fn poll_control(&mut self, now: Instant, id: ConnId) -> Option<Frame> {
-        if !self.is_current(id) || !(self.ack_due || self.heartbeat_due) {
+        if !self.is_current(id) || self.said_goodbye || !(self.ack_due || self.heartbeat_due) {
             return None;
         }
         self.note_sent(now, id);

@@ -279,6 +279,14 @@ fn goodbye_waits_for_acknowledgements_or_the_deadline() {
     );
     assert_eq!(s.poll_close(t0, id, false), None, "given once");
     assert!(s.is_closed());
+    // Nothing follows the goodbye: a heartbeat or acknowledgement due later is not
+    // written (the writer shut the connection's write side after it).
+    s.handle_timeout(t0 + 500 * MS);
+    assert_eq!(
+        s.poll_control(t0 + 500 * MS, id),
+        None,
+        "control after goodbye"
+    );
     // With a peer that never acknowledges: failed at the deadline, then goodbye.
     let mut s = Session::new(cfg(), t0);
     let (id, _) = connect(&mut s, &mut peer, t0);
