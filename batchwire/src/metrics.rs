@@ -38,7 +38,7 @@
 //! | `batchwire_members` | gauge (members in this node's view) | node, state (alive, suspect, down, left) |
 //! | `batchwire_membership_packets_total`, `batchwire_membership_bytes_total` | counter | node, direction (in, out) |
 //! | `batchwire_membership_packets_sent_by_kind_total` | counter | node, kind (probe, gossip, state) |
-//! | `batchwire_membership_dropped_total` | counter | node, reason (rate_limited, violation, behind, view_full, refused, send_failed) |
+//! | `batchwire_membership_dropped_total` | counter | node, reason (rate_limited, violation, behind, view_full, swim_full, refused, send_failed) |
 //! | `batchwire_build_info` | gauge, always 1 | node, version |
 //!
 //! Every name is described (`# HELP` in Prometheus). The exporter decides how a histogram
@@ -384,6 +384,7 @@ impl NodeStats {
             ("violation", m.violations),
             ("behind", m.inputs_dropped),
             ("view_full", m.members_refused),
+            ("swim_full", m.swim_full),
             ("refused", m.datagrams_refused),
             ("send_failed", m.send_errors),
         ] {

@@ -296,6 +296,10 @@ pub struct MembershipStats {
     pub inputs_dropped: u64,
     /// Members not taken in because the view already held `max_members` (each name once).
     pub members_refused: u64,
+    /// Packets from, and updates about, members SWIM did not list, dropped because its
+    /// own list already held twice `max_members` (invented members, or a cluster far
+    /// larger than configured).
+    pub swim_full: u64,
     /// Datagrams refused before anything in them was believed: not a membership
     /// datagram, forged or damaged (does not open with the cluster key), meant for another
     /// member, or replayed.
@@ -411,7 +415,7 @@ impl std::fmt::Display for NodeStats {
         let sent = self.bytes_sent;
         writeln!(
             f,
-            "  membership: in {} packets / {} B, out {} packets / {} B ({} probes, {} gossip, {} state), rate-limited {}, violations {}, dropped {}, members refused {}, datagrams refused {}, unsent {}; all peers: sent {} B",
+            "  membership: in {} packets / {} B, out {} packets / {} B ({} probes, {} gossip, {} state), rate-limited {}, violations {}, dropped {}, members refused {} (SWIM full {}), datagrams refused {}, unsent {}; all peers: sent {} B",
             m.packets_in,
             m.bytes_in,
             m.packets_out,
@@ -423,6 +427,7 @@ impl std::fmt::Display for NodeStats {
             m.violations,
             m.inputs_dropped,
             m.members_refused,
+            m.swim_full,
             m.datagrams_refused,
             m.send_errors,
             sent,

@@ -84,6 +84,12 @@ impl Membership {
                         claimed: header.src.name,
                     });
                 }
+                // SWIM's list is full and does not know the sender: dropped before SWIM
+                // would take it in (see `swim_takes`).
+                if !self.swim_takes(&header.src.name, 0) {
+                    self.counters.swim_full += 1;
+                    return Ok(Walk::Not);
+                }
                 // A packet from the member itself is direct evidence that it is alive.
                 self.note_heard(now, from, header.src.started);
                 let (fresh, named) = self.without_old_news(packet, &header, body);
@@ -233,6 +239,10 @@ impl Membership {
         // The count is the sender's word: room for what a packet can hold at most.
         let mut kept: Vec<&[u8]> = Vec::with_capacity(usize::from(count).min(MAX_PACKET / 16));
         let mut old = 0;
+        // Members SWIM would take in from this packet that it does not list yet (the
+        // sender first), and updates about further ones dropped because its list is full.
+        let mut adding = usize::from(!self.swim_knows(&header.src.name));
+        let mut full = 0;
         for _ in 0..count {
             let before = rest;
             let Ok(m): Result<Member<MemberId>, _> = PostcardCodec.decode_member(&mut rest) else {
@@ -243,7 +253,10 @@ impl Membership {
             };
             if self.is_old_news(&m) {
                 old += 1;
+            } else if !self.swim_takes(&m.id().name, adding) {
+                full += 1;
             } else {
+                adding += usize::from(!self.swim_knows(&m.id().name));
                 kept.push(&before[..before.len() - rest.len()]);
                 self.name_dirty(&m.id().name);
                 if self.fed.len() < self.cfg.max_members.saturating_mul(2) {
@@ -258,10 +271,11 @@ impl Membership {
         } else {
             Walk::Not
         };
-        if old == 0 {
+        if old == 0 && full == 0 {
             return (None, news);
         }
         self.counters.old_news += old;
+        self.counters.swim_full += full;
         let mut out = Vec::with_capacity(packet.len());
         out.extend_from_slice(&packet[..packet.len() - body.len()]);
         out.extend_from_slice(&(kept.len() as u16).to_be_bytes());
@@ -270,6 +284,22 @@ impl Membership {
         }
         out.extend_from_slice(rest);
         (Some(out), news)
+    }
+
+    /// Whether SWIM lists `name` (or it is this node).
+    pub(super) fn swim_knows(&self, name: &Name) -> bool {
+        *name == self.foca.identity().name || self.foca.member_by_addr(name).is_some()
+    }
+
+    /// Whether SWIM may take in `name` with `adding` others it does not list on their way
+    /// in: it lists it already, or its list (live, suspect, and down members until
+    /// forgotten) holds fewer than twice `max_members` with them. SWIM itself has no such
+    /// bound: a member that went bad could gossip invented members (or send under
+    /// invented names) without end, each a member SWIM keeps and probes.
+    pub(super) fn swim_takes(&self, name: &Name, adding: usize) -> bool {
+        self.swim_knows(name)
+            || self.foca.iter_membership_state().len() + adding
+                < self.cfg.max_members.saturating_mul(2)
     }
 
     /// Whether `m` is exactly what SWIM holds of that member, or an update SWIM was

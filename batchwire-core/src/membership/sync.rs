@@ -337,10 +337,18 @@ impl Membership {
         self.counters.sync_members += members.len() as u64;
         let told = members.len();
         members.retain(|m| !self.is_old_news(m));
+        self.counters.old_news += (told - members.len()) as u64;
+        // What SWIM's list has room for (see `swim_takes`).
+        let (mut adding, before) = (0, members.len());
+        members.retain(|m| {
+            let takes = self.swim_takes(&m.id().name, adding);
+            adding += usize::from(takes && !self.swim_knows(&m.id().name));
+            takes
+        });
+        self.counters.swim_full += (before - members.len()) as u64;
         for m in &members {
             self.name_dirty(&m.id().name);
         }
-        self.counters.old_news += (told - members.len()) as u64;
         // For the joining rounds (see `sync_tries`).
         self.sync_round.0 = true;
         self.sync_round.1 |= !members.is_empty();

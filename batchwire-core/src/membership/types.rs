@@ -313,6 +313,10 @@ pub struct MemberCounters {
     /// Updates taken out of packets before SWIM saw them because they repeated what it
     /// held (each update reaches a member about a dozen times as it spreads).
     pub old_news: u64,
+    /// Packets from, and updates about, members SWIM does not list, dropped because its
+    /// list already held twice `max_members` (invented members, or a cluster far larger
+    /// than configured).
+    pub swim_full: u64,
 }
 
 /// What SWIM held of a member (in `Membership::swim`, keyed by its name): the rest of

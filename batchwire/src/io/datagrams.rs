@@ -214,6 +214,7 @@ pub(crate) struct MemberStats {
     pub rate_limited: std::sync::atomic::AtomicU64,
     pub violations: std::sync::atomic::AtomicU64,
     pub members_refused: std::sync::atomic::AtomicU64,
+    pub swim_full: std::sync::atomic::AtomicU64,
     /// Datagrams refused: not ours, forged, damaged, for another member, replayed.
     pub refused: std::sync::atomic::AtomicU64,
     /// Datagrams the socket would not send.

@@ -148,6 +148,7 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
     s.state_out.store(c.state_out, Relaxed);
     s.rate_limited.store(c.rate_limited, Relaxed);
     s.members_refused.store(c.members_refused, Relaxed);
+    s.swim_full.store(c.swim_full, Relaxed);
     let mut forgotten = ctx.forgotten.borrow_mut();
     // Only what changed is published, unless members left the view (or the copy
     // disagrees on the count, which should not happen: then it is rebuilt).

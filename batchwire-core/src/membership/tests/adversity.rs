@@ -217,14 +217,20 @@ fn members_past_the_limit_are_never_reported_and_counted_once() {
             );
         }
         let c = m.counters();
-        // Five others at least were refused, each once (nine names at most, not once per
-        // packet or timer).
+        // SWIM lists at most eight others (twice the limit); members it lists past the
+        // view's four are refused, each once (nine names at most, not once per packet or
+        // timer).
+        let listed = m.foca.iter_membership_state().len();
+        assert!(listed <= 8, "node {i}: SWIM lists {listed}");
         assert!(
-            (5..=9).contains(&c.members_refused),
-            "node {i}: {} refusals",
+            c.members_refused as usize >= listed.saturating_sub(4) && c.members_refused <= 9,
+            "node {i}: {} refusals with {listed} listed",
             c.members_refused
         );
     }
+    // Ten nodes do not fit: the seed's list was full when the last one announced itself,
+    // so that one stayed out (dropped and counted), rather than SWIM's list growing.
+    assert!(net.nodes[0].as_ref().unwrap().counters().swim_full > 0);
 }
 
 #[test]
@@ -394,4 +400,75 @@ fn a_suspicion_ends_in_down_at_its_timeout_not_before() {
             .iter()
             .any(|e| matches!(e, MemberEvent::Down(_)))
     }));
+}
+
+/// A SWIM packet from `src` to `dst` carrying `updates` (as foca encodes one).
+fn gossip(src: &MemberId, dst: &MemberId, updates: &[foca::Member<MemberId>]) -> Vec<u8> {
+    use foca::Codec;
+    let mut codec = foca::PostcardCodec;
+    let mut buf = vec![TAG_SWIM];
+    let header = foca::Header {
+        src: src.clone(),
+        src_incarnation: 0,
+        dst: dst.clone(),
+        message: foca::Message::Gossip,
+    };
+    codec.encode_header(&header, &mut buf).unwrap();
+    buf.extend_from_slice(&(updates.len() as u16).to_be_bytes());
+    for m in updates {
+        codec.encode_member(m, &mut buf).unwrap();
+    }
+    buf
+}
+
+/// A member that went bad gossips invented members without end, and sends under invented
+/// names: SWIM's own list (not only the view) stays within twice `max_members`, and what
+/// is dropped past it is counted. Members it already lists are still updated.
+#[test]
+fn invented_members_cannot_grow_swims_list_past_twice_the_limit() {
+    let t0 = Instant::now();
+    let cfg = MembershipConfig {
+        max_members: 4,
+        ..cfg()
+    };
+    let mut a = Membership::new(id(0, 1), cfg, 1, t0).unwrap();
+    let (me, bad) = (a.me().clone(), id(1, 1));
+    let listed = |a: &Membership| a.foca.iter_membership_state().len();
+    let mut t = t0;
+    for round in 0..40 {
+        t += Duration::from_millis(50);
+        let invented: Vec<_> = (0..20)
+            .map(|k| foca::Member::alive(id(100 + round * 20 + k, 1)))
+            .collect();
+        let _ = a.handle_frame(t, &bad.name, &gossip(&bad, &me, &invented));
+        assert!(listed(&a) <= 8, "round {round}: SWIM lists {}", listed(&a));
+    }
+    // Under invented sender names.
+    for k in 0..100 {
+        t += Duration::from_millis(5);
+        let from = id(2000 + k, 1);
+        let _ = a.handle_frame(t, &from.name, &gossip(&from, &me, &[]));
+    }
+    assert_eq!(listed(&a), 8, "full, and no more");
+    // In a full-state answer too.
+    let mut state = vec![TAG_STATE];
+    for k in 0..10 {
+        use foca::Codec;
+        let m = foca::Member::alive(id(3000 + k, 1));
+        foca::PostcardCodec.encode_member(&m, &mut state).unwrap();
+    }
+    a.handle_frame(t, &bad.name, &state).unwrap();
+    assert_eq!(listed(&a), 8, "full, and no more after a state answer");
+    let c = a.counters();
+    assert!(c.swim_full >= 40 * 20 + 100 + 10 - 8, "{c:?}");
+    // A member SWIM lists is still heard: the bad member suspected by gossip is news.
+    let suspect = foca::Member::new(bad.clone(), 1, foca::State::Suspect);
+    a.handle_frame(t, &bad.name, &gossip(&bad, &me, &[suspect]))
+        .unwrap();
+    assert!(
+        a.foca
+            .iter_membership_state()
+            .any(|m| m.id().name == bad.name && m.incarnation() >= 1),
+        "an update about a listed member was dropped"
+    );
 }

@@ -119,6 +119,10 @@ impl Runtime {
             // Written through (or held for the next connection): a writer is started by
             // what is left over, if anything (see `write::write_through`).
             Ok(true) => peer.after_push_through(),
+            // The lane is closed (the node shuts down, or the peer was removed): nothing
+            // came, and no writer or dialer is to start for it (one started after the
+            // shutdown joined the writers would outlive it).
+            Err(PushError::Closed) => {}
             // Its writer runs and a connection is on its way (see `peer::demand`).
             _ => peer.after_push(),
         }

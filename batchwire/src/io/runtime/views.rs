@@ -178,6 +178,7 @@ impl Runtime {
             violations: s.violations.load(Ordering::Relaxed),
             inputs_dropped: self.members.as_ref().map_or(0, |m| m.dropped()),
             members_refused: s.members_refused.load(Ordering::Relaxed),
+            swim_full: s.swim_full.load(Ordering::Relaxed),
             datagrams_refused: s.refused.load(Ordering::Relaxed),
             send_errors: s.send_errors.load(Ordering::Relaxed),
         }
