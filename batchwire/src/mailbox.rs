@@ -75,7 +75,7 @@ impl Mailbox {
         one.ok_or(RecvError::Closed)
     }
 
-    /// Wait at most `timeout` for the next message.
+    /// Wait at most `timeout` for the next message (`Duration::MAX`: no limit).
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Envelope, RecvError> {
         let mut one = None;
         self.queue.take_within(&mut one, 1, timeout)?;

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use batchwire_core::codec::Name;
 use bytes::Bytes;
@@ -125,7 +125,8 @@ impl Node {
 
     /// Send a request to mailbox `to` and wait (blocking this thread) up to `timeout` for
     /// its reply, which the receiver sends with [`Envelope::reply`]. The reply comes back
-    /// as an envelope from `to`.
+    /// as an envelope from `to`. A `timeout` too long for the clock (`Duration::MAX`) waits
+    /// without a limit.
     ///
     /// Fails with [`Error::Timeout`] (a reply that comes later is counted as late in
     /// `NodeStats::requests` and dropped), [`Error::PeerDown`] as soon as the node is
@@ -172,12 +173,7 @@ impl Node {
         payload: impl Into<Bytes>,
         timeout: Duration,
     ) -> RequestFuture {
-        let Some(deadline) = Instant::now().checked_add(timeout) else {
-            return RequestFuture::failed(
-                self.rt.clone(),
-                Error::Config("timeout too long".into()),
-            );
-        };
+        let deadline = crate::io::deadline_after(timeout);
         RequestFuture::new(self.rt.clone(), to.clone(), payload.into(), deadline)
     }
 

@@ -48,7 +48,6 @@ enum State {
     Waiting {
         id: u64,
     },
-    Failed(Error),
     Done,
 }
 
@@ -61,13 +60,6 @@ impl RequestFuture {
                 payload,
                 deadline,
             },
-        }
-    }
-
-    pub(crate) fn failed(rt: Arc<Runtime>, e: Error) -> Self {
-        RequestFuture {
-            rt,
-            state: State::Failed(e),
         }
     }
 }
@@ -135,7 +127,6 @@ impl Future for RequestFuture {
                         }
                     };
                 }
-                State::Failed(e) => return Poll::Ready(Err(e)),
                 State::Done => return Poll::Ready(Err(Error::ShutDown { payload: None })),
             }
         }
@@ -156,7 +147,6 @@ impl std::fmt::Debug for RequestFuture {
             State::Start { .. } => "not started",
             State::Sending { .. } => "waiting for room",
             State::Waiting { .. } => "waiting for the reply",
-            State::Failed(_) => "failed",
             State::Done => "done",
         };
         write!(f, "RequestFuture({s})")

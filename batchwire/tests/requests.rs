@@ -461,3 +461,37 @@ fn a_pool_of_receivers_on_one_mailbox_answers_every_call_and_then_rests() {
         s.join().unwrap();
     }
 }
+
+/// A timeout too long for the clock (`Duration::MAX`) means no deadline, as with std's
+/// `recv_timeout`: requests, receiving and waiting for peers neither panic nor fail.
+#[test]
+fn a_timeout_too_long_for_the_clock_means_no_deadline() {
+    let nodes = start(mesh(&["a", "b"]));
+    let (a, b) = (&nodes[0], &nodes[1]);
+    assert!(a.wait_for_peers(&["b"], Duration::MAX));
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = serve(b.mailbox("echo").unwrap(), stop.clone());
+    let to = Address::new("b", "echo").unwrap();
+    let r = a.request(&to, "forever", Duration::MAX).unwrap();
+    assert_eq!(r.payload, "reverof".as_bytes());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let r = rt
+        .block_on(a.request_async(&to, "async", Duration::MAX))
+        .unwrap();
+    assert_eq!(r.payload, "cnysa".as_bytes());
+    stop.store(true, Ordering::Relaxed);
+    echo.join().unwrap();
+    // Receiving on an empty mailbox, filled a moment later.
+    let inbox = a.mailbox("inbox").unwrap();
+    thread::scope(|s| {
+        s.spawn(|| {
+            thread::sleep(Duration::from_millis(50));
+            b.send(&Address::new("a", "inbox").unwrap(), "late")
+                .unwrap();
+        });
+        let got = inbox.recv_timeout(Duration::MAX).unwrap();
+        assert_eq!(got.payload, "late".as_bytes());
+    });
+}

@@ -127,7 +127,7 @@ impl Members {
     /// Announce our leave; returns once the leave datagrams are sent (or
     /// after `timeout`).
     pub fn leave(&self, timeout: Duration) {
-        let deadline = std::time::Instant::now() + timeout;
+        let deadline = crate::io::deadline_after(timeout);
         let (tx, rx) = sync_channel(1);
         let mut leave = Input::Leave(tx);
         // The inbox may be full for a moment: retry until the deadline, never block on it.

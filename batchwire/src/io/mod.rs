@@ -50,6 +50,15 @@ use batchwire_core::idle::IdleStrategy;
 
 use crate::config::NodeConfig;
 
+/// `d` from now; a wait too long for the clock to express (`Duration::MAX`, as
+/// `recv_timeout` or `request` may be given) ends a century from now, that is, never.
+pub(crate) fn deadline_after(d: std::time::Duration) -> std::time::Instant {
+    use std::time::{Duration, Instant};
+    let now = Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
 /// Spin or yield as an idle step says (the caller holds no lock); parking is the caller's,
 /// on its own condvar.
 pub(crate) fn pause(step: batchwire_core::idle::IdleStep) {

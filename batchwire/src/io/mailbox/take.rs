@@ -119,7 +119,10 @@ impl MailboxQueue {
             }
             let now = Instant::now();
             if let TakeWait::For(d) = wait {
-                wait = TakeWait::Until(now + d);
+                wait = TakeWait::Until(
+                    now.checked_add(d)
+                        .unwrap_or_else(|| crate::io::deadline_after(d)),
+                );
             }
             let left = match wait {
                 TakeWait::No => return Err(RecvError::Empty),

@@ -45,7 +45,7 @@ impl Runtime {
         payload: Bytes,
         timeout: Duration,
     ) -> Result<Envelope, Error> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::io::deadline_after(timeout);
         let (id, from) =
             self.begin_request(to, deadline, Waiter::Thread(std::thread::current()))?;
         self.ask_for_turn(&to.node);

@@ -30,7 +30,7 @@ impl Runtime {
     /// With connections on demand, waiting for a peer asks for a connection to it (and
     /// the idle close ends it later if nothing is sent).
     pub fn wait_for_peers(&self, names: &[&str], timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::io::deadline_after(timeout);
         loop {
             if self.config.on_demand() {
                 for n in names {
@@ -198,7 +198,7 @@ impl Runtime {
         timeout: Duration,
         cond: impl Fn(&[crate::event::Member]) -> bool,
     ) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::io::deadline_after(timeout);
         loop {
             if cond(&self.members()) {
                 return true;
