@@ -375,3 +375,63 @@ fn idle_peer_costs_no_thread(names: [&str; 2], with: impl Fn(NodeConfig) -> Node
     nodes[0].send(&to_b, 7u64.to_le_bytes().to_vec()).unwrap();
     assert_eq!(seq(&in_b.recv_timeout(T).unwrap().payload), 7);
 }
+
+/// A mailbox dropped with messages in it gives their credit back at once, though the
+/// connection's reader still knows the mailbox as the last it delivered to and keeps
+/// reading (the other node's traffic keeps it busy): the sender, stopped by that credit,
+/// goes on to the mailbox opened again under the name.
+#[test]
+fn a_dropped_mailbox_gives_its_credit_back_while_its_connection_stays_busy() {
+    let cfgs: Vec<NodeConfig> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.mailbox("back").mailbox_bytes(64 << 10))
+        .collect();
+    let nodes = start(cfgs);
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let to = Address::new("b", "svc").unwrap();
+    let svc = b.mailbox("svc").unwrap();
+    // Until the credit is used up (nothing reads "svc").
+    let mut sent = 0;
+    for _ in 0..1000 {
+        match a.try_send(&to, vec![7u8; 1000]) {
+            Ok(()) => sent += 1,
+            Err(Error::Full { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        (10..1000).contains(&sent),
+        "{sent} sent before the credit ran out"
+    );
+    let deadline = Instant::now() + T;
+    while svc.len() < sent {
+        assert!(Instant::now() < deadline, "{} of {sent} arrived", svc.len());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // b keeps talking to a on the same connection, so its reader never rests.
+        s.spawn(|| {
+            let back = Address::new("a", "back").unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                b.send(&back, "ping").unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        drop(svc);
+        let svc = b.mailbox("svc").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let taken = loop {
+            match a.try_send(&to, "after") {
+                Ok(()) => break true,
+                Err(Error::Full { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(_) => break false,
+            }
+        };
+        stop.store(true, Ordering::Relaxed);
+        assert!(taken, "the dropped mailbox's credit never came back");
+        assert_eq!(svc.recv_timeout(T).unwrap().payload, "after".as_bytes());
+    });
+}

@@ -304,6 +304,29 @@ impl MailboxQueue {
             })
     }
 
+    /// Its handle was dropped (no receiver is left): close it and drop what is queued, so
+    /// the credit those messages hold goes back to their senders now, not when the last
+    /// reference to the queue goes (a connection's reader keeps one to the mailbox it last
+    /// delivered to, for as long as nothing else arrives for it). Returns how many
+    /// messages were dropped.
+    pub fn discard(&self) -> usize {
+        self.close();
+        let items = {
+            let mut g = self.lock();
+            g.bytes = 0;
+            g.room.wake_all();
+            std::mem::take(&mut g.q)
+        };
+        // Their credit goes back here, with the queue's lock released.
+        items
+            .iter()
+            .map(|i| match i {
+                Item::One(..) => 1,
+                Item::Run { left, .. } => *left as usize,
+            })
+            .sum()
+    }
+
     /// Close: wakes every waiter; receivers get what is queued, then `Closed`.
     pub fn close(&self) {
         let mut g = self.lock();

@@ -89,8 +89,9 @@ impl Mailboxes {
             .clone()
     }
 
-    /// Forget `q` (if it is still the one registered under its name) and close it.
-    /// Returns how many messages were left in it. It is closed before the table is let go:
+    /// Forget `q` (if it is still the one registered under its name), close it and drop
+    /// what it held (see [`MailboxQueue::discard`]). Returns how many messages were left
+    /// in it. It is closed before the table is let go:
     /// a local sender that kept it (see [`Mailboxes::get_local`]) finds it closed and asks
     /// the table, which may hold a mailbox opened again under the name, rather than
     /// pushing into one that is gone.
@@ -101,7 +102,7 @@ impl Mailboxes {
         }
         q.close();
         drop(g);
-        q.len()
+        q.discard()
     }
 
     /// Each mailbox's name and the messages waiting in it (for metrics).
