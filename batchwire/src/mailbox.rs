@@ -21,8 +21,8 @@ use crate::send::SendFuture;
 /// A registered mailbox. Receive with `recv*` (blocking), `recv_async`,
 /// `recv_batch_async` or as a [`Stream`] of envelopes; send from it with `send*` (the
 /// receiver sees this mailbox as the sender). Requests among the envelopes are answered
-/// with [`Envelope::reply`]. Dropping it unregisters the name; later messages to it are
-/// reported to their senders as undeliverable.
+/// with [`Envelope::reply`]. Dropping it unregisters the name; messages still queued in it,
+/// and later ones to it, are reported to their senders as undeliverable.
 ///
 /// Receiving fails only with [`RecvError`]: `Empty` (`try_recv`), `Timeout`
 /// (`recv_timeout`) or `Closed` (the node shut down and everything queued was taken).

@@ -379,7 +379,8 @@ fn idle_peer_costs_no_thread(names: [&str; 2], with: impl Fn(NodeConfig) -> Node
 /// A mailbox dropped with messages in it gives their credit back at once, though the
 /// connection's reader still knows the mailbox as the last it delivered to and keeps
 /// reading (the other node's traffic keeps it busy): the sender, stopped by that credit,
-/// goes on to the mailbox opened again under the name.
+/// goes on to the mailbox opened again under the name, and is told the dropped messages
+/// were undeliverable.
 #[test]
 fn a_dropped_mailbox_gives_its_credit_back_while_its_connection_stays_busy() {
     let cfgs: Vec<NodeConfig> = mesh(&["a", "b"])
@@ -388,6 +389,7 @@ fn a_dropped_mailbox_gives_its_credit_back_while_its_connection_stays_busy() {
         .collect();
     let nodes = start(cfgs);
     let (a, b) = (&nodes[0], &nodes[1]);
+    let events = a.events();
     let to = Address::new("b", "svc").unwrap();
     let svc = b.mailbox("svc").unwrap();
     // Until the credit is used up (nothing reads "svc").
@@ -434,4 +436,18 @@ fn a_dropped_mailbox_gives_its_credit_back_while_its_connection_stays_busy() {
         assert!(taken, "the dropped mailbox's credit never came back");
         assert_eq!(svc.recv_timeout(T).unwrap().payload, "after".as_bytes());
     });
+    let mut told = 0;
+    let deadline = Instant::now() + T;
+    while told < sent {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match events.recv_timeout(left) {
+            Ok(Event::Undeliverable { to: t, count, .. }) => {
+                assert_eq!(t, to);
+                told += count as usize;
+            }
+            Ok(_) => {}
+            Err(_) => panic!("told of {told} of the {sent} dropped messages"),
+        }
+    }
+    assert_eq!(told, sent);
 }

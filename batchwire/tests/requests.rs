@@ -495,3 +495,31 @@ fn a_timeout_too_long_for_the_clock_means_no_deadline() {
         assert_eq!(got.payload, "late".as_bytes());
     });
 }
+
+/// A request queued in a mailbox that its node then drops fails at once with
+/// `Undeliverable`, not at its timeout.
+#[test]
+fn a_request_in_a_dropped_mailbox_fails_at_once() {
+    let nodes = start(mesh(&["a", "b"]));
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let svc = b.mailbox("svc").unwrap();
+    let to = Address::new("b", "svc").unwrap();
+    thread::scope(|s| {
+        let call = s.spawn(|| {
+            let t0 = Instant::now();
+            (
+                a.request(&to, "never read", Duration::from_secs(60)),
+                t0.elapsed(),
+            )
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while svc.is_empty() {
+            assert!(Instant::now() < deadline, "the request never arrived");
+            thread::sleep(Duration::from_millis(5));
+        }
+        drop(svc);
+        let (r, took) = call.join().unwrap();
+        assert!(matches!(r, Err(Error::Undeliverable { .. })), "{r:?}");
+        assert!(took < Duration::from_secs(30), "failed only after {took:?}");
+    });
+}

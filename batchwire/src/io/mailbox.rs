@@ -308,8 +308,8 @@ impl MailboxQueue {
     /// the credit those messages hold goes back to their senders now, not when the last
     /// reference to the queue goes (a connection's reader keeps one to the mailbox it last
     /// delivered to, for as long as nothing else arrives for it). Returns how many
-    /// messages were dropped.
-    pub fn discard(&self) -> usize {
+    /// messages were dropped, by sender: (node, mailbox, count).
+    pub fn discard(&self) -> Vec<(Name, Name, u32)> {
         self.close();
         let items = {
             let mut g = self.lock();
@@ -317,14 +317,33 @@ impl MailboxQueue {
             g.room.wake_all();
             std::mem::take(&mut g.q)
         };
+        let mut by_sender: Vec<(Name, Name, u32)> = Vec::new();
+        let mut count = |node: &Name, mailbox: Name| match by_sender
+            .iter_mut()
+            .find(|(n, m, _)| n == node && *m == mailbox)
+        {
+            Some(e) => e.2 = e.2.saturating_add(1),
+            None => by_sender.push((node.clone(), mailbox, 1)),
+        };
+        for item in &items {
+            match item {
+                Item::One(e, _) => count(&e.from.node, e.from.mailbox.clone()),
+                Item::Run {
+                    from, data, left, ..
+                } => {
+                    let mut data = data.clone();
+                    for _ in 0..*left {
+                        let Some((mailbox, _, _)) = frame::next_message(&mut data) else {
+                            break;
+                        };
+                        count(from, mailbox);
+                    }
+                }
+            }
+        }
         // Their credit goes back here, with the queue's lock released.
-        items
-            .iter()
-            .map(|i| match i {
-                Item::One(..) => 1,
-                Item::Run { left, .. } => *left as usize,
-            })
-            .sum()
+        drop(items);
+        by_sender
     }
 
     /// Close: wakes every waiter; receivers get what is queued, then `Closed`.

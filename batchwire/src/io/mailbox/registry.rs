@@ -90,12 +90,12 @@ impl Mailboxes {
     }
 
     /// Forget `q` (if it is still the one registered under its name), close it and drop
-    /// what it held (see [`MailboxQueue::discard`]). Returns how many messages were left
-    /// in it. It is closed before the table is let go:
+    /// what it held (see [`MailboxQueue::discard`]). Returns the messages that were left
+    /// in it, by sender (node, mailbox, count). It is closed before the table is let go:
     /// a local sender that kept it (see [`Mailboxes::get_local`]) finds it closed and asks
     /// the table, which may hold a mailbox opened again under the name, rather than
     /// pushing into one that is gone.
-    pub fn remove(&self, q: &Arc<MailboxQueue>) -> usize {
+    pub fn remove(&self, q: &Arc<MailboxQueue>) -> Vec<(Name, Name, u32)> {
         let mut g = self.0.map.write().unwrap_or_else(|p| p.into_inner());
         if g.get(&q.name).is_some_and(|m| Arc::ptr_eq(m, q)) {
             g.remove(&q.name);

@@ -20,9 +20,21 @@ impl Runtime {
 
     /// A mailbox handle was dropped.
     pub fn release_mailbox(&self, q: &Arc<MailboxQueue>) {
-        let left = self.mailboxes.remove(q);
-        if left > 0 && !self.shutdown.is_shutting_down() {
-            warn!(node = %self.name, mailbox = %q.name, left, "mailbox dropped with unreceived messages");
+        let dropped = self.mailboxes.remove(q);
+        if dropped.is_empty() || self.shutdown.is_shutting_down() {
+            return;
+        }
+        let left: u64 = dropped.iter().map(|d| u64::from(d.2)).sum();
+        warn!(node = %self.name, mailbox = %q.name, left, "mailbox dropped with unreceived messages; their senders are told they were undeliverable");
+        // Each sending node hears of it as of messages that found no mailbox: an
+        // `Undeliverable` event there, and a request among them fails at once rather than
+        // at its timeout. (Messages sent from this node were the application's own.)
+        for (node, from, count) in dropped {
+            if node != self.name
+                && let Some(p) = self.peers.get(node.as_bytes())
+            {
+                p.report_undeliverable(&q.name, &from, count);
+            }
         }
     }
 
