@@ -311,3 +311,41 @@ fn a_receiver_leads_only_while_its_messages_come_from_one_node() {
     wait(&q);
     assert_eq!(leads.load(Ordering::Relaxed), 2);
 }
+
+/// A waker that counts its wakes (each one distinct).
+struct Count(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Receive futures polled once on an idle mailbox and then dropped (tasks aborted) leave
+/// their wakers: the list stays bounded, the oldest woken (harmlessly) to make room, and
+/// so does a lane's or mailbox's list of tasks waiting for room.
+#[test]
+fn wakers_of_tasks_that_went_away_stay_bounded() {
+    use crate::io::wakers::{MAX_WAKERS, Wakers};
+    let q = q(1 << 20);
+    let counts: Vec<Arc<Count>> = (0..3 * MAX_WAKERS)
+        .map(|_| Arc::new(Count(std::sync::atomic::AtomicUsize::new(0))))
+        .collect();
+    let mut room = Wakers::default();
+    for c in &counts {
+        let w = Waker::from(c.clone());
+        let mut cx = Context::from_waker(&w);
+        let mut out: Vec<Envelope> = Vec::new();
+        assert!(q.poll_batch(&mut cx, &mut out, 1).is_pending());
+        room.register(&w);
+        assert!(q.lock().wakers.len() <= MAX_WAKERS);
+        assert!(room.len() <= MAX_WAKERS);
+    }
+    let woken = |c: &Arc<Count>| c.0.load(Ordering::Relaxed);
+    // The first were woken to make room, twice (once from each list); the last wait.
+    assert_eq!(woken(&counts[0]), 2);
+    assert_eq!(woken(counts.last().unwrap()), 0);
+    // A push wakes those that wait.
+    q.push_one(env(1), false).unwrap();
+    assert_eq!(woken(counts.last().unwrap()), 1);
+}
