@@ -64,8 +64,9 @@ impl Lane {
         let g = self.lock();
         // `moves` is odd from a take (the writer's, or a sender's write-through) until
         // what was taken is held.
-        let at_rest =
-            g.outbox.is_empty() && g.bulk.is_empty() && self.moves.load(Ordering::Acquire) % 2 == 0;
+        let at_rest = g.outbox.is_empty()
+            && g.bulk.is_empty()
+            && self.moves.load(Ordering::Acquire).is_multiple_of(2);
         if at_rest {
             self.close_locked(g);
         }
