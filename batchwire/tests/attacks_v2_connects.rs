@@ -180,3 +180,35 @@ fn a_connect_flood_never_gets_a_node_declared_down() {
         "the a-b connection was cut"
     );
 }
+
+/// Attack 1b: a stranger on the configured peer's own address (another process on its
+/// host, or behind its NAT) holds every place that address has among strangers: the peer
+/// still connects (a known address has places of its own).
+#[test]
+fn strangers_on_a_peers_own_address_cannot_keep_it_out() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.handshake_timeout(Duration::from_secs(20)))
+        .collect();
+    let (a_cfg, b_cfg) = (cfgs[0].clone(), cfgs[1].clone());
+    let b_addr = b_cfg.listen();
+    let b = Node::start(b_cfg).unwrap();
+    let stop = AtomicBool::new(false);
+    let (held, a_in) = std::thread::scope(|s| {
+        // a dials from 127.0.0.1 too; 16 is the per-address cap.
+        s.spawn(|| hold_places(b_addr, vec!["127.0.0.1".into()], 16, &stop));
+        let deadline = Instant::now() + T;
+        while b.stats().handshakes.pending < 16 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let held = b.stats().handshakes.pending;
+        let a = Node::start(a_cfg).unwrap();
+        let ok = a.wait_for_peers(&["b"], Duration::from_secs(2));
+        stop.store(true, Relaxed);
+        (held, ok)
+    });
+    let h = b.stats().handshakes;
+    assert!(held >= 16, "the stranger held {held} places: {h:?}");
+    assert!(a_in, "the configured peer was kept out: {h:?}");
+}

@@ -169,7 +169,9 @@ impl Setup {
     /// `max_handshakes_per_address` from one address; when they are all taken:
     /// - an address this node knows (a configured peer, a seed, a member in the view) has
     ///   `max_handshakes` places of its own, which strangers cannot use up, so members
-    ///   and configured peers always get in;
+    ///   and configured peers always get in; so has a known address whose own
+    ///   `max_handshakes_per_address` are taken (strangers on a member's host, or behind
+    ///   its NAT, must not keep it out);
     /// - any other address takes the oldest place of the address holding the most, if
     ///   that holds at least two more than it (that connection is cut), so a few
     ///   addresses cannot keep everyone else out.
@@ -177,15 +179,15 @@ impl Setup {
         let cfg = &self.config;
         let mut g = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let here = g.by_ip.get(&ip).map_or(0, Vec::len);
-        if here >= cfg.max_handshakes_per_address {
-            return None;
-        }
+        let over = here >= cfg.max_handshakes_per_address;
         let strangers = g.strangers;
-        let known = if strangers < cfg.max_handshakes {
+        let known = if strangers < cfg.max_handshakes && !over {
             false
         } else if g.known < cfg.max_handshakes && self.knows(ip) {
             self.security.reserved.fetch_add(1, Relaxed);
             true
+        } else if over {
+            return None;
         } else {
             // The address holding the most stranger places gives up its oldest.
             let (victim, most) = g
