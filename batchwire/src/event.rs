@@ -62,7 +62,9 @@ pub enum Event {
         reason: CloseReason,
     },
     /// A connection failed before it carried messages (wrong secret, wrong version, wrong
-    /// node, TLS...).
+    /// node, TLS...). At most 64 a second are emitted, so that strangers failing
+    /// handshakes as fast as they connect cannot crowd other events out of a subscriber's
+    /// queue; every failure is counted in `NodeStats::handshakes`.
     HandshakeFailed {
         /// The other end's address.
         addr: SocketAddr,

@@ -157,3 +157,41 @@ fn silent_client_times_out_in_the_handshake() {
     assert_eq!(kind, batchwire::HandshakeFailure::Timeout);
     assert_eq!(reason, "handshake failed: timed out after 300ms");
 }
+
+/// A stranger failing handshakes as fast as it can connect gets every failure counted, but
+/// at most 64 `HandshakeFailed` events a second reach a subscriber: its bounded queue
+/// keeps room for the events that matter.
+#[test]
+fn a_flood_of_failed_handshakes_is_counted_but_does_not_flood_the_events() {
+    let nodes = start(mesh(&["a", "b"]));
+    let b = &nodes[1];
+    let events = b.events();
+    const FLOOD: u64 = 1000;
+    let t0 = std::time::Instant::now();
+    for _ in 0..FLOOD {
+        let mut s = TcpStream::connect(b.local_addr()).unwrap();
+        // A frame header claiming 4 GiB: refused from its header.
+        let _ = s.write_all(&[0xff; 8]);
+        let _ = read_all_frames(&mut s);
+    }
+    let deadline = std::time::Instant::now() + T;
+    while b.stats().handshakes.failed_total() < FLOOD {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            b.stats().handshakes
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = t0.elapsed();
+    std::thread::sleep(Duration::from_millis(100));
+    let got = events
+        .try_iter()
+        .filter(|e| matches!(e, Event::HandshakeFailed { .. }))
+        .count() as u64;
+    assert!(got > 0, "no event at all");
+    assert!(
+        got <= 64 * (took.as_secs() + 2),
+        "{got} events for {FLOOD} failures in {took:?}"
+    );
+}

@@ -51,6 +51,9 @@ pub(crate) fn looks_like_tls(buf: &[u8]) -> bool {
 /// Told the name of a peer whose connection ended (see [`Setup::on_lost`]).
 pub(crate) type LostHook = Box<dyn Fn(&Name) + Send + Sync>;
 
+/// Most `Event::HandshakeFailed` a node emits a second (see `Setup::failed_event_due`).
+const FAILED_EVENTS_PER_SECOND: u32 = 64;
+
 /// What connections need, shared by the acceptor's threads and the dialers.
 pub(crate) struct Setup {
     pub name: Name,
@@ -83,6 +86,9 @@ pub(crate) struct Setup {
     /// Called with a peer's name when one of its connections ended (the dialers start a
     /// dialer again if the mesh needs one: `Dialers::redial`).
     pub on_lost: std::sync::OnceLock<LostHook>,
+    /// `Event::HandshakeFailed` emitted in the current second, and when it began (see
+    /// `FAILED_EVENTS_PER_SECOND`).
+    failed_events: Mutex<(Instant, u32)>,
 }
 
 /// A connection whose batchwire handshake is done: the peer proved the cluster secret
@@ -161,6 +167,7 @@ impl Setup {
             seed_addrs: Mutex::new(seed_addrs),
             resting,
             on_lost: std::sync::OnceLock::new(),
+            failed_events: Mutex::new((Instant::now(), 0)),
         }
     }
 
@@ -489,12 +496,28 @@ impl Setup {
         let kind = e.kind();
         self.security.count(kind);
         warn_limited!(node = %self.name, %addr, peer = ?peer, ?kind, error = %e, "handshake failed; connection closed");
-        self.events.emit(Event::HandshakeFailed {
-            addr,
-            peer,
-            kind,
-            reason: e.to_string(),
-        });
+        if self.failed_event_due() {
+            self.events.emit(Event::HandshakeFailed {
+                addr,
+                peer,
+                kind,
+                reason: e.to_string(),
+            });
+        }
+    }
+
+    /// Whether one more `Event::HandshakeFailed` may go out this second: strangers fail
+    /// handshakes as fast as they connect, and their events must not crowd a subscriber's
+    /// bounded queue so that the events that matter (a peer or member down) are dropped.
+    /// Every failure is counted in `NodeStats::handshakes` all the same.
+    fn failed_event_due(&self) -> bool {
+        let mut g = self.failed_events.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if now.duration_since(g.0) >= Duration::from_secs(1) {
+            *g = (now, 0);
+        }
+        g.1 += 1;
+        g.1 <= FAILED_EVENTS_PER_SECOND
     }
 }
 
