@@ -306,6 +306,22 @@ impl Outbox {
         self
     }
 
+    /// Let go of its buffers if nothing is queued (the peer is gone for good): a queue
+    /// that once held a burst keeps the capacity for the next.
+    pub fn release_buffers(&mut self) {
+        if self.is_empty() && self.messages == 0 && self.controls == 0 && self.open.is_none() {
+            *self = Outbox {
+                by_ref_from: self.by_ref_from,
+                ..Outbox::new(self.frame_bytes)
+            };
+        }
+    }
+
+    /// Capacity of its buffer.
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
     /// Bytes waiting (payloads sent by reference included).
     pub fn bytes(&self) -> usize {
         self.buf.len() - self.head + self.ref_bytes

@@ -254,6 +254,17 @@ impl Session {
         self.send.bytes()
     }
 
+    /// Capacity of acknowledged buffers kept for the next batches (at most 8 MiB).
+    pub fn spare_buffer_bytes(&self) -> usize {
+        self.send.spare_bytes()
+    }
+
+    /// Let go of the buffers kept for reuse: the peer is gone for good (removed), though
+    /// something may still refer to the session.
+    pub fn release_buffers(&mut self) {
+        self.send.release_buffers();
+    }
+
     /// Messages held for the peer.
     pub fn window_messages(&self) -> u64 {
         self.send.messages()

@@ -3,6 +3,17 @@
 use super::*;
 
 impl SendWindow {
+    /// Capacity of the acknowledged buffers kept for reuse.
+    pub fn spare_bytes(&self) -> usize {
+        self.free_bytes
+    }
+
+    /// Let go of the acknowledged buffers kept for reuse (the peer is gone for good).
+    pub fn release_buffers(&mut self) {
+        self.free = Vec::new();
+        self.free_bytes = 0;
+    }
+
     /// The smallest acknowledged chunk's buffer that holds `need` bytes, emptied, or a new
     /// one of `new` bytes (a free one is not grown: growing copies and faults in fresh
     /// pages, and it may serve a later batch as it is).

@@ -400,6 +400,9 @@ impl Peer {
                 s.window_bytes() == 0 && s.window_messages() == 0 && self.lane.close_if_at_rest();
             if idle {
                 self.removed.store(true, Ordering::Release);
+                // The registry's lock-free index may keep the peer (see `peers::Index`):
+                // what it held for reuse goes now.
+                s.release_buffers();
             }
             idle
         });

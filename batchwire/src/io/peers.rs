@@ -315,8 +315,8 @@ fn learnt_limit(max_peers: usize) -> usize {
 thread_local! {
     /// Where this thread last found a peer in the index: the registry's tag in the high 32
     /// bits, the slot in the low ones (0: none). Only a hint: checked against the slot's
-    /// peer name before use, and a slot never changes once set (peers are never removed),
-    /// so a hint from another registry or for another name only costs the ordinary lookup.
+    /// peer name before use, and a slot never changes once set (see `Index`), so a hint
+    /// from another registry or for another name only costs the ordinary lookup.
     static LAST: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
@@ -324,9 +324,12 @@ thread_local! {
 const INDEX_PEERS: usize = 4096;
 
 /// An open-addressing table of peers by name that is read without a lock. Sound because a
-/// peer is never removed: a slot, once set, holds the same peer for the registry's life, so
-/// a reader sees an empty slot or a peer, never a peer being torn down. At most half full,
-/// so a probe always ends at an empty slot.
+/// slot, once set, holds the same peer for the registry's life, so a reader sees an empty
+/// slot or a peer, never a peer being torn down. A peer removed from the registry (a
+/// member forgotten) stays in its slot, skipped by lookups, until the registry goes: at
+/// most `INDEX_PEERS` of them, each a shell (its removal let go of its queue's and
+/// window's buffers, see `Peer::remove_if_idle`); a peer made again under the name takes
+/// a new slot. At most half full, so a probe always ends at an empty slot.
 struct Index<T> {
     slots: Box<[OnceLock<T>]>,
     /// The same entries in the order they were added (a peer's id order).

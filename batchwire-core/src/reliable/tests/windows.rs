@@ -103,6 +103,10 @@ fn the_free_buffer_taken_is_the_smallest_that_fits_and_the_smallest_go_first_ove
     // A buffer larger than the bound is not kept at all, and pushes none of the others out.
     w.recycle(Bytes::from(Vec::<u8>::with_capacity(FREE_BYTES + 1)));
     assert_eq!(caps(&w), [1 << 20, FREE_BYTES - (1 << 20)]);
+    // A peer gone for good lets go of them all.
+    assert_eq!(w.spare_bytes(), FREE_BYTES);
+    w.release_buffers();
+    assert_eq!((w.spare_bytes(), w.free.capacity()), (0, 0));
 }
 
 #[test]

@@ -61,13 +61,16 @@ impl Lane {
     /// then nothing more can ever come out of it. Returns whether it closed. (The peer's
     /// removal, under its session lock, so nothing is held in the window meanwhile.)
     pub fn close_if_at_rest(&self) -> bool {
-        let g = self.lock();
+        let mut g = self.lock();
         // `moves` is odd from a take (the writer's, or a sender's write-through) until
         // what was taken is held.
         let at_rest = g.outbox.is_empty()
             && g.bulk.is_empty()
             && self.moves.load(Ordering::Acquire).is_multiple_of(2);
         if at_rest {
+            // Nothing more comes through it: its buffers go.
+            g.outbox.release_buffers();
+            g.direct = Batch::default();
             self.close_locked(g);
         }
         at_rest

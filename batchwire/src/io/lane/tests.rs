@@ -514,3 +514,35 @@ fn linger_writer_sleeps_until_the_deadline_or_max_size() {
     );
     assert_eq!(batch.messages(), 60);
 }
+
+/// A lane closed at rest (its peer removed) lets go of its queue's buffer, which a burst
+/// grew and the writer's batches kept passing back; one with something queued, or on its
+/// way into the window, is not closed at all.
+#[test]
+fn a_lane_closed_at_rest_lets_go_of_its_buffers() {
+    let (l, mut b) = lane(BundlerKind::Natural, 1 << 20);
+    l.set_writer_absent(false);
+    let mut batch = Batch::default();
+    for round in 0..2 {
+        for n in 0..100 {
+            push_direct(&l, n, false);
+        }
+        assert!(
+            !l.close_if_at_rest(),
+            "round {round}: closed with messages queued"
+        );
+        let next = l.next_batch(b.as_mut(), l.epoch(), &mut batch, true, None);
+        assert!(matches!(next, Next::Batch(_)));
+        assert!(
+            !l.close_if_at_rest(),
+            "round {round}: closed with a batch on its way"
+        );
+        l.end_move();
+        batch.clear();
+    }
+    // The second take swapped the first batch's buffer into the queue.
+    assert!(l.lock().outbox.capacity() > 0);
+    assert!(l.close_if_at_rest());
+    assert_eq!(l.lock().outbox.capacity(), 0);
+    assert!(l.lock().closed, "closed");
+}

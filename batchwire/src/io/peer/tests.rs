@@ -84,9 +84,24 @@ fn a_peer_is_removed_only_with_nothing_on_its_way_into_the_window() {
     assert!(push(&q, 3).is_ok(), "left open");
     q.lane.end_move();
 
-    // Nothing anywhere: removed; the lane refuses sends and nothing is held any more.
+    // Nothing anywhere: removed (and the buffers its session kept for reuse let go); the
+    // lane refuses sends and nothing is held any more.
     let r = testing::peer(SessionConfig::default());
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let conn = testing::connect(&r, crate::io::link::Link::Plain(c));
+    r.session(|s, now| {
+        s.hold(&[(&[0u8; 1000][..], 1)]);
+        s.unwritten(conn.id);
+        s.handle_ack(now, conn.id, 1).unwrap();
+    });
+    assert!(
+        r.session(|s, _| s.spare_buffer_bytes()) > 0,
+        "a buffer kept"
+    );
+    conn.close();
     assert!(r.remove_if_idle());
+    assert_eq!(r.session(|s, _| s.spare_buffer_bytes()), 0);
     assert!(r.is_removed());
     assert!(push(&r, 4).is_err(), "a removed peer's lane refuses sends");
     assert!(r.session(|s, _| r.holdable(s)).is_err());
