@@ -10,33 +10,16 @@ use std::task::Waker;
 
 /// The wakers of tasks waiting for one thing. A task registers on a poll that finds no
 /// room, and all are woken (and forgotten) at the next change, so the list holds the tasks
-/// waiting now, plus any that were polled again for another reason meanwhile, or dropped
-/// since (at most [`MAX_WAKERS`]).
+/// waiting now, plus any that were polled again for another reason meanwhile.
 #[derive(Default)]
 pub(crate) struct Wakers(Vec<Waker>);
-
-/// Most wakers a list keeps: one that is full is woken (and forgotten) before the next is
-/// added. A task that registered and was then dropped (a future given up, a task aborted)
-/// leaves its waker until the next change, so tasks made and dropped while nothing changes
-/// would grow the list, and keep the dropped tasks' memory, without end. Waking a task that
-/// still waits is harmless: it polls again and registers anew.
-pub(crate) const MAX_WAKERS: usize = 1024;
 
 impl Wakers {
     /// Add `w` (unless it was the last one added: a task polled twice in a row).
     pub fn register(&mut self, w: &Waker) {
         if !self.0.last().is_some_and(|x| x.will_wake(w)) {
-            if self.0.len() >= MAX_WAKERS {
-                self.wake_all();
-            }
             self.0.push(w.clone());
         }
-    }
-
-    /// Wakers kept.
-    #[cfg(test)]
-    pub fn len(&self) -> usize {
-        self.0.len()
     }
 
     /// Wake them all (each looks again; a waker is cheap to call and never blocks).

@@ -184,12 +184,6 @@ impl MailboxQueue {
             return Poll::Ready(Err(RecvError::Closed));
         }
         if !g.wakers.iter().any(|w| w.will_wake(cx.waker())) {
-            // Bounded as `Wakers` are (see `MAX_WAKERS`): past it, all are woken first.
-            if g.wakers.len() >= crate::io::wakers::MAX_WAKERS {
-                for w in g.wakers.drain(..) {
-                    w.wake();
-                }
-            }
             g.wakers.push(cx.waker().clone());
         }
         Poll::Pending
