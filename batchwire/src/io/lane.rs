@@ -204,7 +204,9 @@ pub(crate) struct Lane {
     /// Odd while the writer (or a sender writing through) moves something from this lane
     /// into the send window (taken here, not yet held there), bumped under the lock when it
     /// takes and after it is done ([`Lane::end_move`]): a SYNC recount that reads both must
-    /// not fall between, nor a peer's removal (`Lane::close_if_at_rest`).
+    /// not fall between, nor a peer's removal (`Lane::close_if_at_rest`). Kept by a peer's
+    /// own lane (`charges_credit`); the shared transfer-queue lane, whose peers are never
+    /// removed, keeps none.
     moves: AtomicU64,
     /// `Inner::epoch`, readable without the lock senders contend for (written under it).
     epoch: AtomicU64,
@@ -474,7 +476,11 @@ impl Lane {
     /// for the next time); the writer may take again.
     pub fn finish_direct(&self, batch: Batch) {
         let mut g = self.lock();
-        g.direct = batch;
+        // A lane closed meanwhile (its peer removed, which let go of its buffers once this
+        // batch was held or handed back) keeps no buffer for a next time.
+        if !g.closed {
+            g.direct = batch;
+        }
         g.direct_busy = false;
         // Only if something queued meanwhile (a parked writer that found the lane busy
         // waits for this): waking it for nothing would put its run between this sender

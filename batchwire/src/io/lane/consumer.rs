@@ -147,13 +147,17 @@ impl Lane {
 
     /// The writer took something to move into the window (under the lock).
     pub(super) fn begin_move(&self) {
-        self.moves.fetch_add(1, Ordering::AcqRel);
+        if self.charges_credit {
+            self.moves.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// The writer is done moving what it took (`next_batch`'s batch is held, or the piece
     /// from `next_piece` advanced, restarted or unreserved).
     pub fn end_move(&self) {
-        self.moves.fetch_add(1, Ordering::AcqRel);
+        if self.charges_credit {
+            self.moves.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// See [`Lane::end_move`]: even when nothing is on its way into the window.
