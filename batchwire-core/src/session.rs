@@ -334,6 +334,12 @@ impl Session {
         self.closing.is_some()
     }
 
+    /// Whether the goodbye was given ([`Session::poll_close`]): nothing more is written to
+    /// the peer in this session.
+    pub fn said_goodbye(&self) -> bool {
+        self.said_goodbye
+    }
+
     /// Why the peer was last declared down.
     pub fn down_reason(&self) -> Option<DownReason> {
         self.down_reason

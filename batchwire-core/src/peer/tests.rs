@@ -409,6 +409,15 @@ fn the_goodbye_waits_for_acknowledgements_or_the_deadline() {
     assert_eq!(goodbye(&out), vec!["ACK", "GOODBYE"]);
     let mut again = Vec::new();
     assert!(!a.poll_close(t0 + 3 * MS, &mut again), "once");
+    // Nothing follows the goodbye: a heartbeat, credit or a notice due after it is not
+    // written (the write side is shut after the goodbye).
+    let later = t0 + Duration::from_secs(2);
+    a.handle_timeout(later);
+    a.notices.push((n("x"), n("y"), 1));
+    a.sync_out = Some(a.rcredit.snapshot(a.s.recv_next(), 1 << 20));
+    let mut after = Vec::new();
+    a.poll_transmit(later, &mut after, usize::MAX);
+    assert!(after.is_empty(), "after the goodbye: {:?}", goodbye(&after));
     // Never written, and the deadline passes: handed back, then the goodbye.
     let mut a = connected(t0);
     a.send(t0, &n("m"), &n("s"), Bytes::from_static(b"stuck"), false)

@@ -380,6 +380,11 @@ fn write_pending(
     }
     control.clear();
     let u = peer.session(|s, now| {
+        // The goodbye was the last thing written (the write side is shut after it): no
+        // heartbeat, credit or notice follows it, whoever finds one due.
+        if s.said_goodbye() {
+            return None;
+        }
         // The SYNC and grants go before the ACKs, taken in the same session turn: an ACK
         // beyond a SYNC's snapshot never overtakes it (see `Flow::snapshot`). Only on the
         // current connection: a SYNC snapshot for a successor, taken by a writer still
@@ -391,8 +396,11 @@ fn write_pending(
         while let Some(f) = s.poll_control(now, c.id) {
             f.encode(control);
         }
-        s.unwritten(c.id)
+        Some(s.unwritten(c.id))
     });
+    let Some(u) = u else {
+        return true;
+    };
     let notices = peer.take_notices(control);
     if control.is_empty() && u.is_empty() {
         return true;

@@ -106,3 +106,38 @@ fn a_peer_is_removed_only_with_nothing_on_its_way_into_the_window() {
     assert!(push(&r, 4).is_err(), "a removed peer's lane refuses sends");
     assert!(r.session(|s, _| r.holdable(s)).is_err());
 }
+
+/// After the goodbye nothing more is written on the connection, whoever finds something
+/// due (the ticker, a leader, the resting thread): not a notice, credit or heartbeat.
+#[test]
+fn nothing_is_written_after_the_goodbye() {
+    use std::io::Read;
+    let p = testing::peer(SessionConfig::default());
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (mut other, _) = l.accept().unwrap();
+    let conn = testing::connect(&p, crate::io::link::Link::Plain(c));
+    let said = p.session(|s, now| {
+        s.begin_close(now);
+        s.poll_close(now, conn.id, false).is_some()
+    });
+    assert!(said, "the goodbye was given");
+    p.report_undeliverable(&Name::from_static("x"), &Name::from_static("y"), 1);
+    // A thread that checked for the goodbye just before it was given, then writes what is
+    // due without waiting (as a sender writing through does).
+    crate::io::write::write_through(&p, &crate::io::shutdown::Shutdown::default());
+    other
+        .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    match other.read(&mut buf) {
+        Ok(n) => panic!("{n} bytes written after the goodbye"),
+        Err(e) => assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "{e}"
+        ),
+    }
+}
