@@ -297,8 +297,8 @@ pub struct MembershipStats {
     /// Members not taken in because the view already held `max_members` (each name once).
     pub members_refused: u64,
     /// Packets from, and updates about, members SWIM did not list, dropped because its
-    /// own list already held twice `max_members` (invented members, or a cluster far
-    /// larger than configured).
+    /// own list already held twice `max_members` live members (four times with down ones):
+    /// invented members, or a cluster far larger than configured.
     pub swim_full: u64,
     /// Datagrams refused before anything in them was believed: not a membership
     /// datagram, forged or damaged (does not open with the cluster key), meant for another

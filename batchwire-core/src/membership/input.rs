@@ -86,7 +86,7 @@ impl Membership {
                 }
                 // SWIM's list is full and does not know the sender: dropped before SWIM
                 // would take it in (see `swim_takes`).
-                if !self.swim_takes(&header.src.name, 0) {
+                if !self.swim_takes(&header.src.name, 0, false) {
                     self.counters.swim_full += 1;
                     return Ok(Walk::Not);
                 }
@@ -253,7 +253,7 @@ impl Membership {
             };
             if self.is_old_news(&m) {
                 old += 1;
-            } else if !self.swim_takes(&m.id().name, adding) {
+            } else if !self.swim_takes(&m.id().name, adding, m.state() == State::Down) {
                 full += 1;
             } else {
                 adding += usize::from(!self.swim_knows(&m.id().name));
@@ -291,15 +291,19 @@ impl Membership {
         *name == self.foca.identity().name || self.foca.member_by_addr(name).is_some()
     }
 
-    /// Whether SWIM may take in `name` with `adding` others it does not list on their way
-    /// in: it lists it already, or its list (live, suspect, and down members until
-    /// forgotten) holds fewer than twice `max_members` with them. SWIM itself has no such
+    /// Whether SWIM may take in `name` (as `down`, or live) with `adding` others it does
+    /// not list on their way in: it lists it already, or it lists fewer than twice
+    /// `max_members` live members (alive or suspect) with them, and fewer than four times
+    /// `max_members` in all (down ones too, until forgotten). SWIM itself has no such
     /// bound: a member that went bad could gossip invented members (or send under
-    /// invented names) without end, each a member SWIM keeps and probes.
-    pub(super) fn swim_takes(&self, name: &Name, adding: usize) -> bool {
+    /// invented names) without end, each a member SWIM keeps and probes. Down members
+    /// count only toward the larger bound, so members that restarted under new names,
+    /// listed as down for `forget_down_after`, do not keep newcomers out.
+    pub(super) fn swim_takes(&self, name: &Name, adding: usize, down: bool) -> bool {
+        let live_cap = self.cfg.max_members.saturating_mul(2);
         self.swim_knows(name)
-            || self.foca.iter_membership_state().len() + adding
-                < self.cfg.max_members.saturating_mul(2)
+            || (self.foca.iter_membership_state().len() + adding < live_cap.saturating_mul(2)
+                && (down || self.foca.num_members() + adding < live_cap))
     }
 
     /// Whether `m` is exactly what SWIM holds of that member, or an update SWIM was

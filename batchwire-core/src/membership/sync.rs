@@ -341,7 +341,7 @@ impl Membership {
         // What SWIM's list has room for (see `swim_takes`).
         let (mut adding, before) = (0, members.len());
         members.retain(|m| {
-            let takes = self.swim_takes(&m.id().name, adding);
+            let takes = self.swim_takes(&m.id().name, adding, false);
             adding += usize::from(takes && !self.swim_knows(&m.id().name));
             takes
         });

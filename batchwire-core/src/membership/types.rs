@@ -314,8 +314,8 @@ pub struct MemberCounters {
     /// held (each update reaches a member about a dozen times as it spreads).
     pub old_news: u64,
     /// Packets from, and updates about, members SWIM does not list, dropped because its
-    /// list already held twice `max_members` (invented members, or a cluster far larger
-    /// than configured).
+    /// list already held twice `max_members` live members (four times with down ones):
+    /// invented members, or a cluster far larger than configured.
     pub swim_full: u64,
 }
 

@@ -472,3 +472,46 @@ fn invented_members_cannot_grow_swims_list_past_twice_the_limit() {
         "an update about a listed member was dropped"
     );
 }
+
+/// Members listed as down (restarted under new names, until forgotten) do not keep live
+/// newcomers out: they count only toward a larger bound (four times `max_members`), which
+/// word of invented down members cannot pass either.
+#[test]
+fn down_members_count_only_toward_the_larger_bound() {
+    let t0 = Instant::now();
+    let cfg = MembershipConfig {
+        max_members: 4,
+        ..cfg()
+    };
+    let mut a = Membership::new(id(0, 1), cfg, 1, t0).unwrap();
+    let (me, bad) = (a.me().clone(), id(1, 1));
+    let listed = |a: &Membership| a.foca.iter_membership_state().len();
+    let mut t = t0 + Duration::from_millis(50);
+    // Six members heard of only as down, then seven live ones: all taken (eight live with
+    // the sender, fourteen listed in all).
+    let down: Vec<_> = (0..6).map(|k| foca::Member::down(id(100 + k, 1))).collect();
+    a.handle_frame(t, &bad.name, &gossip(&bad, &me, &down))
+        .unwrap();
+    assert_eq!(listed(&a), 7);
+    t += Duration::from_millis(50);
+    let live: Vec<_> = (0..7)
+        .map(|k| foca::Member::alive(id(200 + k, 1)))
+        .collect();
+    a.handle_frame(t, &bad.name, &gossip(&bad, &me, &live))
+        .unwrap();
+    assert_eq!(
+        a.foca.num_members(),
+        8,
+        "live newcomers taken beside the down"
+    );
+    // No more live ones (eight is the live bound), and down ones only up to sixteen.
+    t += Duration::from_millis(50);
+    let more: Vec<_> = (0..10)
+        .map(|k| foca::Member::alive(id(300 + k, 1)))
+        .chain((0..10).map(|k| foca::Member::down(id(400 + k, 1))))
+        .collect();
+    a.handle_frame(t, &bad.name, &gossip(&bad, &me, &more))
+        .unwrap();
+    assert_eq!(a.foca.num_members(), 8);
+    assert_eq!(listed(&a), 16);
+}
