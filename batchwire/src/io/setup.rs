@@ -178,19 +178,40 @@ impl Setup {
     ///   `max_handshakes` places of its own, which strangers cannot use up, so members
     ///   and configured peers always get in; so has a known address whose own
     ///   `max_handshakes_per_address` are taken (strangers on a member's host, or behind
-    ///   its NAT, must not keep it out);
+    ///   its NAT, must not keep it out). Of those kept places one address holds at most
+    ///   `max_handshakes_per_address` too; past that, a connection from it takes the
+    ///   place of its oldest (that connection is cut): a real peer's handshake is over in
+    ///   moments, so the oldest are the silent ones;
     /// - any other address takes the oldest place of the address holding the most, if
     ///   that holds at least two more than it (that connection is cut), so a few
     ///   addresses cannot keep everyone else out.
     pub fn slot(self: &Arc<Self>, ip: IpAddr, stream: &TcpStream) -> Option<HandshakeSlot> {
         let cfg = &self.config;
+        let per_address = cfg.max_handshakes_per_address;
         let mut g = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let here = g.by_ip.get(&ip).map_or(0, Vec::len);
-        let over = here >= cfg.max_handshakes_per_address;
+        let live = |p: &&Pending| p.stream.is_some();
+        let (here, here_known) = g.by_ip.get(&ip).map_or((0, 0), |l| {
+            let known = l.iter().filter(|p| p.known).filter(live).count();
+            (l.len() - l.iter().filter(|p| p.known).count(), known)
+        });
+        let over = here >= per_address;
+        // Room among the kept places for this address (else its oldest gives way).
+        let kept_room = g.known < cfg.max_handshakes && here_known < per_address;
         let strangers = g.strangers;
         let known = if strangers < cfg.max_handshakes && !over {
             false
-        } else if g.known < cfg.max_handshakes && self.knows(ip) {
+        } else if (kept_room || here_known > 0) && self.knows(ip) {
+            if !kept_room {
+                // This address's own kept places are taken: its oldest gives way.
+                let oldest = g
+                    .by_ip
+                    .get_mut(&ip)
+                    .and_then(|l| l.iter_mut().find(|p| p.known && p.stream.is_some()));
+                if let Some(s) = oldest.and_then(|p| p.stream.take()) {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                    self.security.evicted.fetch_add(1, Relaxed);
+                }
+            }
             self.security.reserved.fetch_add(1, Relaxed);
             true
         } else if over {
