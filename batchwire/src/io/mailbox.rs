@@ -317,13 +317,12 @@ impl MailboxQueue {
             g.room.wake_all();
             std::mem::take(&mut g.q)
         };
-        let mut by_sender: Vec<(Name, Name, u32)> = Vec::new();
-        let mut count = |node: &Name, mailbox: Name| match by_sender
-            .iter_mut()
-            .find(|(n, m, _)| n == node && *m == mailbox)
-        {
-            Some(e) => e.2 = e.2.saturating_add(1),
-            None => by_sender.push((node.clone(), mailbox, 1)),
+        // By sender, in a map: each request has a reply mailbox of its own, so a mailbox
+        // full of small requests has as many senders as messages.
+        let mut by_sender: HashMap<(Name, Name), u32> = HashMap::new();
+        let mut count = |node: &Name, mailbox: Name| {
+            let n = by_sender.entry((node.clone(), mailbox)).or_default();
+            *n = n.saturating_add(1);
         };
         for item in &items {
             match item {
@@ -343,7 +342,7 @@ impl MailboxQueue {
         }
         // Their credit goes back here, with the queue's lock released.
         drop(items);
-        by_sender
+        by_sender.into_iter().map(|((n, m), c)| (n, m, c)).collect()
     }
 
     /// Close: wakes every waiter; receivers get what is queued, then `Closed`.
