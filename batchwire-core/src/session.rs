@@ -179,6 +179,11 @@ pub struct Session {
     /// Disconnected with nothing pending either way (see [`Session::park`]): not
     /// unreachable, only not connected, until something is held for the peer.
     parked: bool,
+    /// A peer never reached (or back from down) must be reached within `peer_timeout` of
+    /// the first message held for it (see [`Session::require_reach`]); and since when
+    /// something was held for it while it was not.
+    reach: bool,
+    wanted: Option<Instant>,
     /// Readers waiting for a local consumer (silence is not counted meanwhile).
     paused: u32,
     unacked_messages: u64,
@@ -216,6 +221,8 @@ impl Session {
             current: None,
             disconnected_since: now,
             parked: false,
+            reach: false,
+            wanted: None,
             paused: 0,
             unacked_messages: 0,
             unacked_bytes: 0,

@@ -396,3 +396,66 @@ fn sixty_four_members_each_talking_to_eight_get_everything_once_in_order() {
         .sum();
     assert_eq!(failed, 0);
 }
+
+/// A member the membership says is alive, but whose data connections all fail (here its
+/// peer table is full, so it refuses every new node): what is sent to it is handed back as
+/// failed (unreachable) `peer_timeout` after it was sent, not held for good.
+#[test]
+fn what_is_sent_to_a_member_that_cannot_be_reached_is_handed_back() {
+    let a = node("a", None);
+    let b = Node::start(
+        NodeConfig::new("b", "127.0.0.1:0".parse().unwrap(), SECRET)
+            .idle_close(Some(IDLE))
+            .max_peers(1)
+            .join(a.local_addr()),
+    )
+    .unwrap();
+    let c = Node::start(
+        NodeConfig::new("c", "127.0.0.1:0".parse().unwrap(), SECRET)
+            .idle_close(Some(IDLE))
+            .heartbeat_interval(Duration::from_millis(100))
+            .peer_timeout(Duration::from_millis(800))
+            .join(a.local_addr()),
+    )
+    .unwrap();
+    let _svc = b.mailbox("svc").unwrap();
+    for n in [&a, &b, &c] {
+        assert!(n.wait_for_members(T, |v| live(v) == 2), "{}", n.name());
+    }
+    let events = c.events();
+    let t0 = Instant::now();
+    c.send(&to("b", "svc"), 7u64.to_le_bytes().to_vec())
+        .unwrap();
+    let failed = wait_event(&events, T, |e| matches!(e, Event::SendFailed { .. }));
+    let took = t0.elapsed();
+    match failed {
+        Some(Event::SendFailed {
+            peer,
+            count,
+            reason,
+            ..
+        }) => {
+            assert_eq!((peer.as_str(), count), ("b", 1));
+            assert!(
+                matches!(
+                    reason,
+                    batchwire::FailReason::Down(batchwire::DownReason::Unreachable { .. })
+                ),
+                "{reason:?}"
+            );
+        }
+        other => panic!(
+            "not handed back: {other:?}; c: {:?}; b: {:?} {:?}",
+            c.stats().peers.iter().find(|p| p.peer == "b"),
+            b.stats().handshakes,
+            b.connected_peers()
+        ),
+    }
+    assert!(took >= Duration::from_millis(700), "failed after {took:?}");
+    // The membership still says b is alive: only its connections fail.
+    assert!(
+        c.members()
+            .iter()
+            .any(|m| m.name == "b" && m.state.is_live())
+    );
+}

@@ -50,6 +50,9 @@ impl Session {
         self.heartbeat_due = false;
         if self.state != PeerState::Up {
             self.state = PeerState::Up;
+            // Reached: a connection that authenticated the peer and was then refused
+            // (its table full, say) did not stop the clock (see `require_reach`).
+            self.wanted = None;
             self.events.push_back(SessionEvent::Up {
                 incarnation: self.incarnation.unwrap_or(0),
             });
@@ -152,6 +155,19 @@ impl Session {
     /// Parked (see [`Session::park`]).
     pub fn is_parked(&self) -> bool {
         self.parked
+    }
+
+    /// Whether a peer that was never connected (or is back from down, still connecting)
+    /// is declared unreachable when no connection comes within `peer_timeout` of the first
+    /// message held for it, as one that was connected is: for peers a membership says
+    /// live, whose connections may fail (a full peer table, a certificate that does not
+    /// match, a blocked port), so that what was sent to them is handed back rather than
+    /// held for good. Off for configured peers, which may simply not have started yet.
+    pub fn require_reach(&mut self, on: bool) {
+        self.reach = on;
+        if !on {
+            self.wanted = None;
+        }
     }
 
     pub(super) fn is_current(&self, id: ConnId) -> bool {

@@ -38,6 +38,17 @@ impl Session {
             && self.closing.is_none()
         {
             self.declare_down(DownReason::Unreachable { after: timeout });
+        } else if self.state == PeerState::Connecting && self.reach && self.closing.is_none() {
+            // Never reached: the clock runs from the first message held (see
+            // `require_reach`), and stops when nothing is.
+            match self.wanted {
+                _ if self.send.messages() == 0 => self.wanted = None,
+                None => self.wanted = Some(now),
+                Some(t) if now >= t + timeout => {
+                    self.declare_down(DownReason::Unreachable { after: timeout })
+                }
+                Some(_) => {}
+            }
         }
         if self.closing.is_some_and(|t| now >= t) && self.send.messages() > 0 {
             let messages = self.send.take_failed(false);
@@ -117,6 +128,14 @@ impl Session {
             None if self.parked => {}
             None if self.state == PeerState::Up && self.closing.is_none() => {
                 at(self.disconnected_since + timeout)
+            }
+            // Never reached, something held: due now to start the clock, then at its end.
+            None if self.state == PeerState::Connecting
+                && self.reach
+                && self.closing.is_none()
+                && self.send.messages() > 0 =>
+            {
+                at(self.wanted.map_or(self.disconnected_since, |t| t + timeout))
             }
             None => {}
         }
@@ -200,6 +219,7 @@ impl Session {
         }
         self.state = PeerState::Down;
         self.parked = false;
+        self.wanted = None;
         self.down_reason = Some(reason);
         // The rest of a message in pieces is handed back from the queue.
         self.in_pieces = None;

@@ -286,11 +286,16 @@ impl Peers {
             cfg.max_payload as u64,
             lane.clone(),
         ));
+        // A peer must be reached within `peer_timeout` of the first message held for it
+        // (see `Session::require_reach`), unless it is configured (the node's start
+        // clears it for those, which may simply not have started yet).
+        let mut session = Session::new(cfg.session.clone(), Instant::now());
+        session.require_reach(true);
         let peer = Peer::new(
             by_id.len() as Dest,
             name.clone(),
             m.ctx.clone(),
-            Session::new(cfg.session.clone(), Instant::now()),
+            session,
             lane,
             flow,
         );

@@ -86,6 +86,57 @@ fn an_unreachable_peer_is_declared_down_a_never_connected_one_is_not() {
     assert_eq!(s.state(), PeerState::Up);
 }
 
+/// A peer that must be reached (a member, not a configured peer) and never is: nothing
+/// happens while nothing is held for it; once something is, it is declared unreachable
+/// `peer_timeout` later and what was held is handed back; a connection in time stops the
+/// clock.
+#[test]
+fn a_member_never_reached_is_declared_unreachable_after_something_is_held() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    s.require_reach(true);
+    s.handle_timeout(t0 + 10 * 600 * MS);
+    assert_eq!(s.state(), PeerState::Connecting, "nothing held: no clock");
+    assert_eq!(s.poll_timeout(), None);
+    let held = t0 + 10 * 600 * MS;
+    hold(&mut s, 0..3);
+    // Due at once (the clock starts), then at its end.
+    assert!(s.poll_timeout().is_some_and(|t| t <= held));
+    s.handle_timeout(held);
+    assert_eq!(s.poll_timeout(), Some(held + 600 * MS));
+    // A connection that authenticated the peer and was then refused (before RESUME) does
+    // not stop the clock.
+    let (id, _) = s.handle_connect(held + 300 * MS, 2);
+    s.handle_disconnect(held + 301 * MS, id);
+    s.handle_timeout(held + 599 * MS);
+    assert_eq!(s.state(), PeerState::Connecting);
+    s.handle_timeout(held + 600 * MS);
+    assert_eq!(s.state(), PeerState::Down);
+    let ev = events(&mut s);
+    assert!(
+        matches!(
+            &ev[..],
+            [SessionEvent::Down { reason: DownReason::Unreachable { .. } }, SessionEvent::Failed { messages, .. }] if messages.len() == 3
+        ),
+        "{ev:?}"
+    );
+    // Reached in time: no verdict, whatever happens later while connected.
+    let mut s = Session::new(cfg(), t0);
+    s.require_reach(true);
+    hold(&mut s, 0..1);
+    s.handle_timeout(t0);
+    let mut peer = Session::new(cfg(), t0);
+    connect(&mut s, &mut peer, t0 + 500 * MS);
+    s.handle_timeout(t0 + 700 * MS);
+    assert_eq!(s.state(), PeerState::Up);
+    // Not required (a configured peer): held for good.
+    let mut s = Session::new(cfg(), t0);
+    hold(&mut s, 0..1);
+    s.handle_timeout(t0);
+    s.handle_timeout(t0 + 10 * 600 * MS);
+    assert_eq!(s.state(), PeerState::Connecting);
+}
+
 #[test]
 fn a_parked_session_is_not_unreachable_until_something_is_held_for_it() {
     let t0 = Instant::now();

@@ -139,11 +139,12 @@ impl Runtime {
         });
         let member_stats = Arc::new(MemberStats::default());
         for (pn, _) in &peer_names {
-            peers
+            let p = peers
                 .get_or_insert(pn)
-                .map_err(|e| Error::Config(format!("peer {pn}: {e:?}")))?
-                .pinned
-                .store(true, Ordering::Release);
+                .map_err(|e| Error::Config(format!("peer {pn}: {e:?}")))?;
+            p.pinned.store(true, Ordering::Release);
+            // A configured peer may not have started yet: what is sent to it waits.
+            p.session(|s, _| s.require_reach(false));
         }
         let rt = Arc::new(Runtime {
             name: name.clone(),
