@@ -179,10 +179,10 @@ pub struct Session {
     /// Disconnected with nothing pending either way (see [`Session::park`]): not
     /// unreachable, only not connected, until something is held for the peer.
     parked: bool,
-    /// A peer never reached (or back from down) must be reached within `peer_timeout` of
-    /// the first message held for it (see [`Session::require_reach`]); and since when
+    /// A peer never reached (or back from down) must be reached within this long of the
+    /// first message held for it (see [`Session::require_reach`]); and since when
     /// something was held for it while it was not.
-    reach: bool,
+    reach: Option<std::time::Duration>,
     wanted: Option<Instant>,
     /// Readers waiting for a local consumer (silence is not counted meanwhile).
     paused: u32,
@@ -221,7 +221,7 @@ impl Session {
             current: None,
             disconnected_since: now,
             parked: false,
-            reach: false,
+            reach: None,
             wanted: None,
             paused: 0,
             unacked_messages: 0,

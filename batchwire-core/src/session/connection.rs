@@ -106,6 +106,7 @@ impl Session {
 
     /// Fail what is pending and number from 0 again both ways.
     pub(super) fn start_over(&mut self, reason: FailReason) {
+        self.wanted = None;
         let messages = self.send.take_failed(true);
         self.push_failed(messages, reason);
         self.recv.reset();
@@ -157,15 +158,17 @@ impl Session {
         self.parked
     }
 
-    /// Whether a peer that was never connected (or is back from down, still connecting)
-    /// is declared unreachable when no connection comes within `peer_timeout` of the first
-    /// message held for it, as one that was connected is: for peers a membership says
-    /// live, whose connections may fail (a full peer table, a certificate that does not
-    /// match, a blocked port), so that what was sent to them is handed back rather than
-    /// held for good. Off for configured peers, which may simply not have started yet.
-    pub fn require_reach(&mut self, on: bool) {
-        self.reach = on;
-        if !on {
+    /// Whether what is held for a peer that was never up (or is back from down, still
+    /// connecting) is handed back ([`FailReason::Unreached`]) when no connection reaches
+    /// it within `within` of the first of it: for peers a membership says live, whose
+    /// connections may fail (a full peer table, a certificate that does not match, a
+    /// blocked port), so that what was sent to them is not held for good. The peer is not
+    /// declared down (it may be only slow to reach, and is dialled on): what is sent next
+    /// is held again, with a clock of its own. `None` (configured peers, which may simply
+    /// not have started yet): held until it comes.
+    pub fn require_reach(&mut self, within: Option<std::time::Duration>) {
+        self.reach = within;
+        if within.is_none() {
             self.wanted = None;
         }
     }

@@ -71,6 +71,13 @@ pub enum FailReason {
     /// claimed more than was sent) and was reset to a new one before they were
     /// acknowledged.
     Reset,
+    /// No connection reached the peer within `after` of the first message held for it
+    /// while it was never up (see `Session::require_reach`). It is not declared down:
+    /// what is sent next is held again, with a clock of its own.
+    Unreached {
+        /// The time given.
+        after: std::time::Duration,
+    },
 }
 
 impl std::fmt::Display for FailReason {
@@ -94,6 +101,10 @@ impl std::fmt::Display for FailReason {
                     "the connection broke before they were written (unsequenced mode)"
                 )
             }
+            FailReason::Unreached { after } => write!(
+                f,
+                "no connection reached the peer within {after:?} of the first of them"
+            ),
         }
     }
 }

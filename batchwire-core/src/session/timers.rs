@@ -38,14 +38,19 @@ impl Session {
             && self.closing.is_none()
         {
             self.declare_down(DownReason::Unreachable { after: timeout });
-        } else if self.state == PeerState::Connecting && self.reach && self.closing.is_none() {
+        } else if let Some(within) = self
+            .reach
+            .filter(|_| self.state == PeerState::Connecting && self.closing.is_none())
+        {
             // Never reached: the clock runs from the first message held (see
             // `require_reach`), and stops when nothing is.
             match self.wanted {
                 _ if self.send.messages() == 0 => self.wanted = None,
                 None => self.wanted = Some(now),
-                Some(t) if now >= t + timeout => {
-                    self.declare_down(DownReason::Unreachable { after: timeout })
+                Some(t) if now >= t + within => {
+                    self.wanted = None;
+                    let messages = self.send.take_failed(false);
+                    self.push_failed(messages, FailReason::Unreached { after: within });
                 }
                 Some(_) => {}
             }
@@ -131,11 +136,12 @@ impl Session {
             }
             // Never reached, something held: due now to start the clock, then at its end.
             None if self.state == PeerState::Connecting
-                && self.reach
+                && self.reach.is_some()
                 && self.closing.is_none()
                 && self.send.messages() > 0 =>
             {
-                at(self.wanted.map_or(self.disconnected_since, |t| t + timeout))
+                let within = self.reach.unwrap_or(timeout);
+                at(self.wanted.map_or(self.disconnected_since, |t| t + within))
             }
             None => {}
         }

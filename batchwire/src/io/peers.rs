@@ -286,11 +286,15 @@ impl Peers {
             cfg.max_payload as u64,
             lane.clone(),
         ));
-        // A peer must be reached within `peer_timeout` of the first message held for it
-        // (see `Session::require_reach`), unless it is configured (the node's start
-        // clears it for those, which may simply not have started yet).
+        // What is held for a peer never reached is handed back if no connection comes in
+        // time (see `Session::require_reach`), unless it is configured (the node's start
+        // clears it for those, which may simply not have started yet). The time covers a
+        // whole first connection: the longer of `peer_timeout` and a handshake, and the
+        // longest pause between dials.
         let mut session = Session::new(cfg.session.clone(), Instant::now());
-        session.require_reach(true);
+        session.require_reach(Some(
+            cfg.session.peer_timeout.max(cfg.handshake_timeout) + cfg.reconnect_max,
+        ));
         let peer = Peer::new(
             by_id.len() as Dest,
             name.clone(),

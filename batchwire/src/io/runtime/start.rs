@@ -144,7 +144,7 @@ impl Runtime {
                 .map_err(|e| Error::Config(format!("peer {pn}: {e:?}")))?;
             p.pinned.store(true, Ordering::Release);
             // A configured peer may not have started yet: what is sent to it waits.
-            p.session(|s, _| s.require_reach(false));
+            p.session(|s, _| s.require_reach(None));
         }
         let rt = Arc::new(Runtime {
             name: name.clone(),
