@@ -86,7 +86,7 @@ impl Membership {
                 }
                 // SWIM's list is full and does not know the sender: dropped before SWIM
                 // would take it in (see `swim_takes`).
-                if !self.swim_takes(&header.src.name, 0, false) {
+                if !self.swim_takes(&header.src.name, Adding::default(), false) {
                     self.counters.swim_full += 1;
                     return Ok(Walk::Not);
                 }
@@ -241,7 +241,8 @@ impl Membership {
         let mut old = 0;
         // Members SWIM would take in from this packet that it does not list yet (the
         // sender first), and updates about further ones dropped because its list is full.
-        let mut adding = usize::from(!self.swim_knows(&header.src.name));
+        let mut adding = Adding::default();
+        self.count_adding(&mut adding, &header.src.name, false);
         let mut full = 0;
         for _ in 0..count {
             let before = rest;
@@ -256,7 +257,7 @@ impl Membership {
             } else if !self.swim_takes(&m.id().name, adding, m.state() == State::Down) {
                 full += 1;
             } else {
-                adding += usize::from(!self.swim_knows(&m.id().name));
+                self.count_adding(&mut adding, &m.id().name, m.state() == State::Down);
                 kept.push(&before[..before.len() - rest.len()]);
                 self.name_dirty(&m.id().name);
                 if self.fed.len() < self.cfg.max_members.saturating_mul(2) {
@@ -286,6 +287,14 @@ impl Membership {
         (Some(out), news)
     }
 
+    /// Count `m` among those SWIM would take in (see `swim_takes`) unless it lists it.
+    pub(super) fn count_adding(&self, adding: &mut Adding, name: &Name, down: bool) {
+        if !self.swim_knows(name) {
+            adding.all += 1;
+            adding.live += usize::from(!down);
+        }
+    }
+
     /// Whether SWIM lists `name` (or it is this node).
     pub(super) fn swim_knows(&self, name: &Name) -> bool {
         *name == self.foca.identity().name || self.foca.member_by_addr(name).is_some()
@@ -299,11 +308,11 @@ impl Membership {
     /// invented names) without end, each a member SWIM keeps and probes. Down members
     /// count only toward the larger bound, so members that restarted under new names,
     /// listed as down for `forget_down_after`, do not keep newcomers out.
-    pub(super) fn swim_takes(&self, name: &Name, adding: usize, down: bool) -> bool {
+    pub(super) fn swim_takes(&self, name: &Name, adding: Adding, down: bool) -> bool {
         let live_cap = self.cfg.max_members.saturating_mul(2);
         self.swim_knows(name)
-            || (self.foca.iter_membership_state().len() + adding < live_cap.saturating_mul(2)
-                && (down || self.foca.num_members() + adding < live_cap))
+            || (self.foca.iter_membership_state().len() + adding.all < live_cap.saturating_mul(2)
+                && (down || self.foca.num_members() + adding.live < live_cap))
     }
 
     /// Whether `m` is exactly what SWIM holds of that member, or an update SWIM was
@@ -315,4 +324,12 @@ impl Membership {
             && (self.swim.get(&m.id().name).is_some_and(same)
                 || self.fed.get(&m.id().name).is_some_and(same))
     }
+}
+
+/// Members a packet or answer would add to SWIM's list, as it is looked through: all of
+/// them, and the live ones (see `Membership::swim_takes`).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Adding {
+    live: usize,
+    all: usize,
 }

@@ -339,10 +339,12 @@ impl Membership {
         members.retain(|m| !self.is_old_news(m));
         self.counters.old_news += (told - members.len()) as u64;
         // What SWIM's list has room for (see `swim_takes`).
-        let (mut adding, before) = (0, members.len());
+        let (mut adding, before) = (super::input::Adding::default(), members.len());
         members.retain(|m| {
             let takes = self.swim_takes(&m.id().name, adding, false);
-            adding += usize::from(takes && !self.swim_knows(&m.id().name));
+            if takes {
+                self.count_adding(&mut adding, &m.id().name, false);
+            }
             takes
         });
         self.counters.swim_full += (before - members.len()) as u64;

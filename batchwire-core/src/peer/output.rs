@@ -9,8 +9,13 @@ impl Peer {
     /// next ordinary batch (unless the window is full), then pieces while the session has
     /// bulk room, then what the window holds that the connection has not had yet.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>, room: usize) {
-        // The goodbye is the last thing written (the write side is shut after it).
-        if out.len() >= room || self.s.said_goodbye() {
+        // The goodbye is the last thing written (the write side is shut after it): nothing
+        // after it, nor a bundler's deadline to come back for.
+        if self.s.said_goodbye() {
+            self.bundle_at = None;
+            return;
+        }
+        if out.len() >= room {
             return;
         }
         while let Some(f) = self.s.poll_control(now, self.id) {

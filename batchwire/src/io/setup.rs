@@ -203,10 +203,13 @@ impl Setup {
         } else if (kept_room || here_known > 0) && self.knows(ip) {
             if !kept_room {
                 // This address's own kept places are taken: its oldest gives way.
-                let oldest = g
-                    .by_ip
-                    .get_mut(&ip)
-                    .and_then(|l| l.iter_mut().find(|p| p.known && p.stream.is_some()));
+                // The oldest by id: the list's order is not arrival order (a place
+                // leaves it by `swap_remove`).
+                let oldest = g.by_ip.get_mut(&ip).and_then(|l| {
+                    l.iter_mut()
+                        .filter(|p| p.known && p.stream.is_some())
+                        .min_by_key(|p| p.id)
+                });
                 if let Some(s) = oldest.and_then(|p| p.stream.take()) {
                     let _ = s.shutdown(std::net::Shutdown::Both);
                     self.security.evicted.fetch_add(1, Relaxed);
@@ -230,7 +233,10 @@ impl Setup {
                 return None;
             }
             let list = g.by_ip.get_mut(&victim)?;
-            let oldest = list.iter_mut().find(|p| !p.known && p.stream.is_some())?;
+            let oldest = list
+                .iter_mut()
+                .filter(|p| !p.known && p.stream.is_some())
+                .min_by_key(|p| p.id)?;
             if let Some(s) = oldest.stream.take() {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
