@@ -54,6 +54,17 @@ fn hold_places(
     }
 }
 
+/// Peers a and b (handshakes time out after 20 s): a's config, and b started.
+fn peer_and_started_b() -> (NodeConfig, std::net::SocketAddr, Node) {
+    let cfgs: Vec<_> = mesh(&["a", "b"])
+        .into_iter()
+        .map(|c| c.handshake_timeout(Duration::from_secs(20)))
+        .collect();
+    let (a_cfg, b_cfg) = (cfgs[0].clone(), cfgs[1].clone());
+    let b_addr = b_cfg.listen();
+    (a_cfg, b_addr, Node::start(b_cfg).unwrap())
+}
+
 /// Attack 1: strangers from 4 addresses (16 silent connections each, the per-address cap)
 /// or from 64 (one each) hold every handshake place and reopen whatever the node cuts.
 /// A configured peer still connects within 2 s (places are kept for known addresses),
@@ -64,13 +75,7 @@ fn hold_places(
 fn strangers_holding_every_handshake_place_cannot_keep_a_real_peer_out() {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     for (addresses, per_ip) in [(4usize, 16usize), (64, 1)] {
-        let cfgs: Vec<_> = mesh(&["a", "b"])
-            .into_iter()
-            .map(|c| c.handshake_timeout(Duration::from_secs(20)))
-            .collect();
-        let (a_cfg, b_cfg) = (cfgs[0].clone(), cfgs[1].clone());
-        let b_addr = b_cfg.listen();
-        let b = Node::start(b_cfg).unwrap();
+        let (a_cfg, b_addr, b) = peer_and_started_b();
         let ips: Vec<String> = (0..addresses)
             .map(|i| format!("127.0.{}.{}", 1 + i / 200, 2 + i % 200))
             .collect();
@@ -188,13 +193,7 @@ fn a_connect_flood_never_gets_a_node_declared_down() {
 #[test]
 fn strangers_on_a_peers_own_address_cannot_keep_it_out() {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-    let cfgs: Vec<_> = mesh(&["a", "b"])
-        .into_iter()
-        .map(|c| c.handshake_timeout(Duration::from_secs(20)))
-        .collect();
-    let (a_cfg, b_cfg) = (cfgs[0].clone(), cfgs[1].clone());
-    let b_addr = b_cfg.listen();
-    let b = Node::start(b_cfg).unwrap();
+    let (a_cfg, b_addr, b) = peer_and_started_b();
     let stop = AtomicBool::new(false);
     let (held, a_in) = std::thread::scope(|s| {
         // a dials from 127.0.0.1 too; 16 is the per-address cap, among strangers and

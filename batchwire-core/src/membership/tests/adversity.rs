@@ -421,18 +421,25 @@ fn gossip(src: &MemberId, dst: &MemberId, updates: &[foca::Member<MemberId>]) ->
     buf
 }
 
-/// A member that went bad gossips invented members without end, and sends under invented
-/// names: SWIM's own list (not only the view) stays within twice `max_members`, and what
-/// is dropped past it is counted. Members it already lists are still updated.
-#[test]
-fn invented_members_cannot_grow_swims_list_past_twice_the_limit() {
+/// A node alone with `max_members` 4 (so SWIM lists at most 8 live members), itself, and
+/// a member that went bad (id 1), from now.
+fn alone_with_room_for_four() -> (Instant, Membership, MemberId, MemberId) {
     let t0 = Instant::now();
     let cfg = MembershipConfig {
         max_members: 4,
         ..cfg()
     };
-    let mut a = Membership::new(id(0, 1), cfg, 1, t0).unwrap();
-    let (me, bad) = (a.me().clone(), id(1, 1));
+    let a = Membership::new(id(0, 1), cfg, 1, t0).unwrap();
+    let me = a.me().clone();
+    (t0, a, me, id(1, 1))
+}
+
+/// A member that went bad gossips invented members without end, and sends under invented
+/// names: SWIM's own list (not only the view) stays within twice `max_members`, and what
+/// is dropped past it is counted. Members it already lists are still updated.
+#[test]
+fn invented_members_cannot_grow_swims_list_past_twice_the_limit() {
+    let (t0, mut a, me, bad) = alone_with_room_for_four();
     let listed = |a: &Membership| a.foca.iter_membership_state().len();
     let mut t = t0;
     for round in 0..40 {
@@ -478,13 +485,7 @@ fn invented_members_cannot_grow_swims_list_past_twice_the_limit() {
 /// word of invented down members cannot pass either.
 #[test]
 fn down_members_count_only_toward_the_larger_bound() {
-    let t0 = Instant::now();
-    let cfg = MembershipConfig {
-        max_members: 4,
-        ..cfg()
-    };
-    let mut a = Membership::new(id(0, 1), cfg, 1, t0).unwrap();
-    let (me, bad) = (a.me().clone(), id(1, 1));
+    let (t0, mut a, me, bad) = alone_with_room_for_four();
     let listed = |a: &Membership| a.foca.iter_membership_state().len();
     let mut t = t0 + Duration::from_millis(50);
     // Six members heard of only as down, then seven live ones, in one packet: all taken
