@@ -25,16 +25,24 @@ pub fn limit_malloc_arenas() {
 /// Write to standard output; a closed pipe (`batchwire ... | head`) ends the process
 /// quietly with the status a shell gives a process killed by SIGPIPE (141), instead of
 /// `println!`'s panic ("failed printing to stdout: Broken pipe"). SIGPIPE itself stays
-/// ignored: the node's sockets rely on that.
+/// ignored: the node's sockets rely on that. Any other failure (a full disk, a closed
+/// descriptor) ends it with a message and status 74 (`EX_IOERR`): a panic on one of the
+/// node's threads left the others running with nobody to stop them.
 pub fn write_stdout(args: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     if let Err(e) = out.write_fmt(args) {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(141);
-        }
-        panic!("failed printing to stdout: {e}");
+        stdout_failed(&e);
     }
+}
+
+/// Standard output cannot be written: end the process (see `write_stdout`).
+fn stdout_failed(e: &std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(141);
+    }
+    eprintln!("batchwire: cannot write to standard output: {e}");
+    std::process::exit(74);
 }
 
 /// Write whole lines to standard output with plain `write(2)` calls, not through the
@@ -65,11 +73,10 @@ pub fn write_stdout_lines(text: &str) {
             let n = unsafe { libc::write(1, chunk.as_ptr().cast(), chunk.len()) };
             if n < 0 {
                 let e = std::io::Error::last_os_error();
-                match e.kind() {
-                    std::io::ErrorKind::Interrupted => continue,
-                    std::io::ErrorKind::BrokenPipe => std::process::exit(141),
-                    _ => panic!("failed printing to stdout: {e}"),
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
                 }
+                stdout_failed(&e);
             }
             chunk = &chunk[n as usize..];
         }

@@ -407,3 +407,23 @@ fn bench_scale_runs_over_plain_tcp_and_tls() {
         }
     }
 }
+
+/// Output that cannot be written for another reason (a full disk: `/dev/full`) ends the
+/// process with a message and status 74, not a panic.
+#[test]
+fn output_that_cannot_be_written_ends_with_a_message() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = Command::new(EXE)
+        .args(["node", "--print-config"])
+        .stdout(full)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(74), "{err}");
+    assert!(err.contains("cannot write to standard output"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
