@@ -489,7 +489,7 @@ impl NodeConfig {
     }
 
     /// Most peers a node keeps, counting those not in the static list that connect with the
-    /// cluster secret. Default 1024.
+    /// cluster secret. Default 2048.
     pub fn max_peers(mut self, n: usize) -> Self {
         self.max_peers = n;
         self

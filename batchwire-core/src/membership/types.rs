@@ -159,6 +159,22 @@ impl MembershipConfig {
                 self.max_members
             )));
         }
+        // Periods past these say nothing a cluster can use, and the node adds them to
+        // the clock (`Duration::MAX` must be a clear error, not an overflow later).
+        const HOUR: Duration = Duration::from_secs(3600);
+        for (key, v, hi) in [
+            ("probe_period", self.probe_period, HOUR),
+            ("suspicion_timeout", self.suspicion_timeout, HOUR),
+            ("gossip_period", self.gossip_period, HOUR),
+            ("announce_period", self.announce_period, HOUR),
+            ("forget_down_after", self.forget_down_after, 24 * HOUR),
+        ] {
+            if v > hi {
+                return Err(MemberError::Config(format!(
+                    "{key} = {v:?} is out of range: at most {hi:?}"
+                )));
+            }
+        }
         let mut c = foca::Config::simple();
         c.probe_period = self.probe_period;
         c.probe_rtt = self.probe_rtt;

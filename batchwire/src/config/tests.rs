@@ -38,7 +38,7 @@ fn out_of_range_settings_are_refused_with_key_value_and_range() {
         NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), "s")
             .peer_timeout(Duration::from_secs(3))
     };
-    let cases: [(NodeConfig, &str); 7] = [
+    let cases: [(NodeConfig, &str); 9] = [
         (
             c().heartbeat_interval(Duration::ZERO),
             "heartbeat_interval_ms = 0 is out of range: allowed 1 ..= 60000",
@@ -63,6 +63,15 @@ fn out_of_range_settings_are_refused_with_key_value_and_range() {
         (
             c().reassembly_bytes(1024),
             "reassembly_bytes = 1024 is out of range: allowed max_payload",
+        ),
+        // Named as the file names them, in its unit.
+        (
+            c().bundler_max_delay(Duration::from_micros(10_000_500)),
+            "bundler_max_delay_us = 10000500 is out of range: allowed 0 ..= 10000000",
+        ),
+        (
+            c().ack_every(0, 1 << 10, Duration::from_millis(1)),
+            "ack_every_messages = 0 is out of range",
         ),
     ];
     for (cfg, want) in cases {

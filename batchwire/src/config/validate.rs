@@ -56,7 +56,7 @@ impl NodeConfig {
             ("read_bytes", self.read_bytes, 1, 16 * MIB),
             ("unacked_bytes", s.unacked_bytes, 1, GIB),
             ("ack_every_bytes", s.ack_every_bytes, 1, GIB),
-            ("ack_every", s.ack_every as usize, 1, MIB),
+            ("ack_every_messages", s.ack_every as usize, 1, MIB),
             ("max_handshakes", self.max_handshakes, 1, 64 * KIB),
             (
                 "max_handshakes_per_address",
@@ -126,12 +126,6 @@ impl NodeConfig {
                 24 * HOUR,
             ),
             ("reconnect_max_ms", self.reconnect_max, MS, HOUR),
-            (
-                "bundler_max_delay_ms",
-                self.bundler.max_delay,
-                Duration::ZERO,
-                10 * MINUTE / 60,
-            ),
         ] {
             if v < lo || v > hi {
                 return bad(format!(
@@ -141,6 +135,14 @@ impl NodeConfig {
                     ms(hi)
                 ));
             }
+        }
+        // In microseconds, as the file gives it.
+        let max_delay = self.bundler.max_delay;
+        if max_delay > Duration::from_secs(10) {
+            return bad(format!(
+                "bundler_max_delay_us = {} is out of range: allowed 0 ..= 10000000",
+                max_delay.as_micros()
+            ));
         }
         if self.reconnect_max < self.reconnect_min {
             return bad(format!(

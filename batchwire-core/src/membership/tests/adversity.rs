@@ -68,6 +68,23 @@ fn bad_settings_are_refused() {
         Membership::new(id(0, 1), c, 1, now),
         Err(MemberError::Config(_))
     ));
+    // Periods too long to use, or for the clock (`Duration::MAX`), are named, not added.
+    for c in [
+        MembershipConfig {
+            announce_period: Duration::MAX,
+            ..MembershipConfig::default()
+        },
+        MembershipConfig {
+            suspicion_timeout: Duration::from_secs(3601),
+            ..MembershipConfig::default()
+        },
+    ] {
+        match Membership::new(id(0, 1), c, 1, now) {
+            Err(MemberError::Config(why)) => assert!(why.contains("out of range"), "{why}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("taken"),
+        }
+    }
 }
 
 /// Two members over a link that breaks every 200 ms for 20-80 ms (what is in flight or
