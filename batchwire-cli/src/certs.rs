@@ -13,6 +13,25 @@ fn tls_err(what: &str, path: &Path, e: impl std::fmt::Display) -> String {
 /// `NAME.pem` and `NAME-key.pem` (the layout [`TlsFiles::in_dir`] reads).
 pub fn generate_certs(dir: &Path, nodes: &[&str]) -> Result<(), String> {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    // Every name checked before a file is written: a name whose files would be another's
+    // ("ca" is the CA's; "x-key" is x's private key) or repeat must not overwrite them.
+    for (i, n) in nodes.iter().enumerate() {
+        ServerName::try_from(n.to_string())
+            .map_err(|_| format!("node name {n:?} is not a valid DNS name"))?;
+        if *n == "ca" || *n == "ca-key" {
+            return Err(format!(
+                "node name {n:?} would overwrite the CA's files (ca.pem, ca-key.pem): choose another"
+            ));
+        }
+        if let Some(owner) = n.strip_suffix("-key").filter(|o| nodes.contains(o)) {
+            return Err(format!(
+                "node name {n:?} would overwrite node {owner:?}'s private key ({n}.pem): choose another"
+            ));
+        }
+        if nodes[..i].contains(n) {
+            return Err(format!("node name {n:?} is given twice"));
+        }
+    }
     let g = |e: rcgen::Error| format!("generating certificates: {e}");
     std::fs::create_dir_all(dir).map_err(|e| tls_err("cannot create", dir, e))?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(g)?;
@@ -49,8 +68,6 @@ pub fn generate_certs(dir: &Path, nodes: &[&str]) -> Result<(), String> {
     write("ca.pem", ca.pem())?;
     write("ca-key.pem", ca_key.serialize_pem())?;
     for n in nodes {
-        ServerName::try_from(n.to_string())
-            .map_err(|_| format!("node name {n:?} is not a valid DNS name"))?;
         let mut p = CertificateParams::new(vec![n.to_string()]).map_err(g)?;
         p.distinguished_name.push(DnType::CommonName, *n);
         let key = KeyPair::generate().map_err(g)?;
@@ -59,4 +76,31 @@ pub fn generate_certs(dir: &Path, nodes: &[&str]) -> Result<(), String> {
         write(&format!("{n}-key.pem"), key.serialize_pem())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::generate_certs;
+
+    /// Names whose files would be the CA's or another node's key, or repeat, are refused
+    /// before anything is written (an existing CA stays as it was).
+    #[test]
+    fn names_that_would_overwrite_other_files_are_refused_first() {
+        let dir = std::env::temp_dir().join(format!("bw-certs-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        generate_certs(&dir, &["a"]).unwrap();
+        let ca = std::fs::read(dir.join("ca.pem")).unwrap();
+        for (nodes, says) in [
+            (&["ca", "b"][..], "CA's files"),
+            (&["b", "ca-key"][..], "CA's files"),
+            (&["x", "x-key"][..], "private key"),
+            (&["b", "b"][..], "twice"),
+            (&["b", "not a name"][..], "DNS name"),
+        ] {
+            let e = generate_certs(&dir, nodes).unwrap_err();
+            assert!(e.contains(says), "{nodes:?}: {e}");
+            assert_eq!(std::fs::read(dir.join("ca.pem")).unwrap(), ca, "{nodes:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
