@@ -570,3 +570,24 @@ const PIECE: usize = 16 * RECORD;
 
 #[cfg(test)]
 mod tests;
+
+/// Fixtures for the io layer's tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    pub use super::tests::tls_pair;
+    use super::*;
+
+    /// The records `link` (TLS) would send for `data`, encrypted and kept, not sent.
+    pub fn encrypt_aside(link: &Link, data: &[u8]) -> Vec<u8> {
+        let Link::Tls { state, .. } = link else {
+            panic!("not TLS")
+        };
+        let mut st = Link::lock(state);
+        std::io::Write::write_all(&mut st.conn.writer(), data).unwrap();
+        let mut out = Vec::new();
+        while st.conn.wants_write() {
+            st.conn.write_tls(&mut out).unwrap();
+        }
+        out
+    }
+}

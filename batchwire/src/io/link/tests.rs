@@ -8,7 +8,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 /// A TLS link pair over loopback with the committed test certificates: (a, b).
-fn tls_pair() -> (Link, Link) {
+pub fn tls_pair() -> (Link, Link) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/certs/main");
     let cfg = |n: &str| TlsConfigs::load(&TlsFiles::in_dir(&dir, n), n).unwrap();
     let (ca, cb) = (cfg("a"), cfg("b"));

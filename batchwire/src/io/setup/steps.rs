@@ -293,21 +293,67 @@ fn read_small(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<(), LinkError> {
-    let timed_out = LinkError::HandshakeTimeout(timeout);
+    // Reads that do not wait, and the waiting done here against the deadline: a read
+    // that waits gets the socket's timeout afresh for every read it makes, and over TLS
+    // one read goes on reading until rustls has a record whole, so a peer sending a byte
+    // at a time could stretch it far past the deadline. (The socket's timeouts still
+    // bound the handshake's writes.)
     if link.set_deadline(deadline).is_err() {
-        return Err(timed_out);
+        return Err(LinkError::HandshakeTimeout(timeout));
     }
-    match link.read_append(buf, 512, true) {
-        Ok(0) => Err(LinkError::Eof),
-        Ok(_) => Ok(()),
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ) =>
-        {
-            Err(timed_out)
+    loop {
+        match link.read_append(buf, 512, false) {
+            Ok(0) => return Err(LinkError::Eof),
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => Err(e.into()),
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(LinkError::HandshakeTimeout(timeout));
+        }
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        match crate::sys::poll_readable([link.fd()], ms) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::link::testing::{encrypt_aside, tls_pair};
+
+    /// A peer that sends a TLS record a byte at a time after the TLS handshake (each read
+    /// gets a byte, rustls never a whole record) does not stretch the read past the
+    /// handshake's deadline.
+    #[test]
+    fn a_record_trickled_a_byte_at_a_time_does_not_outlast_the_deadline() {
+        use std::io::Write;
+        let (a, b) = tls_pair();
+        let record = encrypt_aside(&b, &[7u8; 2000]);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for byte in record.chunks(1) {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let _ = b.sock().write_all(byte);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            });
+            let timeout = Duration::from_millis(300);
+            let t0 = Instant::now();
+            let mut buf = BytesMut::new();
+            let r = read_small(&a, &mut buf, t0 + timeout, timeout);
+            let took = t0.elapsed();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert!(matches!(r, Err(LinkError::HandshakeTimeout(_))), "{r:?}");
+            assert!(took < Duration::from_secs(2), "read for {took:?}");
+        });
     }
 }
