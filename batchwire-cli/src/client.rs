@@ -119,7 +119,8 @@ impl Connect {
         let mut cfg = NodeConfig::new(name, listen, secret)
             .with_peers(self.peers.iter().cloned())
             // Short-lived: what is not acknowledged within this is reported failed.
-            .shutdown_timeout(self.connect_timeout);
+            // (The node takes at most an hour; the wait for the cluster may be longer.)
+            .shutdown_timeout(self.connect_timeout.min(Duration::from_secs(3600)));
         for seed in &self.join {
             cfg = cfg.join(seed.clone());
         }
