@@ -3,12 +3,14 @@
 //! `batchwire status --json` prints), served by one small, bounded HTTP/1.0 responder.
 //!
 //! Anyone who can reach the port can talk to it, so it is bounded like the node's own
-//! listener: at most [`MAX_CONNECTIONS`] requests are served at once (more are closed at
-//! once), each must send its whole request head within [`HEAD_DEADLINE`] and at most
-//! [`MAX_HEAD`] bytes, and a failure to accept (too many open files, say) backs off up to a
-//! second and is logged at most once per ten seconds with how many happened. A bare port
-//! binds to loopback: serving the counters beyond the host must be asked for with an
-//! address.
+//! listener: at most [`MAX_CONNECTIONS`] requests are served at once (one more takes the
+//! place of the oldest still sending its head, which is cut, so silent connections cannot
+//! keep a scrape out; with every place answering, it is closed at once), each must send
+//! its whole request head within [`HEAD_DEADLINE`] and at most [`MAX_HEAD`] bytes and take
+//! its answer within [`ANSWER_DEADLINE`], and a failure to accept (too many open files,
+//! say) backs off up to a second and is logged at most once per ten seconds with how many
+//! happened. A bare port binds to loopback: serving the counters beyond the host must be
+//! asked for with an address.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -24,6 +26,34 @@ pub const MAX_CONNECTIONS: usize = 16;
 pub const HEAD_DEADLINE: Duration = Duration::from_secs(5);
 /// Largest request head taken.
 pub const MAX_HEAD: usize = 8 << 10;
+/// Time a client has to take the whole answer.
+pub const ANSWER_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Connections still sending their request head, by arrival (the oldest is cut to make
+/// room when every place is taken).
+#[derive(Clone, Default)]
+struct Heads(Arc<Mutex<Vec<(u64, TcpStream)>>>);
+
+impl Heads {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, TcpStream)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Cut the oldest connection still sending its head; whether there was one.
+    fn cut_oldest(&self) -> bool {
+        let mut g = self.lock();
+        let Some(i) = (0..g.len()).min_by_key(|&i| g[i].0) else {
+            return false;
+        };
+        let (_, s) = g.swap_remove(i);
+        let _ = s.shutdown(std::net::Shutdown::Both);
+        true
+    }
+
+    fn forget(&self, id: u64) {
+        self.lock().retain(|(i, _)| *i != id);
+    }
+}
 
 /// `--metrics-listen`'s value: `PORT` (on 127.0.0.1) or `HOST:PORT`.
 pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
@@ -75,6 +105,8 @@ pub fn serve(addr: SocketAddr) -> Result<Served, String> {
 
 fn accept_loop(listener: TcpListener, handle: Served) {
     let busy = Arc::new(AtomicUsize::new(0));
+    let heads = Heads::default();
+    let mut next_id = 0u64;
     let mut pause = Duration::from_millis(10);
     let mut errors = 0u64;
     let mut last_log: Option<Instant> = None;
@@ -97,26 +129,36 @@ fn accept_loop(listener: TcpListener, handle: Served) {
                 continue;
             }
         };
-        if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+        // Every place taken: the oldest still sending its head gives way (its thread ends
+        // at once), or, with every place answering, this one is closed at once.
+        if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS && !heads.cut_oldest() {
             busy.fetch_sub(1, Ordering::AcqRel);
-            continue; // closed at once
+            continue;
         }
-        let (b, h) = (busy.clone(), handle.clone());
+        next_id += 1;
+        let id = next_id;
+        if let Ok(c) = stream.try_clone() {
+            heads.lock().push((id, c));
+        }
+        let (b, h, hs) = (busy.clone(), handle.clone(), heads.clone());
         let spawned = std::thread::Builder::new()
             .name("bw-metrics-req".into())
             .stack_size(256 << 10)
             .spawn(move || {
-                let _ = respond(stream, &h);
+                let _ = respond(stream, &h, || hs.forget(id));
+                hs.forget(id);
                 b.fetch_sub(1, Ordering::AcqRel);
             });
         if spawned.is_err() {
+            heads.forget(id);
             busy.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
-/// Read one request head (within the deadline and the size bound) and answer it.
-fn respond(mut s: TcpStream, served: &Served) -> std::io::Result<()> {
+/// Read one request head (within the deadline and the size bound) and answer it;
+/// `head_done` once the head is whole.
+fn respond(mut s: TcpStream, served: &Served, head_done: impl FnOnce()) -> std::io::Result<()> {
     let deadline = Instant::now() + HEAD_DEADLINE;
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
@@ -132,7 +174,7 @@ fn respond(mut s: TcpStream, served: &Served) -> std::io::Result<()> {
             Err(_) => return Ok(()),
         }
     }
-    s.set_write_timeout(Some(HEAD_DEADLINE))?;
+    head_done();
     let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();
@@ -159,17 +201,60 @@ fn respond(mut s: TcpStream, served: &Served) -> std::io::Result<()> {
             "only GET /metrics and GET /status\n".into(),
         ),
     };
-    write!(
-        s,
+    let mut answer = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
-    )?;
-    s.write_all(body.as_bytes())
+    )
+    .into_bytes();
+    answer.extend_from_slice(body.as_bytes());
+    // The whole answer within its deadline, however slowly the client reads: each write
+    // waits at most for what is left of it.
+    let deadline = Instant::now() + ANSWER_DEADLINE;
+    let mut rest = &answer[..];
+    while !rest.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(()); // cut
+        }
+        s.set_write_timeout(Some(left))?;
+        let n = s.write(rest)?;
+        if n == 0 {
+            return Ok(());
+        }
+        rest = &rest[n..];
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every place held by silent connections: a scrape still gets its answer (the
+    /// oldest silent one gives way).
+    #[test]
+    fn silent_connections_cannot_keep_a_scrape_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let served = Served {
+            metrics: recorder.handle(),
+            status: Arc::new(Mutex::new("{\"up\":1}".into())),
+        };
+        std::thread::spawn(move || accept_loop(listener, served));
+        let silent: Vec<TcpStream> = (0..MAX_CONNECTIONS)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /status HTTP/1.0\r\n\r\n").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out:?}");
+        assert!(out.ends_with("{\"up\":1}"), "{out:?}");
+        drop(silent);
+    }
 
     #[test]
     fn a_bare_port_is_loopback_an_address_is_taken_as_given() {
