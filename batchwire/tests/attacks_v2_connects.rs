@@ -213,3 +213,48 @@ fn strangers_on_a_peers_own_address_cannot_keep_it_out() {
     assert!(held >= 32, "the stranger held {held} places: {h:?}");
     assert!(a_in, "the configured peer was kept out: {h:?}");
 }
+
+/// Attack 1c: a node listening on `[::]` sees IPv4 peers as `::ffff:a.b.c.d`; its
+/// configured peer (an IPv4 address) is still known as such, so strangers from 64
+/// addresses holding every place (one each: nothing to take from) cannot keep it out.
+#[test]
+fn a_dual_stack_node_knows_its_ipv4_peers() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let addrs = free_addrs(2);
+    let t = Duration::from_secs(20);
+    let a_cfg = NodeConfig::new("a", addrs[0], SECRET)
+        .peer("b", addrs[1])
+        .handshake_timeout(t);
+    let b_listen = std::net::SocketAddr::new("::".parse().unwrap(), addrs[1].port());
+    let b = match Node::start(
+        NodeConfig::new("b", b_listen, SECRET)
+            .peer("a", addrs[0])
+            .handshake_timeout(t),
+    ) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("no IPv6 here ({e}): not run");
+            return;
+        }
+    };
+    let ips: Vec<String> = (0..64)
+        .map(|i| format!("127.0.{}.{}", 1 + i / 200, 2 + i % 200))
+        .collect();
+    let stop = AtomicBool::new(false);
+    let a_in = std::thread::scope(|s| {
+        s.spawn(|| hold_places(addrs[1], ips.clone(), 1, &stop));
+        let deadline = Instant::now() + T;
+        while b.stats().handshakes.pending < 64 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let a = Node::start(a_cfg).unwrap();
+        let ok = a.wait_for_peers(&["b"], Duration::from_secs(2));
+        stop.store(true, Relaxed);
+        ok
+    });
+    assert!(
+        a_in,
+        "the IPv4 peer was kept out: {:?}",
+        b.stats().handshakes
+    );
+}

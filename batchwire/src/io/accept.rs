@@ -181,7 +181,7 @@ impl Acceptor {
             if setup.shutdown.is_stopped() {
                 return;
             }
-            let Some(slot) = setup.slot(from.ip(), &s) else {
+            let Some(slot) = setup.slot(from.ip().to_canonical(), &s) else {
                 // Too many handshakes in progress: close at once (dropping the socket).
                 let n = setup.security.busy.fetch_add(1, Relaxed) + 1;
                 if n.is_power_of_two() {

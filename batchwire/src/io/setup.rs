@@ -278,17 +278,21 @@ impl Setup {
 
     /// Whether `ip` is the address of a configured peer, a seed or a member in the view.
     fn knows(&self, ip: IpAddr) -> bool {
-        self.statics.iter().any(|(_, a)| a.ip() == ip)
+        // As the same address whichever way it is written: a node listening on `[::]`
+        // sees an IPv4 peer as `::ffff:a.b.c.d`, configured as `a.b.c.d`.
+        let ip = ip.to_canonical();
+        let is = |a: &SocketAddr| a.ip().to_canonical() == ip;
+        self.statics.iter().any(|(_, a)| is(a))
             || self
                 .seed_addrs
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .iter()
-                .any(|a| a.ip() == ip)
+                .any(is)
             || self
                 .members
                 .as_ref()
-                .is_some_and(|m| m.view().iter().any(|v| v.addr.ip() == ip))
+                .is_some_and(|m| m.view().iter().any(|v| is(&v.addr)))
     }
 
     /// The seeds' addresses as the joiner resolved them last.
