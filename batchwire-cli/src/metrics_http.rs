@@ -81,6 +81,8 @@ pub struct Served {
 pub fn serve(addr: SocketAddr) -> Result<Served, String> {
     let listener =
         TcpListener::bind(addr).map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
+    // The port the system chose, if asked for port 0.
+    let addr = listener.local_addr().unwrap_or(addr);
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         // A real histogram (buckets sum across nodes), not a summary.
         .set_buckets_for_metric(

@@ -5,8 +5,10 @@
 //! sits behind a mutex that is never held across a socket call: the writer encrypts under
 //! the lock and writes the records after releasing it; the reader reads ciphertext without
 //! the lock and decrypts under it. Only the writer writes to the socket: records rustls
-//! wants to send in reply to what the reader fed it (key updates) stay in rustls until the
-//! writer, woken for them, sends them in order with its own.
+//! wants to send in reply to what the reader fed it stay in rustls until the writer, woken
+//! for them (`wants_write`), sends them in order with its own. (A key update's reply is
+//! kept by rustls apart, not reported by `wants_write`: it goes out in front of the next
+//! record this end sends, which TLS 1.3 allows.)
 //!
 //! Over TLS too, a write may be made without waiting ([`Link::try_write_vectored`]: a
 //! sender's lone message, the ticker's heartbeat, control a resting connection's reader
