@@ -94,6 +94,10 @@ pub const DEFAULTS: &str = r#"# batchwire node configuration (TOML). Every key i
 # probe_rtt_ms = 300                # then asks 3 others to probe it indirectly
 # suspicion_timeout_ms = 3000       # a suspect that does not refute is declared down
 # gossip_period_ms = 200            # news goes to 3 random members this often
+# announce_period_ms = 30000        # a member announces itself to its seeds this often
+# forget_down_after_ms = 600000     # a down member is forgotten after this long
+# frames_per_second = 200           # most membership datagrams taken from one member
+# max_members = 1024                # most members in the view (above the cluster's size)
 
 # Mutual TLS on every connection (all three, PEM).
 # [tls]

@@ -142,6 +142,14 @@ pub struct NodeFile {
     pub suspicion_timeout_ms: Option<u64>,
     /// [`MembershipConfig::gossip_period`], in milliseconds.
     pub gossip_period_ms: Option<u64>,
+    /// [`MembershipConfig::announce_period`], in milliseconds.
+    pub announce_period_ms: Option<u64>,
+    /// [`MembershipConfig::forget_down_after`], in milliseconds.
+    pub forget_down_after_ms: Option<u64>,
+    /// [`MembershipConfig::frames_per_second`].
+    pub frames_per_second: Option<u64>,
+    /// [`MembershipConfig::max_members`] (set it above the cluster's size).
+    pub max_members: Option<u64>,
     /// Mutual TLS on every connection.
     pub tls: Option<TlsSection>,
 }
@@ -265,6 +273,10 @@ impl NodeFile {
             self.probe_rtt_ms,
             self.suspicion_timeout_ms,
             self.gossip_period_ms,
+            self.announce_period_ms,
+            self.forget_down_after_ms,
+            self.frames_per_second,
+            self.max_members,
         ];
         if self.membership == Some(false) {
             if !self.join.is_empty() || tuned.iter().any(Option::is_some) {
@@ -284,6 +296,16 @@ impl NodeFile {
             set(self.probe_rtt_ms, &mut m.probe_rtt);
             set(self.suspicion_timeout_ms, &mut m.suspicion_timeout);
             set(self.gossip_period_ms, &mut m.gossip_period);
+            set(self.announce_period_ms, &mut m.announce_period);
+            set(self.forget_down_after_ms, &mut m.forget_down_after);
+            let too_large = |key: &str, v: u64| bad(format!("{key} = {v} is out of range"));
+            if let Some(v) = self.frames_per_second {
+                m.frames_per_second =
+                    u32::try_from(v).map_err(|_| too_large("frames_per_second", v))?;
+            }
+            if let Some(v) = self.max_members {
+                m.max_members = usize::try_from(v).map_err(|_| too_large("max_members", v))?;
+            }
             cfg = cfg.membership(m);
         }
         if let Some(t) = self.tls {
@@ -326,5 +348,35 @@ mod tests {
         assert_eq!(cfg.session.ack_every_bytes, 1 << 20, "the default kept");
         assert_eq!(cfg.session.ack_delay, Duration::from_millis(9));
         assert_eq!(cfg.max_pending_requests, 11);
+    }
+
+    /// Every membership setting can come from the file (`max_members` above all: a
+    /// cluster larger than 1024 members needs it).
+    #[test]
+    fn membership_settings_can_be_set_from_a_file() {
+        let dir = std::env::temp_dir().join(format!("bw-config-m-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = dir.join("secret");
+        std::fs::write(&secret, "s3cret").unwrap();
+        let f = |max_members| NodeFile {
+            name: Some("a".into()),
+            listen: Some("127.0.0.1:1".parse().unwrap()),
+            secret_file: Some(secret.clone()),
+            announce_period_ms: Some(5000),
+            forget_down_after_ms: Some(60_000),
+            frames_per_second: Some(50),
+            max_members: Some(max_members),
+            ..NodeFile::default()
+        };
+        let cfg = f(4096).into_config().unwrap();
+        let m = cfg.membership_config().unwrap();
+        assert_eq!(m.announce_period, Duration::from_secs(5));
+        assert_eq!(m.forget_down_after, Duration::from_secs(60));
+        assert_eq!((m.frames_per_second, m.max_members), (50, 4096));
+        assert_eq!(m.probe_period, Duration::from_secs(1), "the default kept");
+        // Out of range: named at start, by the membership's own check.
+        let e = f(1 << 40).into_config().unwrap().validate().unwrap_err();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(e.to_string().contains("max_members"), "{e}");
     }
 }
