@@ -32,26 +32,34 @@ pub const ANSWER_DEADLINE: Duration = Duration::from_secs(10);
 /// Connections still sending their request head, by arrival (the oldest is cut to make
 /// room when every place is taken).
 #[derive(Clone, Default)]
-struct Heads(Arc<Mutex<Vec<(u64, TcpStream)>>>);
+struct Heads(Arc<Mutex<Vec<(u64, Instant, TcpStream)>>>);
+
+/// A connection still without its whole head this long after it came is taken for a
+/// silent one (a scraper sends its head at once), and may be cut to make room.
+const SILENT_AFTER: Duration = Duration::from_millis(200);
 
 impl Heads {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, TcpStream)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Instant, TcpStream)>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Cut the oldest connection still sending its head; whether there was one.
+    /// Cut the oldest connection still sending its head, if it has been at it for
+    /// `SILENT_AFTER`; whether there was one.
     fn cut_oldest(&self) -> bool {
         let mut g = self.lock();
         let Some(i) = (0..g.len()).min_by_key(|&i| g[i].0) else {
             return false;
         };
-        let (_, s) = g.swap_remove(i);
+        if g[i].1.elapsed() < SILENT_AFTER {
+            return false;
+        }
+        let (_, _, s) = g.swap_remove(i);
         let _ = s.shutdown(std::net::Shutdown::Both);
         true
     }
 
     fn forget(&self, id: u64) {
-        self.lock().retain(|(i, _)| *i != id);
+        self.lock().retain(|(i, _, _)| *i != id);
     }
 }
 
@@ -131,16 +139,18 @@ fn accept_loop(listener: TcpListener, handle: Served) {
                 continue;
             }
         };
-        // Every place taken: the oldest still sending its head gives way (its thread ends
-        // at once), or, with every place answering, this one is closed at once.
-        if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS && !heads.cut_oldest() {
+        // Every place taken: the oldest still silent gives way (its thread ends at once),
+        // or, with every place answering or just come, this one is closed at once. Cut
+        // threads count until they end: never more than twice the places at once.
+        let before = busy.fetch_add(1, Ordering::AcqRel);
+        if before >= 2 * MAX_CONNECTIONS || (before >= MAX_CONNECTIONS && !heads.cut_oldest()) {
             busy.fetch_sub(1, Ordering::AcqRel);
             continue;
         }
         next_id += 1;
         let id = next_id;
         if let Ok(c) = stream.try_clone() {
-            heads.lock().push((id, c));
+            heads.lock().push((id, Instant::now(), c));
         }
         let (b, h, hs) = (busy.clone(), handle.clone(), heads.clone());
         let spawned = std::thread::Builder::new()
@@ -247,7 +257,8 @@ mod tests {
         let silent: Vec<TcpStream> = (0..MAX_CONNECTIONS)
             .map(|_| TcpStream::connect(addr).unwrap())
             .collect();
-        std::thread::sleep(Duration::from_millis(200));
+        // Accepted, and silent for longer than a scraper would be.
+        std::thread::sleep(SILENT_AFTER + Duration::from_millis(300));
         let mut s = TcpStream::connect(addr).unwrap();
         s.write_all(b"GET /status HTTP/1.0\r\n\r\n").unwrap();
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();

@@ -97,7 +97,8 @@ pub const DEFAULTS: &str = r#"# batchwire node configuration (TOML). Every key i
 # announce_period_ms = 30000        # a member announces itself to its seeds this often
 # forget_down_after_ms = 600000     # a down member is forgotten after this long
 # frames_per_second = 200           # most membership datagrams taken from one member
-# max_members = 1024                # most members in the view (above the cluster's size)
+# max_members = 1024                # most members in the view (above the cluster's size;
+#                                   # max_peers at least 4/3 of it)
 
 # Mutual TLS on every connection (all three, PEM).
 # [tls]

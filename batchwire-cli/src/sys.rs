@@ -41,7 +41,11 @@ fn stdout_failed(e: &std::io::Error) -> ! {
     if e.kind() == std::io::ErrorKind::BrokenPipe {
         std::process::exit(141);
     }
-    eprintln!("batchwire: cannot write to standard output: {e}");
+    // Not `eprintln!`, which panics if standard error fails too.
+    let _ = std::io::Write::write_fmt(
+        &mut std::io::stderr(),
+        format_args!("batchwire: cannot write to standard output: {e}\n"),
+    );
     std::process::exit(74);
 }
 
