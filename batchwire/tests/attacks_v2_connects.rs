@@ -65,6 +65,32 @@ fn peer_and_started_b() -> (NodeConfig, std::net::SocketAddr, Node) {
     (a_cfg, b_addr, Node::start(b_cfg).unwrap())
 }
 
+/// Strangers from `ips` hold up to `per_ip` places each at `b` (at `b_addr`), reopening
+/// what is cut, until `want` are held (or 10 s pass); then `a` starts. How many places
+/// were held, and whether `a` connected to `b` within 2 s.
+fn held_then_a_connects(
+    b: &Node,
+    b_addr: std::net::SocketAddr,
+    ips: Vec<String>,
+    per_ip: usize,
+    want: u64,
+    a_cfg: NodeConfig,
+) -> (u64, bool) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| hold_places(b_addr, ips, per_ip, &stop));
+        let deadline = Instant::now() + T;
+        while b.stats().handshakes.pending < want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let held = b.stats().handshakes.pending;
+        let a = Node::start(a_cfg).unwrap();
+        let ok = a.wait_for_peers(&["b"], Duration::from_secs(2));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (held, ok)
+    })
+}
+
 /// Attack 1: strangers from 4 addresses (16 silent connections each, the per-address cap)
 /// or from 64 (one each) hold every handshake place and reopen whatever the node cuts.
 /// A configured peer still connects within 2 s (places are kept for known addresses),
@@ -192,23 +218,10 @@ fn a_connect_flood_never_gets_a_node_declared_down() {
 /// peer still connects (past its kept places, a known address's oldest gives way).
 #[test]
 fn strangers_on_a_peers_own_address_cannot_keep_it_out() {
-    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     let (a_cfg, b_addr, b) = peer_and_started_b();
-    let stop = AtomicBool::new(false);
-    let (held, a_in) = std::thread::scope(|s| {
-        // a dials from 127.0.0.1 too; 16 is the per-address cap, among strangers and
-        // among kept places alike.
-        s.spawn(|| hold_places(b_addr, vec!["127.0.0.1".into()], 96, &stop));
-        let deadline = Instant::now() + T;
-        while b.stats().handshakes.pending < 32 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let held = b.stats().handshakes.pending;
-        let a = Node::start(a_cfg).unwrap();
-        let ok = a.wait_for_peers(&["b"], Duration::from_secs(2));
-        stop.store(true, Relaxed);
-        (held, ok)
-    });
+    // a dials from 127.0.0.1 too; 16 is the per-address cap, among strangers and among
+    // kept places alike.
+    let (held, a_in) = held_then_a_connects(&b, b_addr, vec!["127.0.0.1".into()], 96, 32, a_cfg);
     let h = b.stats().handshakes;
     assert!(held >= 32, "the stranger held {held} places: {h:?}");
     assert!(a_in, "the configured peer was kept out: {h:?}");
@@ -219,7 +232,6 @@ fn strangers_on_a_peers_own_address_cannot_keep_it_out() {
 /// addresses holding every place (one each: nothing to take from) cannot keep it out.
 #[test]
 fn a_dual_stack_node_knows_its_ipv4_peers() {
-    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     let addrs = free_addrs(2);
     let t = Duration::from_secs(20);
     let a_cfg = NodeConfig::new("a", addrs[0], SECRET)
@@ -242,19 +254,7 @@ fn a_dual_stack_node_knows_its_ipv4_peers() {
     let ips: Vec<String> = (0..64)
         .map(|i| format!("127.0.{}.{}", 1 + i / 200, 2 + i % 200))
         .collect();
-    let stop = AtomicBool::new(false);
-    let (held, a_in) = std::thread::scope(|s| {
-        s.spawn(|| hold_places(addrs[1], ips.clone(), 1, &stop));
-        let deadline = Instant::now() + T;
-        while b.stats().handshakes.pending < 64 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let held = b.stats().handshakes.pending;
-        let a = Node::start(a_cfg).unwrap();
-        let ok = a.wait_for_peers(&["b"], Duration::from_secs(2));
-        stop.store(true, Relaxed);
-        (held, ok)
-    });
+    let (held, a_in) = held_then_a_connects(&b, addrs[1], ips, 1, 64, a_cfg);
     let h = b.stats().handshakes;
     assert!(held >= 64, "the strangers held {held} places: {h:?}");
     assert!(a_in, "the IPv4 peer was kept out: {h:?}");

@@ -86,7 +86,7 @@ impl Membership {
                 }
                 // SWIM's list is full and does not know the sender: dropped before SWIM
                 // would take it in (see `swim_takes`).
-                if !self.swim_takes(&header.src.name, Adding::default(), false) {
+                if !self.swim_takes(&header.src.name, &mut Adding::default(), false) {
                     self.counters.swim_full += 1;
                     return Ok(Walk::Not);
                 }
@@ -242,7 +242,8 @@ impl Membership {
         // Members SWIM would take in from this packet that it does not list yet (the
         // sender first), and updates about further ones dropped because its list is full.
         let mut adding = Adding::default();
-        self.count_adding(&mut adding, &header.src.name, false);
+        // (Taken: `frame_in` looked before.)
+        self.swim_takes(&header.src.name, &mut adding, false);
         let mut full = 0;
         for _ in 0..count {
             let before = rest;
@@ -254,10 +255,9 @@ impl Membership {
             };
             if self.is_old_news(&m) {
                 old += 1;
-            } else if !self.swim_takes(&m.id().name, adding, m.state() == State::Down) {
+            } else if !self.swim_takes(&m.id().name, &mut adding, m.state() == State::Down) {
                 full += 1;
             } else {
-                self.count_adding(&mut adding, &m.id().name, m.state() == State::Down);
                 kept.push(&before[..before.len() - rest.len()]);
                 self.name_dirty(&m.id().name);
                 if self.fed.len() < self.cfg.max_members.saturating_mul(2) {
@@ -287,32 +287,28 @@ impl Membership {
         (Some(out), news)
     }
 
-    /// Count `m` among those SWIM would take in (see `swim_takes`) unless it lists it.
-    pub(super) fn count_adding(&self, adding: &mut Adding, name: &Name, down: bool) {
-        if !self.swim_knows(name) {
-            adding.all += 1;
-            adding.live += usize::from(!down);
-        }
-    }
-
-    /// Whether SWIM lists `name` (or it is this node).
-    pub(super) fn swim_knows(&self, name: &Name) -> bool {
-        *name == self.foca.identity().name || self.foca.member_by_addr(name).is_some()
-    }
-
     /// Whether SWIM may take in `name` (as `down`, or live) with `adding` others it does
-    /// not list on their way in: it lists it already, or it lists fewer than twice
+    /// not list on their way in (`name` is counted among them if so): it lists it already
+    /// (or it is this node), or it lists fewer than twice
     /// `max_members` live members (alive or suspect) with them, and fewer than four times
     /// `max_members` in all (down ones too, until forgotten). SWIM itself has no such
     /// bound: a member that went bad could gossip invented members (or send under
     /// invented names) without end, each a member SWIM keeps and probes. Down members
     /// count only toward the larger bound, so members that restarted under new names,
     /// listed as down for `forget_down_after`, do not keep newcomers out.
-    pub(super) fn swim_takes(&self, name: &Name, adding: Adding, down: bool) -> bool {
+    pub(super) fn swim_takes(&self, name: &Name, adding: &mut Adding, down: bool) -> bool {
+        if *name == self.foca.identity().name || self.foca.member_by_addr(name).is_some() {
+            return true;
+        }
         let live_cap = self.cfg.max_members.saturating_mul(2);
-        self.swim_knows(name)
-            || (self.foca.iter_membership_state().len() + adding.all < live_cap.saturating_mul(2)
-                && (down || self.foca.num_members() + adding.live < live_cap))
+        let room = self.foca.iter_membership_state().len() + adding.all
+            < live_cap.saturating_mul(2)
+            && (down || self.foca.num_members() + adding.live < live_cap);
+        if room {
+            adding.all += 1;
+            adding.live += usize::from(!down);
+        }
+        room
     }
 
     /// Whether `m` is exactly what SWIM holds of that member, or an update SWIM was

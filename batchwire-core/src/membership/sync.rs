@@ -340,13 +340,7 @@ impl Membership {
         self.counters.old_news += (told - members.len()) as u64;
         // What SWIM's list has room for (see `swim_takes`).
         let (mut adding, before) = (super::input::Adding::default(), members.len());
-        members.retain(|m| {
-            let takes = self.swim_takes(&m.id().name, adding, false);
-            if takes {
-                self.count_adding(&mut adding, &m.id().name, false);
-            }
-            takes
-        });
+        members.retain(|m| self.swim_takes(&m.id().name, &mut adding, false));
         self.counters.swim_full += (before - members.len()) as u64;
         for m in &members {
             self.name_dirty(&m.id().name);
