@@ -16,6 +16,7 @@ use crate::error::{Error, RecvError};
 use crate::io::envelope::{Envelope, Outbound};
 use crate::io::mailbox::{Leader, MailboxQueue};
 use crate::io::runtime::Runtime;
+use crate::io::wakers::Ticket;
 use crate::send::SendFuture;
 
 /// A registered mailbox. Receive with `recv*` (blocking), `recv_async`,
@@ -46,6 +47,8 @@ use crate::send::SendFuture;
 pub struct Mailbox {
     queue: Arc<MailboxQueue>,
     rt: Arc<Runtime>,
+    /// What the queue's list of waiting tasks knows the mailbox's [`Stream`] by.
+    ticket: Ticket,
 }
 
 impl Mailbox {
@@ -54,7 +57,11 @@ impl Mailbox {
         queue.set_replier(Arc::downgrade(&out));
         let leader: Arc<dyn Leader> = rt.clone();
         queue.set_leader(Arc::downgrade(&leader));
-        Mailbox { queue, rt }
+        Mailbox {
+            queue,
+            rt,
+            ticket: Ticket::default(),
+        }
     }
 
     /// This mailbox's name.
@@ -113,14 +120,21 @@ impl Mailbox {
     /// the queue is empty. Cancellation-safe: a message is taken only by the poll that
     /// returns it.
     pub fn recv_async(&self) -> RecvFuture<'_> {
-        RecvFuture { mb: self }
+        RecvFuture {
+            mb: self,
+            ticket: Ticket::default(),
+        }
     }
 
     /// [`Mailbox::recv_batch`] from async code: waits (without blocking the thread) for at
     /// least one message, then returns everything queued, up to `max`. Cancellation-safe
     /// like [`Mailbox::recv_async`].
     pub fn recv_batch_async(&self, max: usize) -> RecvBatchFuture<'_> {
-        RecvBatchFuture { mb: self, max }
+        RecvBatchFuture {
+            mb: self,
+            max,
+            ticket: Ticket::default(),
+        }
     }
 
     /// Messages waiting in this mailbox.
@@ -208,13 +222,15 @@ impl std::fmt::Debug for Mailbox {
 /// The future returned by [`Mailbox::recv_async`].
 pub struct RecvFuture<'a> {
     mb: &'a Mailbox,
+    ticket: Ticket,
 }
 
 impl Future for RecvFuture<'_> {
     type Output = Result<Envelope, RecvError>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
         let mut one = None;
-        match self.mb.queue.poll_batch(cx, &mut one, 1) {
+        match this.mb.queue.poll_batch(cx, &mut one, 1, &mut this.ticket) {
             Poll::Ready(Ok(_)) => match one {
                 Some(e) => Poll::Ready(Ok(e)),
                 // Nothing whole was queued after all: look again.
@@ -233,13 +249,19 @@ impl Future for RecvFuture<'_> {
 pub struct RecvBatchFuture<'a> {
     mb: &'a Mailbox,
     max: usize,
+    ticket: Ticket,
 }
 
 impl Future for RecvBatchFuture<'_> {
     type Output = Result<Vec<Envelope>, RecvError>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
         let mut v = Vec::new();
-        match self.mb.queue.poll_batch(cx, &mut v, self.max) {
+        match this
+            .mb
+            .queue
+            .poll_batch(cx, &mut v, this.max, &mut this.ticket)
+        {
             Poll::Ready(Ok(_)) if v.is_empty() => {
                 cx.waker().wake_by_ref();
                 Poll::Pending
@@ -255,8 +277,9 @@ impl Future for RecvBatchFuture<'_> {
 impl Stream for Mailbox {
     type Item = Envelope;
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Envelope>> {
+        let this = self.get_mut();
         let mut one = None;
-        match self.queue.poll_batch(cx, &mut one, 1) {
+        match this.queue.poll_batch(cx, &mut one, 1, &mut this.ticket) {
             Poll::Ready(Ok(_)) => match one {
                 Some(e) => Poll::Ready(Some(e)),
                 None => {

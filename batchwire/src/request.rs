@@ -15,6 +15,7 @@ use crate::error::Error;
 use crate::io::calls::Waiter;
 use crate::io::envelope::Envelope;
 use crate::io::runtime::Runtime;
+use crate::io::wakers::Ticket;
 use crate::send::poll_send;
 
 /// The future of `Node::request_async`: resolves to the reply, or to `Timeout`, `PeerDown`
@@ -29,6 +30,8 @@ use crate::send::poll_send;
 pub struct RequestFuture {
     rt: Arc<Runtime>,
     state: State,
+    /// What the lists of tasks waiting for room know it by (see `send::poll_send`).
+    ticket: Ticket,
 }
 
 enum State {
@@ -60,6 +63,7 @@ impl RequestFuture {
                 payload,
                 deadline,
             },
+            ticket: Ticket::default(),
         }
     }
 }
@@ -98,7 +102,15 @@ impl Future for RequestFuture {
                     from,
                     to,
                     payload,
-                } => match poll_send(&**rt, &from, &to, &payload, Class::Ordinary, cx) {
+                } => match poll_send(
+                    &**rt,
+                    &from,
+                    &to,
+                    &payload,
+                    Class::Ordinary,
+                    cx,
+                    &mut this.ticket,
+                ) {
                     Poll::Ready(Ok(())) => this.state = State::Waiting { id },
                     Poll::Ready(Err(e)) => {
                         rt.calls().forget(id);

@@ -12,6 +12,7 @@ use crate::address::Address;
 use crate::class::Class;
 use crate::error::Error;
 use crate::io::envelope::{Envelope, Outbound};
+use crate::io::wakers::Ticket;
 
 /// Try once without blocking; if there is no room, leave the waker where room will appear
 /// and try once more (room may have come between the two), else wait.
@@ -22,12 +23,13 @@ pub(crate) fn poll_send(
     payload: &Bytes,
     class: Class,
     cx: &mut Context<'_>,
+    ticket: &mut Ticket,
 ) -> Poll<Result<(), Error>> {
     match out.send(from, to, payload.clone(), class, false) {
         Err(Error::Full { .. }) => {}
         r => return Poll::Ready(r),
     }
-    out.register(to, cx.waker());
+    out.register(to, cx.waker(), ticket);
     match out.send(from, to, payload.clone(), class, false) {
         Err(Error::Full { .. }) => Poll::Pending,
         r => Poll::Ready(r),
@@ -56,6 +58,8 @@ struct Pending {
     to: Address,
     payload: Bytes,
     class: Class,
+    /// What the lists this future waits on know it by (they forget it once it is dropped).
+    ticket: Ticket,
 }
 
 impl SendFuture {
@@ -73,6 +77,7 @@ impl SendFuture {
                 to,
                 payload,
                 class,
+                ticket: Ticket::default(),
             }),
         }
     }
@@ -90,7 +95,15 @@ impl Future for SendFuture {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.state {
-            Ok(p) => poll_send(&*p.out, &p.from, &p.to, &p.payload, p.class, cx),
+            Ok(p) => poll_send(
+                &*p.out,
+                &p.from,
+                &p.to,
+                &p.payload,
+                p.class,
+                cx,
+                &mut p.ticket,
+            ),
             Err(e) => Poll::Ready(Err(e.take().unwrap_or(Error::ShutDown { payload: None }))),
         }
     }

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use crate::address::Address;
 use crate::class::Class;
 use crate::error::Error;
+use crate::io::wakers::Ticket;
 
 /// How a handle sends (the runtime): blocking or not, and where a task waits for room.
 /// Envelopes that are requests keep a weak one to send their reply.
@@ -24,8 +25,9 @@ pub(crate) trait Outbound: Send + Sync {
         class: Class,
         block: bool,
     ) -> Result<(), Error>;
-    /// Wake `w` when room may have appeared for a send to `to`.
-    fn register(&self, to: &Address, w: &Waker);
+    /// Wake `w`, the waker of the future holding `ticket`, when room may have appeared for
+    /// a send to `to`.
+    fn register(&self, to: &Address, w: &Waker, ticket: &mut Ticket);
 }
 
 /// What makes a received envelope a request: its call id and the way back.

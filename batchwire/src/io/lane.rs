@@ -40,7 +40,7 @@ use batchwire_core::session::ConnId;
 use bytes::{Bytes, BytesMut};
 
 use crate::config::NodeConfig;
-use crate::io::wakers::{Relay, Wakers};
+use crate::io::wakers::{Relay, Ticket, Wakers};
 
 /// Why `push` did not queue a message.
 #[derive(Debug, PartialEq, Eq)]
@@ -369,8 +369,8 @@ impl Lane {
 
     /// Wake `w` at the next change that may make room or credit (an async send that found
     /// none registers, then tries once more).
-    pub fn register_room(&self, w: &Waker) {
-        self.lock().room.register(w);
+    pub fn register_room(&self, w: &Waker, ticket: &mut Ticket) {
+        self.lock().room.register(w, ticket);
     }
 
     /// Queue a message. It is admitted while its queue (ordinary or bulk) holds fewer than

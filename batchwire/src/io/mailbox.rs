@@ -26,7 +26,7 @@ use crate::error::RecvError;
 use crate::io::NameHash;
 use crate::io::envelope::{Envelope, Outbound, Sink};
 use crate::io::flow::Held;
-use crate::io::wakers::{Relay, Sleepers, Wakers};
+use crate::io::wakers::{Relay, Sleepers, Ticket, Wakers};
 use batchwire_core::codec::Name;
 use batchwire_core::frame;
 use batchwire_core::idle::{self, IdleStep, IdleStrategy};
@@ -76,7 +76,8 @@ struct Inner {
     q: VecDeque<Item>,
     bytes: usize,
     closed: bool,
-    wakers: Vec<Waker>,
+    /// Tasks waiting for a message (async receivers).
+    wakers: Wakers,
     /// Tasks waiting for room (local async sends).
     room: Wakers,
     /// The way back for the requests taken from here (set by the handle that claims it).
@@ -175,7 +176,7 @@ impl MailboxQueue {
                 q: VecDeque::new(),
                 bytes: 0,
                 closed: false,
-                wakers: Vec::new(),
+                wakers: Wakers::default(),
                 room: Wakers::default(),
                 replier: None,
                 leader: None,
@@ -260,9 +261,7 @@ impl MailboxQueue {
             g.signalled = true;
             self.signal_leader();
         }
-        for w in g.wakers.drain(..) {
-            w.wake();
-        }
+        g.wakers.wake_all();
         Ok(())
     }
 
@@ -356,9 +355,7 @@ impl MailboxQueue {
         }
         g.pushers.notify_all(&self.not_full);
         g.room.wake_all();
-        for w in g.wakers.drain(..) {
-            w.wake();
-        }
+        g.wakers.wake_all();
     }
 
     /// Requests taken from here reply through `out`.

@@ -32,7 +32,7 @@ use crate::io::events::Events;
 use crate::io::flow::Flow;
 use crate::io::lane::Lane;
 use crate::io::timer::Timer;
-use crate::io::wakers::Wakers;
+use crate::io::wakers::{Ticket, Wakers};
 use crate::stats::PeerCounters;
 
 /// What every peer's dispatch needs: the node's name (for logs), the event bus, the
@@ -522,11 +522,11 @@ impl Peer {
     }
 
     /// Transfer-queue: wake `w` when the window may have room (or the peer went down).
-    pub fn register_room(&self, w: &Waker) {
+    pub fn register_room(&self, w: &Waker, ticket: &mut Ticket) {
         self.room_lock
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .register(w);
+            .register(w, ticket);
     }
 }
 

@@ -65,6 +65,7 @@ use crate::io::shutdown::Shutdown;
 use crate::io::threads::Threads;
 use crate::io::tick::run_ticker;
 use crate::io::timer::Timer;
+use crate::io::wakers::Ticket;
 use crate::io::{accept::run_acceptor, idle_strategy};
 use crate::stats::{MembershipStats, NodeStats, PeerStats, RequestStats};
 use batchwire_core::membership::datagram::DatagramKey;
@@ -154,10 +155,10 @@ impl Outbound for Runtime {
         Runtime::send(self, from, to, payload, class, block)
     }
 
-    fn register(&self, to: &Address, w: &Waker) {
+    fn register(&self, to: &Address, w: &Waker, ticket: &mut Ticket) {
         if to.node == self.name {
             match self.mailboxes.get(to.mailbox.as_bytes()) {
-                Some(mb) => mb.register_room(w),
+                Some(mb) => mb.register_room(w, ticket),
                 // Gone: the next try says so.
                 None => w.wake_by_ref(),
             }
@@ -167,13 +168,13 @@ impl Outbound for Runtime {
         // window (transfer-queue) and the shared lane.
         self.peers.with(to.node.as_bytes(), |p| match p {
             Some(p) => {
-                p.lane.register_room(w);
-                p.register_room(w);
+                p.lane.register_room(w, ticket);
+                p.register_room(w, ticket);
             }
             None => w.wake_by_ref(),
         });
         if let Some(l) = &self.shared_lane {
-            l.register_room(w);
+            l.register_room(w, ticket);
         }
     }
 }

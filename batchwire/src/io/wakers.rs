@@ -5,28 +5,82 @@
 //! at a time while they wait for the same thing ([`Relay`], a lane's senders and a
 //! mailbox's local pushers).
 
-use std::sync::Condvar;
+use std::sync::{Arc, Condvar, Weak};
 use std::task::Waker;
+
+/// What one future shows the lists it waits on: made at its first wait, kept until it is
+/// dropped. A list keeps a weak reference beside each waker, so it can tell the wakers of
+/// futures dropped since (a task aborted, a `select!` branch given up) from those that
+/// still wait, and forget them without waking anyone.
+#[derive(Debug, Default)]
+pub(crate) struct Ticket(Option<Arc<()>>);
+
+impl Ticket {
+    fn weak(&mut self) -> Weak<()> {
+        Arc::downgrade(self.0.get_or_insert_with(|| Arc::new(())))
+    }
+}
 
 /// The wakers of tasks waiting for one thing. A task registers on a poll that finds no
 /// room, and all are woken (and forgotten) at the next change, so the list holds the tasks
-/// waiting now, plus any that were polled again for another reason meanwhile.
+/// waiting now, plus any that were polled again meanwhile and the futures dropped since:
+/// those two are forgotten whenever the list has doubled since it was last pruned (and
+/// holds at least [`PRUNE_FROM`]), so it stays within twice the futures that wait (or
+/// `PRUNE_FROM`), and no future that still waits is woken for it.
 #[derive(Default)]
-pub(crate) struct Wakers(Vec<Waker>);
+pub(crate) struct Wakers {
+    list: Vec<(Weak<()>, Waker)>,
+    /// The length at which the list is next pruned.
+    prune_at: usize,
+}
+
+/// The smallest list that is pruned.
+pub(crate) const PRUNE_FROM: usize = 64;
 
 impl Wakers {
-    /// Add `w` (unless it was the last one added: a task polled twice in a row).
-    pub fn register(&mut self, w: &Waker) {
-        if !self.0.last().is_some_and(|x| x.will_wake(w)) {
-            self.0.push(w.clone());
+    /// Add `w`, the waker of the future holding `ticket` (unless they were the last ones
+    /// added: a future polled twice in a row).
+    pub fn register(&mut self, w: &Waker, ticket: &mut Ticket) {
+        let t = ticket.weak();
+        if let Some((lt, lw)) = self.list.last()
+            && lt.ptr_eq(&t)
+            && lw.will_wake(w)
+        {
+            return;
         }
+        if self.list.len() >= self.prune_at.max(PRUNE_FROM) {
+            self.prune();
+        }
+        self.list.push((t, w.clone()));
+    }
+
+    /// Forget the wakers of futures dropped since they registered, and all but the last
+    /// waker of each future that registered more than once.
+    fn prune(&mut self) {
+        let mut seen = std::collections::HashSet::with_capacity(self.list.len());
+        let mut kept = Vec::with_capacity(self.list.len());
+        for (t, w) in self.list.drain(..).rev() {
+            if t.strong_count() > 0 && seen.insert(t.as_ptr()) {
+                kept.push((t, w));
+            }
+        }
+        kept.reverse();
+        self.list = kept;
+        self.prune_at = 2 * self.list.len();
     }
 
     /// Wake them all (each looks again; a waker is cheap to call and never blocks).
     pub fn wake_all(&mut self) {
-        for w in self.0.drain(..) {
+        for (_, w) in self.list.drain(..) {
             w.wake();
         }
+        self.prune_at = 0;
+    }
+
+    /// Wakers kept.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.list.len()
     }
 }
 
@@ -185,6 +239,74 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Condvar, Mutex};
     use std::time::Duration;
+
+    /// A waker that counts its wakes.
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn counted(n: usize) -> Vec<(Arc<Count>, Waker)> {
+        (0..n)
+            .map(|_| {
+                let c = Arc::new(Count(Default::default()));
+                (c.clone(), Waker::from(c))
+            })
+            .collect()
+    }
+
+    fn woken(c: &Count) -> usize {
+        c.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Many futures that really wait are all kept and none is woken until the change,
+    /// which wakes each (a bound that woke a full list to make room turned 2000 waiting
+    /// tasks into a busy loop). A future polled again is woken at most once per poll.
+    #[test]
+    fn every_future_that_waits_is_kept_and_woken_once() {
+        let mut l = Wakers::default();
+        let tasks = counted(2000);
+        let mut tickets: Vec<Ticket> = (0..tasks.len()).map(|_| Ticket::default()).collect();
+        for _ in 0..3 {
+            for ((_, w), t) in tasks.iter().zip(&mut tickets) {
+                l.register(w, t);
+            }
+        }
+        assert!(tasks.iter().all(|(c, _)| woken(c) == 0));
+        assert!(l.len() <= 2 * tasks.len(), "{}", l.len());
+        l.wake_all();
+        assert!(tasks.iter().all(|(c, _)| (1..=3).contains(&woken(c))));
+        assert_eq!(l.len(), 0);
+    }
+
+    /// Futures dropped before the change leave their wakers only until the list is next
+    /// pruned; two futures polled in turn (each `select!` loop's send to a stalled peer)
+    /// do not grow it either; and the future that still waits keeps its place.
+    #[test]
+    fn dropped_and_repolled_futures_keep_the_list_bounded() {
+        let mut l = Wakers::default();
+        let waiting = counted(1);
+        let mut its = Ticket::default();
+        l.register(&waiting[0].1, &mut its);
+        for (_, w) in counted(50 * PRUNE_FROM) {
+            let mut t = Ticket::default();
+            l.register(&w, &mut t);
+            assert!(l.len() <= PRUNE_FROM);
+        }
+        let two = counted(2);
+        let mut tickets = [Ticket::default(), Ticket::default()];
+        for i in 0..50 * PRUNE_FROM {
+            l.register(&two[i % 2].1, &mut tickets[i % 2]);
+            assert!(l.len() <= PRUNE_FROM);
+        }
+        assert_eq!(woken(&waiting[0].0), 0);
+        l.wake_all();
+        assert_eq!(woken(&waiting[0].0), 1);
+        assert!(woken(&two[0].0) >= 1 && woken(&two[1].0) >= 1);
+    }
 
     #[test]
     fn a_burst_notifies_once_and_a_timeout_counts_itself_off() {

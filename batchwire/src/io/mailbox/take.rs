@@ -172,6 +172,7 @@ impl MailboxQueue {
         cx: &mut Context<'_>,
         out: &mut S,
         max: usize,
+        ticket: &mut Ticket,
     ) -> Poll<Result<usize, RecvError>> {
         let mut g = self.lock();
         if !g.q.is_empty() {
@@ -183,19 +184,17 @@ impl MailboxQueue {
         if g.closed {
             return Poll::Ready(Err(RecvError::Closed));
         }
-        if !g.wakers.iter().any(|w| w.will_wake(cx.waker())) {
-            g.wakers.push(cx.waker().clone());
-        }
+        g.wakers.register(cx.waker(), ticket);
         Poll::Pending
     }
 
     /// Wake `w` when a local push may find room.
-    pub fn register_room(&self, w: &Waker) {
+    pub fn register_room(&self, w: &Waker, ticket: &mut Ticket) {
         let mut g = self.lock();
         if g.bytes < self.capacity || g.closed {
             w.wake_by_ref();
         } else {
-            g.room.register(w);
+            g.room.register(w, ticket);
         }
     }
 

@@ -311,3 +311,59 @@ fn a_receiver_leads_only_while_its_messages_come_from_one_node() {
     wait(&q);
     assert_eq!(leads.load(Ordering::Relaxed), 2);
 }
+
+/// A waker that counts its wakes (each one distinct).
+struct Count(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn counter() -> Arc<Count> {
+    Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)))
+}
+
+fn woken(c: &Arc<Count>) -> usize {
+    c.0.load(Ordering::Relaxed)
+}
+
+/// Receive futures polled once on an idle mailbox and then dropped (tasks aborted, each
+/// with its own waker) leave no waker behind for long: the list stays bounded, no task is
+/// woken for it, and one that still waits is woken by the next push.
+#[test]
+fn wakers_of_receivers_that_went_away_are_forgotten() {
+    use crate::io::wakers::{PRUNE_FROM, Ticket};
+    let q = q(1 << 20);
+    let waiting = counter();
+    let mut its_ticket = Ticket::default();
+    let w = Waker::from(waiting.clone());
+    let mut out: Vec<Envelope> = Vec::new();
+    let mut cx = Context::from_waker(&w);
+    assert!(
+        q.poll_batch(&mut cx, &mut out, 1, &mut its_ticket)
+            .is_pending()
+    );
+    let gone: Vec<Arc<Count>> = (0..10 * PRUNE_FROM).map(|_| counter()).collect();
+    for c in &gone {
+        let w = Waker::from(c.clone());
+        let mut cx = Context::from_waker(&w);
+        let mut ticket = Ticket::default();
+        assert!(q.poll_batch(&mut cx, &mut out, 1, &mut ticket).is_pending());
+        drop(ticket);
+        assert!(q.lock().wakers.len() <= PRUNE_FROM + 1);
+    }
+    assert!(
+        gone.iter().all(|c| woken(c) == 0),
+        "nobody woken to make room"
+    );
+    assert_eq!(woken(&waiting), 0);
+    q.push_one(env(1), false).unwrap();
+    assert_eq!(
+        woken(&waiting),
+        1,
+        "the receiver that waits is woken by a push"
+    );
+    drop(its_ticket);
+}
