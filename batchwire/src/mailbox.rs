@@ -292,3 +292,120 @@ impl Stream for Mailbox {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Wake, Waker};
+
+    use super::*;
+    use crate::io::wakers::PRUNE_FROM;
+    use crate::{Node, NodeConfig};
+
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Poll `f` once with a waker of its own (a task of its own), then drop it.
+    fn poll_once_and_drop<F: Future>(f: F) -> bool {
+        let w = Waker::from(Arc::new(Count(AtomicUsize::new(0))));
+        let mut f = std::pin::pin!(f);
+        f.as_mut().poll(&mut Context::from_waker(&w)).is_pending()
+    }
+
+    /// Receive and send futures given up while they wait (tasks aborted, each with its
+    /// own waker) leave their wakers behind only until the list is next pruned, through
+    /// the real futures and the node's send path; and a `select!` loop's receive (a new
+    /// future each turn, same task) is woken once by a message.
+    #[test]
+    fn futures_given_up_while_waiting_leave_no_growing_list() {
+        let node = Node::start(
+            NodeConfig::new("solo", "127.0.0.1:0".parse().unwrap(), "s")
+                .mailbox_bytes(64)
+                .without_membership(),
+        )
+        .unwrap();
+        let idle = node.mailbox("idle").unwrap();
+        let full = node.mailbox("full").unwrap();
+        let to_full = Address::new("solo", "full").unwrap();
+        while node.try_send(&to_full, vec![0u8; 16]).is_ok() {}
+        for _ in 0..10 * PRUNE_FROM {
+            assert!(poll_once_and_drop(idle.recv_async()));
+            assert!(poll_once_and_drop(idle.recv_batch_async(4)));
+            assert!(poll_once_and_drop(node.send_async(&to_full, vec![1u8; 16])));
+            assert!(poll_once_and_drop(idle.send_async(&to_full, vec![1u8; 16])));
+            let (recv, _) = idle.queue.wakers_kept();
+            let (_, room) = full.queue.wakers_kept();
+            assert!(recv <= PRUNE_FROM && room <= PRUNE_FROM, "{recv} {room}");
+        }
+        // Two tasks whose futures wait on, polled in turn (each wake-up of theirs from
+        // something else, a timer in their `select!`).
+        let ws: Vec<Waker> = (0..2)
+            .map(|_| Waker::from(Arc::new(Count(AtomicUsize::new(0)))))
+            .collect();
+        let mut recvs = [Box::pin(idle.recv_async()), Box::pin(idle.recv_async())];
+        let mut sends = [
+            Box::pin(node.send_async(&to_full, "a")),
+            Box::pin(node.send_async(&to_full, "b")),
+        ];
+        for i in 0..10 * PRUNE_FROM {
+            let cx = &mut Context::from_waker(&ws[i % 2]);
+            assert!(recvs[i % 2].as_mut().poll(cx).is_pending());
+            assert!(sends[i % 2].as_mut().poll(cx).is_pending());
+            let (recv, _) = idle.queue.wakers_kept();
+            let (_, room) = full.queue.wakers_kept();
+            assert!(recv <= PRUNE_FROM && room <= PRUNE_FROM, "{recv} {room}");
+        }
+        drop((recvs, sends));
+        let task = Arc::new(Count(AtomicUsize::new(0)));
+        let w = Waker::from(task.clone());
+        for _ in 0..100 {
+            let mut f = std::pin::pin!(idle.recv_async());
+            assert!(f.as_mut().poll(&mut Context::from_waker(&w)).is_pending());
+        }
+        node.try_send(&Address::new("solo", "idle").unwrap(), "x")
+            .unwrap();
+        assert_eq!(task.0.load(Ordering::Relaxed), 1);
+    }
+
+    /// An async request that waited for room past its deadline ends with `Timeout` and is
+    /// not queued when room appears after that.
+    #[test]
+    fn a_request_that_timed_out_waiting_for_room_is_not_sent() {
+        let node = Node::start(
+            NodeConfig::new("solo", "127.0.0.1:0".parse().unwrap(), "s")
+                .mailbox_bytes(64)
+                .without_membership(),
+        )
+        .unwrap();
+        let svc = node.mailbox("svc").unwrap();
+        let to = Address::new("solo", "svc").unwrap();
+        let mut filled = 0;
+        while node.try_send(&to, vec![0u8; 16]).is_ok() {
+            filled += 1;
+        }
+        let task = Arc::new(Count(AtomicUsize::new(0)));
+        let w = Waker::from(task.clone());
+        let mut req = std::pin::pin!(node.request_async(&to, "q", Duration::from_millis(50)));
+        assert!(req.as_mut().poll(&mut Context::from_waker(&w)).is_pending());
+        // The node's timer wakes it at the deadline.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while task.0.load(Ordering::Relaxed) == 0 && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(task.0.load(Ordering::Relaxed) > 0, "woken at its deadline");
+        for _ in 0..filled {
+            svc.recv_timeout(Duration::from_secs(1)).unwrap();
+        }
+        let r = req.as_mut().poll(&mut Context::from_waker(&w));
+        assert!(matches!(r, Poll::Ready(Err(Error::Timeout))), "{r:?}");
+        assert!(
+            svc.recv_timeout(Duration::from_millis(100)).is_err(),
+            "the request was not queued"
+        );
+    }
+}

@@ -166,7 +166,9 @@ impl Node {
 
     /// [`Node::request`] from async code (no thread is blocked; the timeout runs on the
     /// node's own timer, whatever the runtime). Dropping the future cancels the request
-    /// (see [`RequestFuture`]).
+    /// (see [`RequestFuture`]). Unlike the blocking call, the wait for room to queue the
+    /// request is bounded by `timeout` too (counted from this call): a request that found
+    /// no room before its deadline ends with [`Error::Timeout`] and is not sent.
     pub fn request_async(
         &self,
         to: &Address,

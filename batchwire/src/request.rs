@@ -102,34 +102,37 @@ impl Future for RequestFuture {
                     from,
                     to,
                     payload,
-                } => match poll_send(
-                    &**rt,
-                    &from,
-                    &to,
-                    &payload,
-                    Class::Ordinary,
-                    cx,
-                    &mut this.ticket,
-                ) {
-                    Poll::Ready(Ok(())) => this.state = State::Waiting { id },
-                    Poll::Ready(Err(e)) => {
-                        rt.calls().forget(id);
-                        return Poll::Ready(Err(e));
+                } => {
+                    // Its deadline (or the peer's failure) may have come while it waited
+                    // for room: then it ends so, and is not queued after all.
+                    if let Poll::Ready(r) = rt.calls().poll(id, cx) {
+                        return Poll::Ready(r);
                     }
-                    Poll::Pending => {
-                        // Its deadline (or the peer's failure) may come before the room.
-                        if let Poll::Ready(r) = rt.calls().poll(id, cx) {
-                            return Poll::Ready(r);
+                    match poll_send(
+                        &**rt,
+                        &from,
+                        &to,
+                        &payload,
+                        Class::Ordinary,
+                        cx,
+                        &mut this.ticket,
+                    ) {
+                        Poll::Ready(Ok(())) => this.state = State::Waiting { id },
+                        Poll::Ready(Err(e)) => {
+                            rt.calls().forget(id);
+                            return Poll::Ready(Err(e));
                         }
-                        this.state = State::Sending {
-                            id,
-                            from,
-                            to,
-                            payload,
-                        };
-                        return Poll::Pending;
+                        Poll::Pending => {
+                            this.state = State::Sending {
+                                id,
+                                from,
+                                to,
+                                payload,
+                            };
+                            return Poll::Pending;
+                        }
                     }
-                },
+                }
                 State::Waiting { id } => {
                     return match rt.calls().poll(id, cx) {
                         Poll::Ready(r) => Poll::Ready(r),

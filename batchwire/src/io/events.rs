@@ -116,11 +116,17 @@ impl AsyncQueue {
         Poll::Pending
     }
 
-    /// The stream is dropped.
+    /// The stream is dropped: its events and its task's waker go now, and the bus
+    /// forgets it at the next event or subscriber.
     pub fn forget(&self) {
         let mut g = self.lock();
         g.gone = true;
         g.q.clear();
+        g.waker = None;
+    }
+
+    fn is_gone(&self) -> bool {
+        self.lock().gone
     }
 }
 
@@ -172,6 +178,9 @@ impl Events {
             }
             return;
         }
+        // Async streams dropped since the last event (made and dropped in a loop on a
+        // quiet node) are forgotten here too, not only by the next event.
+        g.retain(|s| !matches!(&s.tx, Tx::Async(q) if q.is_gone()));
         g.push(Sink { tx, missed: 0 });
     }
 
@@ -263,6 +272,25 @@ mod tests {
             1,
             "gone subscribers are forgotten"
         );
+    }
+
+    /// Async streams made and dropped while no event comes are forgotten by the next
+    /// subscriber, with their task's waker.
+    #[test]
+    fn async_subscribers_dropped_on_a_quiet_bus_are_forgotten() {
+        let bus = Events::new(4);
+        let keep = bus.subscribe_async();
+        for _ in 0..1000 {
+            let q = bus.subscribe_async();
+            let w = std::task::Waker::noop();
+            assert!(q.poll_next(&mut Context::from_waker(w)).is_pending());
+            q.forget();
+            assert!(q.lock().waker.is_none());
+        }
+        assert!(bus.0.subscribers.lock().unwrap().len() <= 2);
+        bus.emit(Event::EventsDropped { count: 1 });
+        let w = std::task::Waker::noop();
+        assert!(keep.poll_next(&mut Context::from_waker(w)).is_ready());
     }
 
     #[test]

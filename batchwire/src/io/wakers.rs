@@ -23,10 +23,13 @@ impl Ticket {
 
 /// The wakers of tasks waiting for one thing. A task registers on a poll that finds no
 /// room, and all are woken (and forgotten) at the next change, so the list holds the tasks
-/// waiting now, plus any that were polled again meanwhile and the futures dropped since:
-/// those two are forgotten whenever the list has doubled since it was last pruned (and
-/// holds at least [`PRUNE_FROM`]), so it stays within twice the futures that wait (or
-/// `PRUNE_FROM`), and no future that still waits is woken for it.
+/// waiting now, plus any that were polled again meanwhile and the futures dropped since.
+/// Those are forgotten without waking anyone: the last entry when it belongs to a dropped
+/// future (a `select!` loop makes a new future each turn and drops the last), and all of
+/// them whenever the list has doubled since it was last pruned (and holds at least
+/// [`PRUNE_FROM`]). So the list holds at most twice the most futures that waited at once
+/// since the last change, or `PRUNE_FROM`; futures dropped after the last prune keep their
+/// wakers (and so their tasks) until the next change or prune.
 #[derive(Default)]
 pub(crate) struct Wakers {
     list: Vec<(Weak<()>, Waker)>,
@@ -42,11 +45,16 @@ impl Wakers {
     /// added: a future polled twice in a row).
     pub fn register(&mut self, w: &Waker, ticket: &mut Ticket) {
         let t = ticket.weak();
-        if let Some((lt, lw)) = self.list.last()
-            && lt.ptr_eq(&t)
-            && lw.will_wake(w)
-        {
-            return;
+        if let Some((lt, lw)) = self.list.last_mut() {
+            if lt.ptr_eq(&t) && lw.will_wake(w) {
+                return;
+            }
+            if lt.strong_count() == 0 {
+                // Its future is gone: this one takes its place.
+                *lt = t;
+                lw.clone_from(w);
+                return;
+            }
         }
         if self.list.len() >= self.prune_at.max(PRUNE_FROM) {
             self.prune();
@@ -278,7 +286,8 @@ mod tests {
         assert!(tasks.iter().all(|(c, _)| woken(c) == 0));
         assert!(l.len() <= 2 * tasks.len(), "{}", l.len());
         l.wake_all();
-        assert!(tasks.iter().all(|(c, _)| (1..=3).contains(&woken(c))));
+        // Once each: registered three times in turn, then pruned once the list doubled.
+        assert!(tasks.iter().all(|(c, _)| (1..=2).contains(&woken(c))));
         assert_eq!(l.len(), 0);
     }
 
@@ -306,6 +315,47 @@ mod tests {
         l.wake_all();
         assert_eq!(woken(&waiting[0].0), 1);
         assert!(woken(&two[0].0) >= 1 && woken(&two[1].0) >= 1);
+    }
+
+    /// A future polled again with another waker is woken with its latest, and a prune
+    /// keeps that one (only the waker of the last poll must be woken).
+    #[test]
+    fn the_latest_waker_of_a_future_is_the_one_woken() {
+        let mut l = Wakers::default();
+        let ab = counted(2);
+        let mut t = Ticket::default();
+        let other = counted(1);
+        let mut other_t = Ticket::default();
+        l.register(&ab[0].1, &mut t);
+        l.register(&other[0].1, &mut other_t);
+        l.register(&ab[1].1, &mut t);
+        // Enough dropped futures to prune, each after a live entry so none is reused.
+        let mut keep = Vec::new();
+        for (_, w) in counted(2 * PRUNE_FROM) {
+            let mut gone = Ticket::default();
+            l.register(&w, &mut gone);
+            drop(gone);
+            keep.push(Ticket::default());
+            l.register(&other[0].1, keep.last_mut().unwrap());
+        }
+        assert!(l.len() < 3 * PRUNE_FROM, "{}", l.len());
+        l.wake_all();
+        assert_eq!((woken(&ab[0].0), woken(&ab[1].0)), (0, 1));
+    }
+
+    /// A `select!` loop's receive: a new future each turn with the same waker, the last one
+    /// dropped before the next registers. One entry, one wake.
+    #[test]
+    fn a_new_future_each_turn_takes_the_place_of_the_dropped_one() {
+        let mut l = Wakers::default();
+        let task = counted(1);
+        for _ in 0..1000 {
+            let mut t = Ticket::default();
+            l.register(&task[0].1, &mut t);
+        }
+        assert_eq!(l.len(), 1);
+        l.wake_all();
+        assert_eq!(woken(&task[0].0), 1);
     }
 
     #[test]

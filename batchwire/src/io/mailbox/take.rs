@@ -204,6 +204,13 @@ impl MailboxQueue {
         g.room.wake_all();
     }
 
+    /// The wakers kept: of tasks waiting for a message, and for room.
+    #[cfg(test)]
+    pub fn wakers_kept(&self) -> (usize, usize) {
+        let g = self.lock();
+        (g.wakers.len(), g.room.len())
+    }
+
     /// Messages waiting.
     pub fn len(&self) -> usize {
         self.lock()
