@@ -5,11 +5,17 @@ use super::*;
 impl Session {
     /// A new connection authenticated the peer as `incarnation`. Returns the connection's
     /// id and the RESUME to send on it first. A new incarnation means the peer restarted:
-    /// what was pending for the old one is failed and numbering starts again both ways.
+    /// what was pending for the old one is failed, numbering starts again both ways, and
+    /// the old incarnation's connection, if it is still current, is dropped (a
+    /// [`SessionEvent::Close`]): nothing numbered anew is written on it, and nothing read
+    /// on it counts against the new numbering.
     pub fn handle_connect(&mut self, now: Instant, incarnation: u64) -> (ConnId, Resume) {
-        let _ = now;
         if self.incarnation.is_some_and(|i| i != incarnation) {
             self.start_over(FailReason::Restarted);
+            if let Some(c) = self.current.take() {
+                self.events.push_back(SessionEvent::Close { conn: c.id });
+                self.disconnected_since = now;
+            }
             self.events
                 .push_back(SessionEvent::Restarted { incarnation });
         }

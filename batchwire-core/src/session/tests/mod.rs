@@ -155,6 +155,31 @@ fn a_restarted_peer_gets_fresh_numbering_and_what_was_pending_fails() {
     assert_eq!(d.skip, 0);
 }
 
+/// A new incarnation's connection is authenticated while the old incarnation's is still
+/// current (its end not noticed yet): the old one is dropped at once. Kept current, it
+/// took messages numbered anew, and an old ACK read on it released them undelivered.
+#[test]
+fn a_new_incarnation_drops_the_old_ones_connection() {
+    let t0 = Instant::now();
+    let mut s = Session::new(cfg(), t0);
+    let mut peer = Session::new(cfg(), t0);
+    let (id1, _) = connect(&mut s, &mut peer, t0);
+    hold(&mut s, 0..2);
+    let _ = events(&mut s);
+    let (_id2, _) = s.handle_connect(t0 + MS, 99);
+    assert_eq!(s.current(), None);
+    assert!(events(&mut s).contains(&SessionEvent::Close { conn: id1 }));
+    hold(&mut s, 0..3);
+    assert_eq!(
+        s.unwritten(id1).messages,
+        0,
+        "nothing new goes on the old connection"
+    );
+    // An old acknowledgement read on it releases nothing of the new numbering.
+    let _ = s.handle_ack(t0 + MS, id1, 3);
+    assert_eq!(s.window_messages(), 3);
+}
+
 #[test]
 fn forged_values_are_violations_and_change_nothing() {
     let t0 = Instant::now();
