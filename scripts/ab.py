@@ -31,7 +31,18 @@ def run(binary, args, out):
 
 
 def key(r):
-    return (r["scenario"], r["bundler"] + (f" {r['nodes']}x{r['threads']}" if r["scenario"] == "rpc" else ""), r.get("size"))
+    """What makes two rows the same measurement: rows at another idle level, over another
+    link or pinned elsewhere are kept apart (a single median of them would mean nothing)."""
+    label = r["bundler"]
+    if r["scenario"] == "rpc":
+        label += f" {r['nodes']}x{r['threads']}"
+    if r.get("idle_cpu_level") not in (None, 1):
+        label += f" idle {r['idle_cpu_level']}"
+    if r.get("link"):
+        label += f" {r['link']}"
+    if r.get("pinned"):
+        label += f" pinned {r['pinned']}"
+    return (r["scenario"], label, r.get("size"))
 
 
 def fmt(v, unit):
@@ -63,6 +74,8 @@ def main():
         for i in range(a.rounds):
             for which, binary in (("old", a.old), ("new", a.new)):
                 for r in run(binary, args, out):
+                    if r.get("verification_failed"):
+                        sys.exit(f"{binary}: {key(r)} failed its checks (lost, duplicated or reordered)")
                     figures[which].setdefault(key(r), []).append(r["median"])
                     units[key(r)] = r["unit"]
                     if r.get("p50_us") is not None:

@@ -58,6 +58,10 @@ pub(crate) fn run_bench(a: BenchArgs) -> Result<(), String> {
                 dir.display()
             );
         }
+        // With the tables (stdout), not only on stderr: a reader of the tables must know.
+        outln!(
+            "mutual TLS on every node (--tls): the node rows are over TLS; `raw` and `tcp` stay plain TCP"
+        );
     }
     if let Some(p) = &a.plot {
         plot::check_path(p)?;
@@ -309,7 +313,8 @@ pub(crate) fn link_reading(
             h.unroutable()
         );
     }
-    for r in res {
+    // A result that failed its checks has no figure to compare with the link.
+    for r in res.iter().filter(|r| !r.failed()) {
         let what = format!("{} {}", r.scenario, r.label(true));
         // One sender over one link: throughput and fan-in.
         if matches!(r.scenario.as_str(), "throughput" | "fan-in")

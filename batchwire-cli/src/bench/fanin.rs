@@ -158,7 +158,8 @@ fn recv(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     }
     let end_ns = now_ns();
     let cpu_ns = cpu0.map_or(0, |c| super::process_cpu_ns().saturating_sub(c));
-    super::finish_receiver(node, ctl, mb, &v, end_ns, cpu_ns)
+    let see = |v: &mut Verifier, p: &[u8]| v.see_stamped(p);
+    super::finish_receiver(node, ctl, mb, &mut v, a.messages, see, (end_ns, cpu_ns))
 }
 
 fn send(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {

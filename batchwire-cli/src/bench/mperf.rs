@@ -128,8 +128,10 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
         Ok((v, secs))
     })?;
     // Stay up until every node has everything: the others may still be reading from us.
-    drop(mb);
-    ctl.finish(Duration::from_secs(300))?;
+    let mut v = v;
+    let expected = n as u64 * a.messages;
+    let see = |v: &mut Verifier, p: &[u8]| v.see_stamped(p);
+    super::finish_checking(ctl, mb, &mut v, expected, Duration::from_secs(300), see)?;
     node.shutdown();
     print_result(&NodeReport {
         distinct: v.distinct,
@@ -148,7 +150,11 @@ fn raw_worker(a: &WorkerArgs) -> Result<(), String> {
     /// The longest a raw stream may stall, reading or writing, before the run gives up.
     const IDLE: Duration = Duration::from_secs(10);
     let (i, n) = (a.index, a.nodes);
-    let addr = |j: usize| SocketAddr::from(([127, 0, 0, 1], a.base_port + j as u16));
+    // Each node's own address: loopback, or its namespace's with `--hosts netns`.
+    let addrs = (0..n)
+        .map(|j| super::node_addr(a.base_port, j))
+        .collect::<Result<Vec<SocketAddr>, String>>()?;
+    let addr = |j: usize| addrs[j];
     let l = TcpListener::bind(addr(i)).ctx(&format!("raw listen on {}", addr(i)))?;
     let frames = rawtcp::encode(
         a.messages,

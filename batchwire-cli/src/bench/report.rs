@@ -111,6 +111,11 @@ pub struct BenchResult {
     /// elsewhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub soak: Option<SoakFigures>,
+    /// In the JSON only: the run failed its checks (lost, duplicated or reordered
+    /// messages, or the soak's failures), so its figures measure nothing; readers
+    /// (`scripts/ab.py`) skip it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub verification_failed: bool,
 }
 
 impl BenchResult {
@@ -119,7 +124,7 @@ impl BenchResult {
             || self
                 .soak
                 .as_ref()
-                .is_some_and(|s| s.failed_between_others > 0)
+                .is_some_and(|s| s.failed_between_others + s.downs_of_survivors > 0)
     }
 
     /// A result of `scenario` for `bundler` with its figures summarized; counts, faults
@@ -157,6 +162,7 @@ impl BenchResult {
             pinned: None,
             cpu_ns_per_msg: None,
             soak: None,
+            verification_failed: false,
         }
     }
 
@@ -183,8 +189,14 @@ impl BenchResult {
 
     /// What went wrong, for a FAILED row.
     pub fn failure(&self) -> String {
+        let soak = self.soak.as_ref().map_or(String::new(), |s| {
+            format!(
+                " failed between others {} downs of others {}",
+                s.failed_between_others, s.downs_of_survivors
+            )
+        });
         format!(
-            "FAILED: lost {} duplicated {} reordered {}",
+            "FAILED: lost {} duplicated {} reordered {}{soak}",
             self.lost, self.duplicated, self.reordered
         )
     }
@@ -456,6 +468,9 @@ pub fn current_commit() -> String {
 pub struct Report {
     pub machine: Machine,
     pub commit: String,
+    /// Every node ran mutual TLS (`--tls`); `raw` and `tcp` stay plain TCP.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
     pub results: Vec<BenchResult>,
 }
 
@@ -464,7 +479,14 @@ pub fn write_json(path: &Path, results: &[BenchResult]) -> std::io::Result<()> {
     let r = Report {
         machine: Machine::detect(),
         commit: current_commit(),
-        results: results.to_vec(),
+        tls: super::tls_for_all().is_some(),
+        results: results
+            .iter()
+            .map(|r| BenchResult {
+                verification_failed: r.failed(),
+                ..r.clone()
+            })
+            .collect(),
     };
     let s = serde_json::to_string_pretty(&r).map_err(std::io::Error::other)?;
     std::fs::write(path, s + "\n")
@@ -569,6 +591,23 @@ mod tests {
         assert_eq!(lines[1], "natural  1.50 M");
         assert_eq!(lines[2], "linger   FAILED: lost 2 duplicated 0 reordered 1");
         assert!(!s.contains("3.50"), "a failed row shows no figure: {s}");
+    }
+
+    /// A soak whose survivors were declared down fails, as the benchmark's doc says, and
+    /// a failed row is marked in the JSON.
+    #[test]
+    fn a_soak_with_a_survivor_declared_down_fails() {
+        let mut r = BenchResult::new("soak", "natural", None, 100, vec![1.0], "msgs/s");
+        r.soak = Some(SoakFigures::default());
+        assert!(!r.failed());
+        r.soak.as_mut().unwrap().downs_of_survivors = 1;
+        assert!(r.failed());
+        assert!(r.failure().contains("downs of others 1"), "{}", r.failure());
+        let path = std::env::temp_dir().join(format!("bw-json-{}.json", std::process::id()));
+        write_json(&path, std::slice::from_ref(&r)).unwrap();
+        let back: Report = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(back.results[0].verification_failed);
     }
 
     #[test]

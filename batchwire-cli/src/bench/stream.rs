@@ -122,7 +122,8 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
             }
             let end_ns = now_ns();
             let cpu_ns = cpu0.map_or(0, |c| process_cpu_ns().saturating_sub(c));
-            super::finish_receiver(node, ctl, mb, &v, end_ns, cpu_ns)
+            let expected = a.messages;
+            super::finish_receiver(node, ctl, mb, &mut v, expected, see, (end_ns, cpu_ns))
         }
         "duplex0" => duplex(a, secret, 0),
         "duplex1" => duplex(a, secret, 1),
@@ -298,8 +299,7 @@ fn duplex(a: &WorkerArgs, secret: &[u8], me: usize) -> Result<(), String> {
             .map_err(|_| "the sender panicked".to_string())??;
         Ok(end)
     })?;
-    drop(mb);
-    ctl.finish(Duration::from_secs(300))?;
+    super::finish_checking(ctl, mb, &mut v, a.messages, Duration::from_secs(300), see)?;
     node.shutdown();
     print_result(&DuplexReport {
         start_ns,

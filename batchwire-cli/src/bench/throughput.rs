@@ -299,17 +299,18 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
     let n = |size: usize, e: Entry| {
         o.messages.unwrap_or_else(|| {
             let mut d = default_messages(size, e);
-            // The socket alone moves a few GB/s: at least 4 GiB, about a second (1 GiB
-            // read 15-30% below `iperf3 -l 1M -t 3` in the same minute: start-up weighs).
+            if o.quick {
+                d = (d / 4).max(1000);
+            }
+            // The socket alone moves a few GB/s: at least 4 GiB, about a second, quick or
+            // not (1 GiB read 15-30% below `iperf3 -l 1M -t 3` in the same minute: start-up
+            // weighs, and a low ceiling would flatter every "% tcp").
             if e == Entry::Tcp {
                 d = d.max((4 << 30) / size as u64);
             }
             // Over an emulated link: about 6 s of the link's rate.
             if let Some(bps) = crate::link::hosts::active_link().and_then(|l| l.bytes_per_sec()) {
                 d = d.min((bps * 6.0 / size as f64) as u64).max(1000);
-            }
-            if o.quick {
-                d = (d / 4).max(1000);
             }
             d
         })
@@ -420,8 +421,13 @@ pub fn run(o: &Options) -> Result<Vec<BenchResult>, String> {
 
 fn print_table(rows: &[BenchResult], mpw: &[f64], runs: usize, show_idle: bool, duplex: bool) {
     let Some(first) = rows.first() else { return };
-    let raw = rows.iter().find(|r| r.bundler == "raw").map(|r| r.median);
-    let tcp = rows.iter().find(|r| r.bundler == "tcp").map(|r| r.median);
+    // A reference that failed its checks is no reference.
+    let reference = |name: &str| {
+        rows.iter()
+            .find(|r| r.bundler == name && !r.failed())
+            .map(|r| r.median)
+    };
+    let (raw, tcp) = (reference("raw"), reference("tcp"));
     let how = if duplex {
         "both nodes sending to each other at once (one sender thread each), each direction on its own row"
     } else {

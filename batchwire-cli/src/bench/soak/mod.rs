@@ -108,6 +108,7 @@ impl Soak<'_> {
         ]
         .iter()
         .map(|s| s.to_string())
+        .chain((generation > 0).then(|| "--restarted".to_string()))
         .collect();
         let mut child = spawn_worker(&args).ctx(&format!("starting node {i}"))?;
         let out = child.stdout.take().expect("piped");

@@ -49,6 +49,11 @@ pub struct WorkerArgs {
     /// Print counters every this many milliseconds.
     #[arg(long)]
     pub report_ms: u64,
+    /// This process replaces a killed one: streams of senders that started before it are
+    /// followed from their first message seen (what came before went to the killed one);
+    /// otherwise every stream is expected from its first message on.
+    #[arg(long)]
+    pub restarted: bool,
 }
 
 /// What one sender process's stream to this node looked like (cumulative).
@@ -94,7 +99,10 @@ struct Stream {
 }
 
 impl Stream {
-    fn see(&mut self, pid: u64, seq: u64) {
+    /// Message `seq` of sender process `pid`; a sender process not seen before starts its
+    /// stream at 0 if `from_zero` (a gap at its start is lost, as any other), else where it
+    /// is first seen.
+    fn see(&mut self, pid: u64, seq: u64, from_zero: bool) {
         let f = &mut self.f;
         if pid < f.pid {
             // A message of a sender process older than the one already seen.
@@ -102,11 +110,11 @@ impl Stream {
             return;
         }
         if pid > f.pid {
-            // A new sender process: its stream starts here (this node may have missed its
-            // start by being restarted itself).
+            // A new sender process: its stream starts at 0, or here if this node may have
+            // missed its start by being restarted itself.
             *f = FromPeer {
                 pid,
-                next: seq,
+                next: if from_zero { 0 } else { seq },
                 delivered: f.delivered,
                 lost: f.lost,
                 duplicated: f.duplicated,
@@ -154,6 +162,7 @@ fn payload(pid: u64, seq: u64, size: usize) -> Vec<u8> {
 /// Run one soak node until killed (or, bounded, 10 minutes after it stopped sending).
 pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
     let pid = now_ns() as u64;
+    let me_pid = pid;
     let me = node_name(a.index);
     let others: Vec<usize> = (0..a.nodes).filter(|j| *j != a.index).collect();
     let mut cfg = NodeConfig::new(&me, node_addr(a.base_port, a.index)?, secret)
@@ -249,9 +258,12 @@ pub fn worker(a: &WorkerArgs, secret: &[u8]) -> Result<(), String> {
                             let (Some(pid), Some(seq)) = (u64_at(p, 0), u64_at(p, 8)) else {
                                 continue;
                             };
+                            // A sender that started before this (restarted) process sent
+                            // the start of its stream to the one killed.
+                            let from_zero = !a.restarted || pid > me_pid;
                             s.entry(e.from.node().to_string())
                                 .or_default()
-                                .see(pid, seq);
+                                .see(pid, seq, from_zero);
                         }
                     }
                     Err(RecvError::Closed) => break,
@@ -307,20 +319,26 @@ mod tests {
     fn a_stream_tells_lost_duplicated_and_reordered_apart() {
         let mut s = Stream::default();
         for q in 0..5 {
-            s.see(7, q);
+            s.see(7, q, true);
         }
-        s.see(7, 8); // 5, 6, 7 missing
-        s.see(7, 6); // late: reordered
-        s.see(7, 8); // again: duplicated
+        s.see(7, 8, true); // 5, 6, 7 missing
+        s.see(7, 6, true); // late: reordered
+        s.see(7, 8, true); // again: duplicated
         assert_eq!(
             (s.f.delivered, s.f.lost, s.f.reordered, s.f.duplicated),
             (7, 2, 1, 1)
         );
-        // A restarted sender starts a new stream wherever it is first seen.
-        s.see(9, 40);
-        s.see(9, 41);
-        s.see(7, 9); // the old process's: counted as reordered
+        // A sender this (restarted) process may have missed the start of: its stream
+        // starts wherever it is first seen.
+        s.see(9, 40, false);
+        s.see(9, 41, false);
+        s.see(7, 9, false); // the old process's: counted as reordered
         assert_eq!((s.f.pid, s.f.next, s.f.delivered), (9, 42, 9));
         assert_eq!((s.f.lost, s.f.reordered, s.f.duplicated), (2, 2, 1));
+        // A sender that started later: its first messages lost are counted.
+        s.see(11, 3, true);
+        assert_eq!((s.f.pid, s.f.next, s.f.lost), (11, 4, 5));
+        s.see(11, 1, true); // late: reordered
+        assert_eq!((s.f.lost, s.f.reordered), (4, 3));
     }
 }

@@ -86,3 +86,43 @@ fn rng_stays_in_range() {
     }
     assert_eq!(hit, [true; 3]);
 }
+
+/// A receiver stops taking at the expected count; a repeat that came after the last new
+/// message (before the sender's last barrier) is still found and counted as duplicated.
+#[test]
+fn a_late_duplicate_after_the_count_is_counted() {
+    let secret = b"bench-test-secret";
+    let l0 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let l1 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (a0, a1) = (l0.local_addr().unwrap(), l1.local_addr().unwrap());
+    drop((l0, l1));
+    let cfg = |me: &str, at, other: &str, there| {
+        NodeConfig::new(me, at, &secret[..])
+            .peer(other, there)
+            .mailbox("sink")
+            .mailbox(CTL)
+    };
+    let n0 = Node::start(cfg("n0", a0, "n1", a1)).unwrap();
+    let n1 = Node::start(cfg("n1", a1, "n0", a0)).unwrap();
+    assert!(n0.wait_for_peers(&["n1"], Duration::from_secs(10)));
+    let sink = n1.mailbox("sink").unwrap();
+    let sender = std::thread::spawn(move || {
+        let ctl = Ctl::new(&n0, 0, 2).unwrap();
+        let to = Address::new("n1", "sink").unwrap();
+        for seq in [0u64, 1, 2, 1] {
+            n0.send(&to, seq.to_le_bytes().to_vec()).unwrap();
+        }
+        ctl.finish(Duration::from_secs(10)).unwrap();
+        n0.shutdown();
+    });
+    let ctl = Ctl::new(&n1, 1, 2).unwrap();
+    let mut v = Verifier::new(1, 3);
+    let see = |v: &mut Verifier, p: &[u8]| v.see(0, u64_at(p, 0).unwrap());
+    while v.distinct < 3 {
+        let e = sink.recv_timeout(Duration::from_secs(10)).unwrap();
+        see(&mut v, &e.payload);
+    }
+    finish_checking(ctl, sink, &mut v, 3, Duration::from_secs(10), see).unwrap();
+    sender.join().unwrap();
+    assert_eq!((v.distinct, v.duplicated, v.reordered), (3, 1, 0));
+}
