@@ -446,6 +446,8 @@ impl Membership {
         self.after(now, true);
         self.timers.clear();
         self.hinted.clear();
+        self.held.clear();
+        self.rejoin_at = None;
     }
 
     /// Fire every timer due at `now`.
@@ -558,6 +560,11 @@ impl Membership {
 
     /// When `handle_timeout` is due next.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        // Left: nothing more is due (a caller that waited for the next anti-entropy round
+        // or rejoin would find it due at once, every turn, and spin).
+        if self.left_cluster {
+            return None;
+        }
         let hinted = self
             .hinted
             .iter()

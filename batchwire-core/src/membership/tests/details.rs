@@ -513,3 +513,26 @@ fn the_rate_table_is_bounded_and_starts_over() {
         "s started the table over: p has its rate"
     );
 }
+
+/// A node that left has no timer due: before, the anti-entropy round and the rejoin of a
+/// node still alone stayed due, and the IO layer's loop, which stops firing timers after
+/// the leave, woke at once every turn until the node stopped.
+#[test]
+fn a_node_that_left_has_nothing_due() {
+    let mut net = Net::new(2, cfg());
+    // Alone: it rejoins every probe period until someone answers.
+    let t = net.now;
+    let seed = net.node(0).me().clone();
+    net.node(1).handle_join(t, seed);
+    assert!(net.node(1).poll_timeout().is_some());
+    net.node(1).handle_leave(t);
+    assert_eq!(net.node(1).poll_timeout(), None);
+    // And after a join that converged.
+    let mut net = Net::new(3, cfg());
+    net.join_all_through_0();
+    net.run_until(Duration::from_secs(10), Net::converged)
+        .unwrap();
+    let t = net.now + Duration::from_secs(1);
+    net.node(2).handle_leave(t);
+    assert_eq!(net.node(2).poll_timeout(), None);
+}
