@@ -410,24 +410,31 @@ fn fuzz_member(name: &'static str, port: u16) -> super::membership::MemberId {
     }
 }
 
-/// A membership datagram as the receiver's reader takes it: open it (for member "a"),
+/// A membership datagram as the receiver's reader takes it: open it (for member "a", boot 5),
 /// and if it opens, check it against the replay guard twice (the second must be a
 /// replay). Whatever opens must also seal back to a datagram that opens to the same body.
 pub fn datagram(data: &[u8]) {
     use super::membership::datagram::{DatagramKey, ReplayGuard, Sealer, open};
     let key = DatagramKey::from_secret(b"fuzz secret");
     let mut guard = ReplayGuard::new(4);
-    if let Ok(d) = open(&key, b"a", data) {
+    if let Ok(d) = open(&key, b"a", 5, data) {
         assert!(guard.check(&d).is_ok(), "a first datagram is new");
         assert!(guard.check(&d).is_err(), "the same again is a replay");
     }
     // Any body up to the largest seals and opens back.
     let body = &data[..data.len().min(1 + super::membership::MAX_PACKET)];
     let mut s = Sealer::new(&key, Name::from_static("b"), 7);
-    let sealed = s.seal(b"a", body);
-    let back = open(&key, b"a", &sealed).expect("a sealed datagram opens");
+    let sealed = s.seal(b"a", 5, body);
+    let back = open(&key, b"a", 5, &sealed).expect("a sealed datagram opens");
     assert_eq!(back.body, body);
-    assert!(open(&key, b"c", &sealed).is_err(), "not for another member");
+    assert!(
+        open(&key, b"c", 5, &sealed).is_err(),
+        "not for another member"
+    );
+    assert!(
+        open(&key, b"a", 6, &sealed).is_err(),
+        "not for another boot"
+    );
 }
 
 /// Datagrams for the `datagram` target: sealed ones (that open), and the same cut and
@@ -436,8 +443,11 @@ pub fn datagram_seeds() -> Vec<Vec<u8>> {
     use super::membership::datagram::{DatagramKey, Sealer};
     let key = DatagramKey::from_secret(b"fuzz secret");
     let mut s = Sealer::new(&key, Name::from_static("b"), 7);
-    let mut out: Vec<Vec<u8>> = membership_seeds().iter().map(|p| s.seal(b"a", p)).collect();
-    out.push(s.seal(b"a", &[1]));
-    out.push(s.seal(b"a", &[]));
+    let mut out: Vec<Vec<u8>> = membership_seeds()
+        .iter()
+        .map(|p| s.seal(b"a", 5, p))
+        .collect();
+    out.push(s.seal(b"a", 5, &[1]));
+    out.push(s.seal(b"a", 5, &[]));
     out
 }

@@ -311,6 +311,13 @@ impl Node {
         self.rt.advertise
     }
 
+    /// This node's incarnation: its start time in microseconds, presented by its
+    /// connections and in its membership identity (what other members see as
+    /// [`Member::incarnation`]); a restart gives a new one.
+    pub fn incarnation(&self) -> u64 {
+        self.rt.incarnation()
+    }
+
     /// Wait until `cond` holds for the membership view, up to `timeout`. Returns whether it
     /// does. E.g. `node.wait_for_members(t, |v| v.iter().filter(|m| m.state.is_live()).count() == 2)`.
     pub fn wait_for_members(&self, timeout: Duration, cond: impl Fn(&[Member]) -> bool) -> bool {

@@ -74,7 +74,12 @@ fn invented_members_cannot_grow_the_view_the_peers_or_the_threads() {
         for chunk in (0..60).collect::<Vec<_>>().chunks(20) {
             probe = probe.wrapping_add(1);
             let ghosts: Vec<MemberId> = chunk.iter().map(|&i| ghost(i)).collect();
-            m.send(a_addr, "a", &swim_ping(&m_id, &a_id, probe, &ghosts));
+            m.send(
+                a_addr,
+                "a",
+                a_id.started,
+                &swim_ping(&m_id, &a_id, probe, &ghosts),
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }

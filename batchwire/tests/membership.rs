@@ -300,8 +300,9 @@ fn a_member_frame_on_a_data_connection_closes_only_that_connection() {
     assert!(lost.is_empty(), "{lost:?}");
 }
 
-/// Datagrams that are not ours, forged (another secret), meant for another member,
-/// replayed or too long are refused and counted before anything in them is believed; a
+/// Datagrams that are not ours, forged (another secret), meant for another member or an
+/// earlier boot of this one, replayed or too long are refused and counted before anything
+/// in them is believed; a
 /// sealed one whose SWIM sender is not its sealer is a violation, dropped. None of it
 /// touches the view or b.
 #[test]
@@ -320,15 +321,24 @@ fn forged_replayed_and_misaddressed_datagrams_are_refused_and_counted() {
         what()
     };
     assert_eq!((refused(), violations()), (0, 0));
+    let boot = a.incarnation();
+    assert_eq!(
+        b.members()
+            .iter()
+            .find(|m| m.name == "a")
+            .map(|m| m.incarnation),
+        Some(boot),
+        "what members see"
+    );
     let mut m = Datagrams::new("m", 1, SECRET);
     // Not a membership datagram at all.
     m.send_raw(to, b"GET / HTTP/1.1\r\n\r\n");
     assert_eq!(wait(&refused, 1), 1);
     // Sealed with another secret.
-    Datagrams::new("m", 1, b"not the secret").send(to, "a", b"\x00hello");
+    Datagrams::new("m", 1, b"not the secret").send(to, "a", boot, b"\x00hello");
     assert_eq!(wait(&refused, 2), 2);
     // Sealed for another member ("z"), sent to a.
-    m.send(to, "z", b"\x00hello");
+    m.send(to, "z", boot, b"\x00hello");
     assert_eq!(wait(&refused, 3), 3);
     // Too long: more than any membership datagram.
     m.send_raw(to, &[b'B'; 4000]);
@@ -336,14 +346,18 @@ fn forged_replayed_and_misaddressed_datagrams_are_refused_and_counted() {
     // Sealed by m, but its SWIM packet says it comes from b: a violation, dropped.
     let mut forged = vec![0u8];
     forged.extend_from_slice(&postcard_header_from("b"));
-    let d = m.seal("a", &forged);
+    let d = m.seal("a", boot, &forged);
     m.send_raw(to, &d);
     assert_eq!(wait(&violations, 1), 1);
     // The same datagram again: a replay, refused before the membership sees it.
     m.send_raw(to, &d);
     assert_eq!(wait(&refused, 5), 5);
+    // A leave notice sealed for an earlier boot of a (recorded before a restarted, and
+    // replayed to it): refused, b stays in the view.
+    m.send(to, "a", boot - 1, b"\x01");
+    assert_eq!(wait(&refused, 6), 6);
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!((refused(), violations()), (5, 1));
+    assert_eq!((refused(), violations()), (6, 1));
     assert_eq!(live(&a.members()), ["b"]);
     assert_eq!(live(&b.members()), ["a"]);
 }

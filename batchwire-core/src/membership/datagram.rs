@@ -3,20 +3,23 @@
 //! read one, and none can be replayed.
 //!
 //! ```text
-//! magic "BWM" | version 1 | sender name (u8 length, UTF-8) | boot u64 LE | counter u64 LE
-//!   | ChaCha20-Poly1305(body) with its 16-byte tag
+//! magic "BWM" | version 2 | sender name (u8 length, UTF-8) | boot u64 LE | counter u64 LE
+//!   | receiver's boot u64 LE | ChaCha20-Poly1305(body) with its 16-byte tag
 //! ```
 //!
 //! - **Keys.** The master key is HMAC-SHA256(cluster secret, "batchwire membership
 //!   datagrams v1"). Each sender boot seals with its own key, HMAC-SHA256(master, "sender"
 //!   | name | boot), so the nonce (the counter, never repeated within a boot) is unique per
 //!   key although every member shares the secret.
-//! - **What the tag covers**: the whole header and the *receiver's* name (not sent), so a
-//!   datagram meant for one member is refused by every other.
+//! - **What the tag covers**: the whole header (the receiver's boot with it) and the
+//!   *receiver's* name (not sent), so a datagram meant for one member, or for an earlier
+//!   boot of it, is refused by every other.
 //! - **Replays**: the receiver keeps per sender the newest boot and a window of the last 64
 //!   counters ([`ReplayGuard`], bounded); an older boot, a counter seen before or one that
-//!   fell out of the window is refused. A receiver that restarted knows no window: it takes
-//!   the first datagram of each sender as new (SWIM orders what it says by incarnation).
+//!   fell out of the window is refused. A receiver that restarted knows no window, but it
+//!   takes only datagrams sealed for its own boot, which no one could have recorded before
+//!   it started: an old datagram (a leave notice, a full state) replayed to it after a
+//!   restart is refused as stale ([`DatagramError::Stale`]), not believed.
 //! - **Trust**: a datagram that opens proves its sender holds the secret, as a handshake
 //!   does. (With TLS, certificates bind names to connections; a datagram's sender name is
 //!   bound only by the secret: a member that went bad could speak for another here, and
@@ -31,12 +34,12 @@ use crate::codec::{Name, NameHash};
 /// The first bytes of every membership datagram.
 pub const MAGIC: [u8; 3] = *b"BWM";
 /// The datagram format's version.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// The AEAD tag's length.
 pub const TAG_LEN: usize = 16;
 /// The largest datagram: the largest header, a MEMBER body (tag byte + the largest SWIM
 /// packet) and the AEAD tag. A receive buffer of this size holds any valid datagram.
-pub const MAX_DATAGRAM: usize = 3 + 1 + 1 + 255 + 8 + 8 + 1 + super::MAX_PACKET + TAG_LEN;
+pub const MAX_DATAGRAM: usize = 3 + 1 + 1 + 255 + 8 + 8 + 8 + 1 + super::MAX_PACKET + TAG_LEN;
 /// The replay window: counters this far below the newest seen are still taken (once).
 pub const WINDOW: u64 = 64;
 
@@ -64,6 +67,12 @@ pub enum DatagramError {
         boot: u64,
         counter: u64,
     },
+    /// Sealed for another boot of this node: one that ran before (a datagram recorded
+    /// then and replayed, or a sender that has not heard of the restart yet).
+    #[error(
+        "membership datagram from {sender:?} was meant for an earlier boot of this node ({to_boot})"
+    )]
+    Stale { sender: String, to_boot: u64 },
 }
 
 /// The master key, from the cluster secret.
@@ -128,8 +137,9 @@ impl Sealer {
         }
     }
 
-    /// The datagram carrying `body` to the member called `to`.
-    pub fn seal(&mut self, to: &[u8], body: &[u8]) -> Vec<u8> {
+    /// The datagram carrying `body` to the member called `to`, in its boot `to_boot` (its
+    /// identity's `started`).
+    pub fn seal(&mut self, to: &[u8], to_boot: u64, body: &[u8]) -> Vec<u8> {
         self.counter += 1;
         let mut out = Vec::with_capacity(MAX_DATAGRAM.min(body.len() + 300));
         out.extend_from_slice(&MAGIC);
@@ -137,6 +147,7 @@ impl Sealer {
         self.name.encode(&mut out);
         out.extend_from_slice(&self.boot.to_le_bytes());
         out.extend_from_slice(&self.counter.to_le_bytes());
+        out.extend_from_slice(&to_boot.to_le_bytes());
         let header = out.len();
         out.extend_from_slice(body);
         let mut sealed = out.split_off(header);
@@ -162,9 +173,15 @@ pub struct Opened {
     pub body: Vec<u8>,
 }
 
-/// Open a datagram meant for the member called `me`. Checks lengths, the header and the
-/// tag; replays are the [`ReplayGuard`]'s to find.
-pub fn open(master: &DatagramKey, me: &[u8], datagram: &[u8]) -> Result<Opened, DatagramError> {
+/// Open a datagram meant for the member called `me`, in its boot `my_boot`. Checks
+/// lengths, the header, the receiver's boot and the tag; replays within this boot are the
+/// [`ReplayGuard`]'s to find.
+pub fn open(
+    master: &DatagramKey,
+    me: &[u8],
+    my_boot: u64,
+    datagram: &[u8],
+) -> Result<Opened, DatagramError> {
     let len = datagram.len();
     if len > MAX_DATAGRAM || len < MAGIC.len() + 1 || datagram[..3] != MAGIC {
         return Err(DatagramError::NotOurs { len });
@@ -178,7 +195,7 @@ pub fn open(master: &DatagramKey, me: &[u8], datagram: &[u8]) -> Result<Opened, 
     if name_len == 0 {
         return Err(DatagramError::Malformed("empty sender name"));
     }
-    let header = 5 + name_len + 16;
+    let header = 5 + name_len + 24;
     if len < header + TAG_LEN {
         return Err(DatagramError::Malformed("shorter than its header"));
     }
@@ -190,6 +207,14 @@ pub fn open(master: &DatagramKey, me: &[u8], datagram: &[u8]) -> Result<Opened, 
     let counter = u64::from_le_bytes(datagram[at + 8..at + 16].try_into().expect("8 bytes"));
     if counter == 0 {
         return Err(DatagramError::Malformed("counter 0"));
+    }
+    let to_boot = u64::from_le_bytes(datagram[at + 16..at + 24].try_into().expect("8 bytes"));
+    if to_boot != my_boot {
+        // Not opened: whether it is forged does not matter, it is not for this boot.
+        return Err(DatagramError::Stale {
+            sender: shown(sender.as_str()),
+            to_boot,
+        });
     }
     let key = master.sender_key(sender.as_bytes(), boot);
     let mut body = datagram[header..].to_vec();
@@ -328,8 +353,8 @@ mod tests {
     #[test]
     fn a_sealed_body_opens_for_its_receiver_only() {
         let mut a = sealer("a", 7);
-        let d = a.seal(b"b", b"\x00swim packet");
-        let o = open(&key(), b"b", &d).unwrap();
+        let d = a.seal(b"b", 3, b"\x00swim packet");
+        let o = open(&key(), b"b", 3, &d).unwrap();
         assert_eq!(o.sender.as_str(), "a");
         assert_eq!((o.boot, o.counter), (7, 1));
         assert_eq!(o.body, b"\x00swim packet");
@@ -338,12 +363,12 @@ mod tests {
         // Another member, another secret: refused, naming the sender (cut to 64
         // characters).
         assert_eq!(
-            open(&key(), b"c", &d),
+            open(&key(), b"c", 3, &d),
             Err(DatagramError::Forged { sender: "a".into() })
         );
         let long = "é".repeat(100);
         let mut l = Sealer::new(&key(), Name::new(&long).unwrap(), 1);
-        let e = open(&key(), b"c", &l.seal(b"b", b"")).unwrap_err();
+        let e = open(&key(), b"c", 3, &l.seal(b"b", 3, b"")).unwrap_err();
         assert_eq!(
             e,
             DatagramError::Forged {
@@ -352,75 +377,104 @@ mod tests {
         );
         let other = DatagramKey::from_secret(b"another secret");
         assert!(matches!(
-            open(&other, b"b", &d),
+            open(&other, b"b", 3, &d),
             Err(DatagramError::Forged { .. })
         ));
         // The counter goes on.
-        let d2 = a.seal(b"b", b"");
-        assert_eq!(open(&key(), b"b", &d2).unwrap().counter, 2);
+        let d2 = a.seal(b"b", 3, b"");
+        assert_eq!(open(&key(), b"b", 3, &d2).unwrap().counter, 2);
         assert_eq!(a.sealed(), 2);
     }
 
     #[test]
     fn every_changed_byte_is_refused() {
         let mut a = sealer("a", 7);
-        let d = a.seal(b"b", b"\x00abc");
+        let d = a.seal(b"b", 3, b"\x00abc");
         for i in 0..d.len() {
             for bit in [0x01u8, 0x80] {
                 let mut x = d.clone();
                 x[i] ^= bit;
-                assert!(open(&key(), b"b", &x).is_err(), "byte {i} bit {bit:#x}");
+                assert!(open(&key(), b"b", 3, &x).is_err(), "byte {i} bit {bit:#x}");
             }
         }
         for n in 0..d.len() {
-            assert!(open(&key(), b"b", &d[..n]).is_err(), "cut to {n}");
+            assert!(open(&key(), b"b", 3, &d[..n]).is_err(), "cut to {n}");
         }
         let mut long = d.clone();
         long.push(0);
-        assert!(open(&key(), b"b", &long).is_err());
+        assert!(open(&key(), b"b", 3, &long).is_err());
     }
 
     #[test]
     fn malformed_headers_say_what_is_wrong() {
         let k = key();
         assert!(matches!(
-            open(&k, b"b", b"GET / HTTP/1.1"),
+            open(&k, b"b", 3, b"GET / HTTP/1.1"),
             Err(DatagramError::NotOurs { .. })
         ));
         assert!(matches!(
-            open(&k, b"b", &[0u8; MAX_DATAGRAM + 1]),
+            open(&k, b"b", 3, &[0u8; MAX_DATAGRAM + 1]),
             Err(DatagramError::NotOurs { .. })
         ));
-        assert_eq!(open(&k, b"b", b"BWM\x02xx"), Err(DatagramError::Version(2)));
         assert_eq!(
-            open(&k, b"b", b"BWM\x01"),
+            open(&k, b"b", 3, b"BWM\x03xx"),
+            Err(DatagramError::Version(3))
+        );
+        assert_eq!(
+            open(&k, b"b", 3, b"BWM\x02"),
             Err(DatagramError::Malformed("no sender"))
         );
         assert_eq!(
-            open(&k, b"b", b"BWM\x01\x00"),
+            open(&k, b"b", 3, b"BWM\x02\x00"),
             Err(DatagramError::Malformed("empty sender name"))
         );
         assert_eq!(
-            open(&k, b"b", b"BWM\x01\xffabc"),
+            open(&k, b"b", 3, b"BWM\x02\xffabc"),
             Err(DatagramError::Malformed("shorter than its header"))
         );
-        let mut bad = b"BWM\x01\x01\xff".to_vec();
-        bad.extend_from_slice(&[0; 16 + TAG_LEN]);
+        let mut bad = b"BWM\x02\x01\xff".to_vec();
+        bad.extend_from_slice(&[0; 24 + TAG_LEN]);
         assert_eq!(
-            open(&k, b"b", &bad),
+            open(&k, b"b", 3, &bad),
             Err(DatagramError::Malformed("sender name is not UTF-8"))
         );
-        let mut zero = b"BWM\x01\x01a".to_vec();
-        zero.extend_from_slice(&[0; 16 + TAG_LEN]);
+        let mut zero = b"BWM\x02\x01a".to_vec();
+        zero.extend_from_slice(&[0; 24 + TAG_LEN]);
         assert_eq!(
-            open(&k, b"b", &zero),
+            open(&k, b"b", 3, &zero),
             Err(DatagramError::Malformed("counter 0"))
         );
         // The largest body fits.
         let mut a = Sealer::new(&k, Name::new(&"n".repeat(255)).unwrap(), 1);
-        let d = a.seal(b"b", &vec![0; 1 + crate::membership::MAX_PACKET]);
+        let d = a.seal(b"b", 3, &vec![0; 1 + crate::membership::MAX_PACKET]);
         assert_eq!(d.len(), MAX_DATAGRAM);
-        open(&k, b"b", &d).unwrap();
+        open(&k, b"b", 3, &d).unwrap();
+    }
+
+    /// A datagram sealed for an earlier boot of the receiver (recorded then, replayed
+    /// after it restarted, when its replay guard knows nothing) is refused as stale: a
+    /// member's old leave notice cannot make its new incarnation look gone.
+    #[test]
+    fn a_datagram_for_an_earlier_boot_of_the_receiver_is_stale() {
+        let mut x = sealer("x", 1);
+        let leave = x.seal(b"r", 10, b"\x02");
+        assert_eq!(open(&key(), b"r", 10, &leave).unwrap().body, b"\x02");
+        // r restarted (boot 11): the recording is refused, before any key work.
+        assert_eq!(
+            open(&key(), b"r", 11, &leave),
+            Err(DatagramError::Stale {
+                sender: "x".into(),
+                to_boot: 10
+            })
+        );
+        // And the receiver's boot cannot be edited: it is under the tag.
+        let mut edited = leave.clone();
+        let at = 5 + 1 + 16;
+        edited[at..at + 8].copy_from_slice(&11u64.to_le_bytes());
+        assert!(matches!(
+            open(&key(), b"r", 11, &edited),
+            Err(DatagramError::Forged { .. })
+        ));
     }
 
     fn opened(sender: &'static str, boot: u64, counter: u64) -> Opened {

@@ -45,10 +45,11 @@ impl Sender {
         }
     }
 
-    /// Seal `body` for the member `to` and send it to `addr`. A failure (no route, a full
-    /// socket buffer) is counted: SWIM takes a lost packet in its stride.
-    pub fn send(&mut self, to: &Name, addr: SocketAddr, body: &[u8]) {
-        let d = self.sealer.seal(to.as_bytes(), body);
+    /// Seal `body` for the member `to` in its boot `to_boot` and send it to `addr`. A
+    /// failure (no route, a full socket buffer) is counted: SWIM takes a lost packet in its
+    /// stride.
+    pub fn send(&mut self, to: &Name, to_boot: u64, addr: SocketAddr, body: &[u8]) {
+        let d = self.sealer.seal(to.as_bytes(), to_boot, body);
         if let Err(e) = self.sock.send_to(&d, addr) {
             self.stats.send_errors.fetch_add(1, Relaxed);
             debug!(member = %to, %addr, error = %e, "membership datagram not sent");
@@ -81,6 +82,8 @@ pub(crate) struct DatagramReader {
     guard: ReplayGuard,
     buf: Vec<u8>,
     me: Name,
+    /// This node's boot (its incarnation): datagrams sealed for another are stale.
+    boot: u64,
     stats: Arc<MemberStats>,
     /// Where the node's own wake-ups come from (`DatagramWaker`): empty datagrams from
     /// there only make the thread look at its inbox.
@@ -93,7 +96,7 @@ impl DatagramReader {
     pub fn new(
         sock: UdpSocket,
         key: DatagramKey,
-        me: Name,
+        (me, boot): (Name, u64),
         stats: Arc<MemberStats>,
         max_senders: usize,
         waker: Option<SocketAddr>,
@@ -107,6 +110,7 @@ impl DatagramReader {
             // One byte more than the largest datagram: a longer one shows as too long.
             buf: vec![0u8; MAX_DATAGRAM + 1],
             me,
+            boot,
             stats,
             waker,
         })
@@ -148,10 +152,11 @@ impl DatagramReader {
             if n == 0 && self.waker == Some(from) {
                 continue;
             }
-            let checked = open(&self.key, self.me.as_bytes(), &self.buf[..n]).and_then(|d| {
-                self.guard.check(&d)?;
-                Ok(d)
-            });
+            let checked =
+                open(&self.key, self.me.as_bytes(), self.boot, &self.buf[..n]).and_then(|d| {
+                    self.guard.check(&d)?;
+                    Ok(d)
+                });
             match checked {
                 Ok(d) => take(d.sender, d.body),
                 Err(e) => {
@@ -159,6 +164,13 @@ impl DatagramReader {
                     let kind = match e {
                         DatagramError::Replayed { .. } => "replayed",
                         DatagramError::Forged { .. } => "forged",
+                        // Sealed for this node's previous boot: a member that has not
+                        // heard of the restart yet (as expected for a moment), or a
+                        // recording replayed. Not worth a warning either way.
+                        DatagramError::Stale { .. } => {
+                            debug!(node = %self.me, %from, error = %e, "membership datagram refused");
+                            continue;
+                        }
                         _ => "malformed",
                     };
                     warn_limited!(node = %self.me, %from, kind, error = %e, "membership datagram refused");
@@ -237,7 +249,7 @@ mod tests {
         let reader = DatagramReader::new(
             sock.try_clone().unwrap(),
             key,
-            me,
+            (me, 1),
             stats.clone(),
             8,
             Some(waker.addr()),

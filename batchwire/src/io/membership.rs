@@ -129,7 +129,9 @@ fn act(m: &mut Membership, ctx: &MembersCtx) {
         if m.is_refused(to.name.as_bytes()) {
             continue;
         }
-        ctx.udp.borrow_mut().send(&to.name, to.addr, &body);
+        ctx.udp
+            .borrow_mut()
+            .send(&to.name, to.started, to.addr, &body);
     }
     // What each change does (peers, dialers, sessions) first, then the view, then the
     // events (see below).

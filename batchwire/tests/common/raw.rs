@@ -173,9 +173,10 @@ impl Datagrams {
         }
     }
 
-    /// The sealed datagram carrying the MEMBER `body` to the member `to_name`.
-    pub fn seal(&mut self, to_name: &str, body: &[u8]) -> Vec<u8> {
-        self.sealer.seal(to_name.as_bytes(), body)
+    /// The sealed datagram carrying the MEMBER `body` to the member `to_name` in its boot
+    /// `to_boot` (its incarnation).
+    pub fn seal(&mut self, to_name: &str, to_boot: u64, body: &[u8]) -> Vec<u8> {
+        self.sealer.seal(to_name.as_bytes(), to_boot, body)
     }
 
     /// Send bytes as they are to `to`.
@@ -183,9 +184,9 @@ impl Datagrams {
         self.sock.send_to(bytes, to).unwrap();
     }
 
-    /// Seal `body` for `to_name` and send it to `to`.
-    pub fn send(&mut self, to: SocketAddr, to_name: &str, body: &[u8]) {
-        let d = self.seal(to_name, body);
+    /// Seal `body` for `to_name` (boot `to_boot`) and send it to `to`.
+    pub fn send(&mut self, to: SocketAddr, to_name: &str, to_boot: u64, body: &[u8]) {
+        let d = self.seal(to_name, to_boot, body);
         self.send_raw(to, &d);
     }
 }

@@ -235,7 +235,7 @@ impl Runtime {
             let reader = DatagramReader::new(
                 udp,
                 key,
-                name.clone(),
+                (name.clone(), incarnation),
                 member_stats.clone(),
                 cfg.max_members.saturating_mul(2),
                 waker,

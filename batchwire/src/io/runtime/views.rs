@@ -3,6 +3,11 @@
 use super::*;
 
 impl Runtime {
+    /// This node's incarnation (its start time in microseconds).
+    pub fn incarnation(&self) -> u64 {
+        self.setup.incarnation
+    }
+
     /// The queue of mailbox `name`, new or declared; fails if a handle owns it already.
     pub fn claim_mailbox(&self, name: &str) -> Result<Arc<MailboxQueue>, Error> {
         let n = node_name(name)?;
