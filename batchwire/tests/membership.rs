@@ -436,3 +436,43 @@ fn a_refreshed_seed_never_replaces_a_live_connection() {
     assert!(lost.is_empty(), "{lost:?}");
     assert_eq!(live(&z.members()), ["a"]);
 }
+
+/// A joiner dials at most a few seed addresses at once, and a join connection that
+/// becomes the canonical one (this node's name sorts first) lasts: its place is released
+/// once the connection is up, not when it ends. Ten single-node groups reached through
+/// seed names all merge. (Before, the places of lasting join connections stayed taken: past
+/// eight, every other address was skipped at every refresh.)
+#[test]
+fn lasting_join_connections_do_not_stop_later_merges() {
+    let groups: Vec<Node> = (0..10)
+        .map(|i| {
+            Node::start(NodeConfig::new(
+                format!("g{i}"),
+                "127.0.0.1:0".parse().unwrap(),
+                SECRET,
+            ))
+            .unwrap()
+        })
+        .collect();
+    // "0" sorts before every "g": its join connections are canonical; they never idle out.
+    let mut cfg = NodeConfig::new("0", "127.0.0.1:0".parse().unwrap(), SECRET)
+        .idle_close(None)
+        .join_refresh(Duration::from_millis(200));
+    for g in &groups {
+        let seed: batchwire::Seed = format!("localhost:{}", g.local_addr().port())
+            .parse()
+            .unwrap();
+        cfg = cfg.join(seed);
+    }
+    let z = Node::start(cfg).unwrap();
+    let names: Vec<String> = (0..10).map(|i| format!("g{i}")).collect();
+    let all: Vec<&str> = names.iter().map(String::as_str).collect();
+    assert!(
+        z.wait_for_members(Duration::from_secs(20), |m| {
+            all.iter()
+                .all(|n| m.iter().any(|x| x.name == *n && x.state.is_live()))
+        }),
+        "live: {:?}",
+        live(&z.members())
+    );
+}

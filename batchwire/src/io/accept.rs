@@ -266,7 +266,7 @@ impl Acceptor {
         let spawned = self
             .threads
             .spawn_inbound(format!("bw-in-{}", self.setup.name), move || {
-                st.established(h, slot);
+                st.established(h, slot.map(|s| Box::new(s) as crate::io::setup::Place));
             });
         if let Err(e) = spawned {
             // The closure (socket and slot) was dropped: the connection is closed.

@@ -244,8 +244,12 @@ pub(crate) fn run_joiner(
                     }
                     let st = setup.clone();
                     let spawned = threads.spawn(format!("bw-join-{}", setup.name), move || {
-                        let _done = done;
-                        st.run(s, Side::Join);
+                        st.run(
+                            s,
+                            Side::Join {
+                                place: Box::new(done),
+                            },
+                        );
                     });
                     if let Err(e) = spawned {
                         info!(node = %setup.name, seed = %addr, error = %e, "cannot start a thread for a join connection; retrying");

@@ -114,9 +114,16 @@ pub(crate) struct Handshaken {
 pub(crate) enum Side {
     /// Dialled the peer called so.
     Dial(Name),
-    /// Dialled a seed's address, not knowing its name.
-    Join,
+    /// Dialled a seed's address, not knowing its name. `place` is what the joiner holds
+    /// for the address while it is dialled (so that it is not dialled twice at once):
+    /// released once the connection is established, not when it ends (a join connection
+    /// may be the canonical one and last, and the joiner dials at most a few at once).
+    Join { place: Box<dyn Send> },
 }
+
+/// What a connection in setup holds until it is established (see [`Setup::established`]),
+/// released when dropped: an inbound handshake's place, or a join's.
+pub(crate) type Place = Box<dyn Send>;
 
 impl Setup {
     #[allow(clippy::too_many_arguments)]
@@ -194,9 +201,9 @@ impl Setup {
         let Ok(addr) = stream.peer_addr() else {
             return false; // already gone
         };
-        let (expect, joining) = match side {
-            Side::Dial(name) => (Some(name), false),
-            Side::Join => (None, true),
+        let (expect, joining, place) = match side {
+            Side::Dial(name) => (Some(name), false, None),
+            Side::Join { place } => (None, true, Some(place)),
         };
         // Every log line of this connection says which it is: its handshake first, then
         // (once the peer proved who it is) the connection with the peer's name and
@@ -234,7 +241,7 @@ impl Setup {
             dialled: true,
             joining,
         };
-        self.established(h, None)
+        self.established(h, place)
     }
 
     /// A handshake failed: count, log and report it, naming the peer if it got that far
@@ -249,9 +256,9 @@ impl Setup {
     }
 
     /// Run a connection whose handshake is done to its end: with TLS the certificate's
-    /// name first, then (the inbound handshake's place freed) RESUME, the reader and the
+    /// name first, then (the inbound handshake's or the join's place freed) RESUME, the reader and the
     /// teardown. Returns whether the peer was authenticated.
-    pub fn established(self: &Arc<Self>, h: Handshaken, slot: Option<HandshakeSlot>) -> bool {
+    pub fn established(self: &Arc<Self>, h: Handshaken, slot: Option<Place>) -> bool {
         let (link, info, buf, addr) = (h.link, h.info, h.buf, h.addr);
         let (deadline, dialled, joining) = (h.deadline, h.dialled, h.joining);
         if let Err(e) = self.check_certificate(&link, &info) {
@@ -370,7 +377,6 @@ impl Setup {
             conn,
             info,
             addr,
-            rests: !joining,
         };
         reading.start(buf);
         drop(span);
