@@ -313,6 +313,8 @@ pub struct MemberCounters {
     /// Members not taken into the view because it already held `max_members`: each name
     /// counted once (while it stays out), however often SWIM mentions it.
     pub members_refused: u64,
+    /// Members down or left that gave their place in a full view to a live newcomer.
+    pub departed_evicted: u64,
     /// Times this node, joining and still alone a probe period after announcing itself,
     /// announced itself to its seeds again (the announce or the answer was lost).
     pub rejoins: u64,

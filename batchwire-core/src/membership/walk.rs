@@ -267,6 +267,37 @@ impl Membership {
             }
             (s, _) => s,
         };
+        // No room in the view for a live newcomer: a member that is down or left (listed
+        // until SWIM forgets it, `forget_down_after`) gives it its place, so departed
+        // members (churn, or word of invented ones) never keep live ones out. It is
+        // refused from then on, as any member past the limit.
+        if self.view.len() >= self.cfg.max_members
+            && state.is_live()
+            && !self.view.contains_key(&id.name)
+        {
+            let gone = self
+                .view
+                .iter()
+                .find(|(_, (_, s))| !s.is_live())
+                .map(|(n, _)| n.clone());
+            if let Some(n) = gone {
+                self.view.remove(&n);
+                self.heard.remove(&n);
+                self.swim.remove(&n);
+                if self.refused.len() >= REFUSED_NAMES.max(self.cfg.max_members) {
+                    self.refused.clear();
+                }
+                self.refused.insert(n.detached());
+                pass.view_moved = true;
+                Self::note_name(
+                    &mut self.view_changed,
+                    &mut self.view_whole,
+                    self.cfg.max_members,
+                    &n,
+                );
+                self.counters.departed_evicted += 1;
+            }
+        }
         // No room in the view: never reported (so never dialled or announced to),
         // counted once. SWIM forgets it once it stops answering.
         if self.view.len() >= self.cfg.max_members && !self.view.contains_key(&id.name) {

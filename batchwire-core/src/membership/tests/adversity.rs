@@ -531,3 +531,50 @@ fn down_members_count_only_toward_the_larger_bound() {
     assert_eq!(a.foca.num_members(), 8);
     assert_eq!(listed(&a), 16);
 }
+
+/// A view full of members that are down or left (churn, or word of invented down members
+/// from a member that went bad) does not keep a live newcomer out until they are
+/// forgotten (`forget_down_after`, 10 minutes): the newcomer takes the place of one of
+/// them, and is reported joined at once.
+#[test]
+fn departed_members_give_their_place_in_a_full_view_to_live_ones() {
+    let (t0, mut a, me, bad) = alone_with_room_for_four();
+    let mut t = t0 + Duration::from_millis(50);
+    // The member that went bad, live, and three members it says are down: a full view.
+    let down: Vec<_> = (0..3).map(|k| foca::Member::down(id(100 + k, 1))).collect();
+    a.handle_frame(t, &bad.name, &gossip(&bad, &me, &down))
+        .unwrap();
+    assert_eq!(a.members().len(), 4, "{:?}", a.members());
+    // Two live newcomers: each takes a departed member's place, at once.
+    t += Duration::from_millis(50);
+    let live: Vec<_> = (0..2)
+        .map(|k| foca::Member::alive(id(200 + k, 1)))
+        .collect();
+    a.handle_frame(t, &bad.name, &gossip(&bad, &me, &live))
+        .unwrap();
+    let joined: Vec<Name> = std::iter::from_fn(|| a.poll_event())
+        .filter_map(|e| match e {
+            MemberEvent::Joined(id) => Some(id.name),
+            _ => None,
+        })
+        .collect();
+    for k in 0..2 {
+        assert!(
+            joined.contains(&id(200 + k, 1).name),
+            "newcomer {k} not reported: {joined:?}"
+        );
+    }
+    assert_eq!(a.members().len(), 4);
+    assert_eq!(a.counters().departed_evicted, 2);
+    // A full view of live members still refuses newcomers, live or not.
+    t += Duration::from_millis(50);
+    let more: Vec<_> = (0..2)
+        .map(|k| foca::Member::alive(id(300 + k, 1)))
+        .collect();
+    a.handle_frame(t, &bad.name, &gossip(&bad, &me, &more))
+        .unwrap();
+    assert_eq!(a.counters().departed_evicted, 3, "the last departed one");
+    assert_eq!(a.members().len(), 4);
+    assert!(a.members().iter().filter(|m| m.1.is_live()).count() <= 4);
+    assert_eq!(a.view_disagrees(), None);
+}
