@@ -449,3 +449,34 @@ fn log_lines_caused_by_the_network_are_rate_limited() {
     let logged = lines_with("peer reports messages undeliverable") - before;
     assert!(logged <= 10, "{logged} lines for 20,000 notices");
 }
+
+/// Nodes that come and go without being members (here short-lived nodes without
+/// membership, each under its own name) leave peers behind; when the registry is full, the
+/// idle ones of nodes that are not members make room, so a later node still gets in (and
+/// so would a member). Before, every connection past `max_peers` was refused for good.
+#[test]
+fn peers_of_departed_non_members_make_room_when_the_registry_is_full() {
+    let a = Node::start(
+        NodeConfig::new("a", "127.0.0.1:0".parse().unwrap(), SECRET)
+            .max_peers(4)
+            .mailbox("in"),
+    )
+    .unwrap();
+    let inbox = a.mailbox("in").unwrap();
+    let to = batchwire::Address::new("a", "in").unwrap();
+    for i in 0..8 {
+        let c = Node::start(
+            // Names that sort before "a": they dial it.
+            NodeConfig::new(format!("0c{i}"), "127.0.0.1:0".parse().unwrap(), SECRET)
+                .without_membership()
+                .peer("a", a.local_addr()),
+        )
+        .unwrap();
+        assert!(c.wait_for_peers(&["a"], T), "client {i} did not get in");
+        c.send(&to, format!("hello {i}")).unwrap();
+        let got = inbox.recv_timeout(T).unwrap();
+        assert_eq!(&got.payload[..], format!("hello {i}").as_bytes());
+        c.shutdown();
+    }
+    assert!(a.stats().peers.len() <= 4, "{:?}", a.stats().peers.len());
+}

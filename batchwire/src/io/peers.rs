@@ -219,6 +219,16 @@ impl Peers {
         removed
     }
 
+    /// The registry is full: remove the peers nobody configured that are not live members
+    /// (`live`), have no live connection and hold nothing (see `Peer::remove_if_idle`), so
+    /// that a node that connects, or a member sent to, finds room. Peers of nodes that came
+    /// and went without being members (short-lived nodes without membership, members
+    /// refused from a full view, names a member that went bad invented) would otherwise
+    /// fill it for good. Returns how many were removed.
+    pub fn make_room(&self, live: impl Fn(&Name) -> bool) -> usize {
+        self.remove_forgotten(live)
+    }
+
     /// How a peer's writer thread is started (see `Peer::ensure_writer`): it runs while the
     /// peer has a connection or something queued.
     pub fn writer_spawner(

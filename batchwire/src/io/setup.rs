@@ -244,6 +244,19 @@ impl Setup {
         self.established(h, place)
     }
 
+    /// The registry of peers is full: remove idle peers of nodes that are not live members
+    /// (see `Peers::make_room`). Returns how many were removed.
+    pub fn make_room(&self) -> usize {
+        let members = self.members.as_ref();
+        let removed = self
+            .peers
+            .make_room(|n| members.is_some_and(|m| m.is_live(n.as_str())));
+        if removed > 0 {
+            info!(node = %self.name, removed, "peer registry full: idle peers of nodes that are not members removed");
+        }
+        removed
+    }
+
     /// A handshake failed: count, log and report it, naming the peer if it got that far
     /// (else `expect`, the peer dialled).
     pub fn handshake_failed(&self, addr: SocketAddr, expect: Option<String>, e: &LinkError) {
@@ -277,7 +290,11 @@ impl Setup {
         .entered();
 
         // 2. The peer's handles (made, with its writer, if it is not in the static list).
-        let peer = match self.peers.get_or_insert(&info.name) {
+        let mut peer = self.peers.get_or_insert(&info.name);
+        if matches!(peer, Err(AddError::Full(_))) && self.make_room() > 0 {
+            peer = self.peers.get_or_insert(&info.name);
+        }
+        let peer = match peer {
             Ok(p) => p,
             Err(AddError::Full(n)) => {
                 self.failed(addr, Some(info.name.to_string()), &LinkError::Capacity(n));

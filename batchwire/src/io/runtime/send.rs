@@ -90,7 +90,12 @@ impl Runtime {
         if !self.config.on_demand() || !members.is_live(name.as_str()) {
             return None;
         }
-        self.peers.get_or_insert_learnt(name).ok()
+        match self.peers.get_or_insert_learnt(name) {
+            Err(crate::io::peers::AddError::Full(_)) if self.setup.make_room() > 0 => {
+                self.peers.get_or_insert_learnt(name).ok()
+            }
+            r => r.ok(),
+        }
     }
 
     /// With connections on demand, a peer for every live member (what `send_all` and
