@@ -166,6 +166,10 @@ pub struct Membership {
     /// `max_members`, and then `view_whole` is set), and whether a member left the view.
     view_changed: Vec<Name>,
     view_whole: bool,
+    /// The view may hold a member that is down or left (set whenever one is taken in as
+    /// such, cleared when a look finds none): only then does a full view look for one to
+    /// give its place to a live newcomer.
+    departed_in_view: bool,
     /// What SWIM held of each member of the view at the end of the last input: its id,
     /// incarnation and state. A member found as it was is skipped by `after`, and an
     /// update that repeats it is old news that `handle_frame` takes out before foca sees
@@ -285,6 +289,7 @@ impl Membership {
             view: presized(cap),
             view_changed: Vec::new(),
             view_whole: true,
+            departed_in_view: false,
             fed: HashMap::default(),
             order: Vec::new(),
             dirty: Vec::new(),

@@ -273,6 +273,7 @@ impl Membership {
         // refused from then on, as any member past the limit.
         if self.view.len() >= self.cfg.max_members
             && state.is_live()
+            && self.departed_in_view
             && !self.view.contains_key(&id.name)
         {
             let gone = self
@@ -280,22 +281,24 @@ impl Membership {
                 .iter()
                 .find(|(_, (_, s))| !s.is_live())
                 .map(|(n, _)| n.clone());
-            if let Some(n) = gone {
-                self.view.remove(&n);
-                self.heard.remove(&n);
-                self.swim.remove(&n);
-                if self.refused.len() >= REFUSED_NAMES.max(self.cfg.max_members) {
-                    self.refused.clear();
+            match gone {
+                Some(n) => {
+                    self.view.remove(&n);
+                    self.heard.remove(&n);
+                    self.swim.remove(&n);
+                    if self.refused.len() >= REFUSED_NAMES.max(self.cfg.max_members) {
+                        self.refused.clear();
+                    }
+                    self.refused.insert(n.detached());
+                    // A member left the view: the whole view goes out (a delta of changed
+                    // entries says no member left, see `ViewDelta`).
+                    pass.view_moved = true;
+                    self.view_whole = true;
+                    self.view_changed.clear();
+                    self.counters.departed_evicted += 1;
                 }
-                self.refused.insert(n.detached());
-                pass.view_moved = true;
-                Self::note_name(
-                    &mut self.view_changed,
-                    &mut self.view_whole,
-                    self.cfg.max_members,
-                    &n,
-                );
-                self.counters.departed_evicted += 1;
+                // None left to give way: no need to look again until one departs.
+                None => self.departed_in_view = false,
             }
         }
         // No room in the view: never reported (so never dialled or announced to),
@@ -374,6 +377,9 @@ impl Membership {
                 pass.sync_from = Some(id.clone());
             }
             self.events.push_back(e);
+        }
+        if !state.is_live() {
+            self.departed_in_view = true;
         }
         let touched = match self.view.get_mut(&id.name) {
             Some(v) if v.0 == *id && v.1 == state => false,

@@ -545,6 +545,7 @@ fn departed_members_give_their_place_in_a_full_view_to_live_ones() {
     a.handle_frame(t, &bad.name, &gossip(&bad, &me, &down))
         .unwrap();
     assert_eq!(a.members().len(), 4, "{:?}", a.members());
+    let _ = a.take_view_delta();
     // Two live newcomers: each takes a departed member's place, at once.
     t += Duration::from_millis(50);
     let live: Vec<_> = (0..2)
@@ -566,6 +567,12 @@ fn departed_members_give_their_place_in_a_full_view_to_live_ones() {
     }
     assert_eq!(a.members().len(), 4);
     assert_eq!(a.counters().departed_evicted, 2);
+    // Members left the view: the IO layer is given the whole view, not a delta of the
+    // entries that changed (which says nobody left).
+    assert!(matches!(
+        a.take_view_delta(),
+        crate::membership::ViewDelta::Whole
+    ));
     // A full view of live members still refuses newcomers, live or not.
     t += Duration::from_millis(50);
     let more: Vec<_> = (0..2)
