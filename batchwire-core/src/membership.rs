@@ -439,10 +439,15 @@ impl Membership {
         }
         self.left_cluster = true;
         let live: Vec<MemberId> = self.foca.iter_members().map(|m| m.id().clone()).collect();
+        // The notice names the leaving boot: replayed after this node restarted (a
+        // recording, or one held back on the way), it does not apply to the new one.
+        let mut notice = vec![TAG_LEAVE];
+        notice.extend_from_slice(&self.me().started.to_le_bytes());
+        let notice = Bytes::from(notice);
         for id in live {
             self.out.sends.push_back(Send {
                 to: id,
-                body: Bytes::from_static(&[TAG_LEAVE]),
+                body: notice.clone(),
                 kind: Kind::Other,
             });
         }

@@ -352,9 +352,11 @@ fn forged_replayed_and_misaddressed_datagrams_are_refused_and_counted() {
     // The same datagram again: a replay, refused before the membership sees it.
     m.send_raw(to, &d);
     assert_eq!(wait(&refused, 5), 5);
-    // A leave notice sealed for an earlier boot of a (recorded before a restarted, and
-    // replayed to it): refused, b stays in the view.
-    m.send(to, "a", boot - 1, b"\x01");
+    // b's real leave notice, sealed by b for an earlier boot of a (recorded before a
+    // restarted, and replayed to it): refused, b stays in the view.
+    let mut notice = vec![1u8];
+    notice.extend_from_slice(&b.incarnation().to_le_bytes());
+    Datagrams::new("b", b.incarnation(), SECRET).send(to, "a", boot - 1, &notice);
     assert_eq!(wait(&refused, 6), 6);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!((refused(), violations()), (6, 1));

@@ -112,18 +112,21 @@ impl Membership {
                 }
             }
             TAG_LEAVE => {
-                if !packet.is_empty() {
+                let Ok(started) = <[u8; 8]>::try_from(packet).map(u64::from_le_bytes) else {
                     return Err(MemberError::Malformed(
-                        "leave notice with a body".to_string(),
+                        "leave notice without its 8-byte boot".to_string(),
                     ));
-                }
+                };
                 // Among every member SWIM lists, down ones too: the leaver's own "I am
                 // down" (foca's leave) may come first, by another member's gossip or in
                 // this batch, and the notice still says it left (it was reported
                 // suspect meanwhile, being heard from directly, then never left).
+                // Only for the boot that left: a notice of an earlier boot (held back, or
+                // replayed after the member restarted) says nothing of the one running now.
                 let known = self
                     .foca
                     .member_by_addr(from)
+                    .filter(|m| m.id().started == started)
                     .map(|m| (m.id().clone(), m.state()));
                 walk = Walk::Named;
                 self.name_dirty(from);

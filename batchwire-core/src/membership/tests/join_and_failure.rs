@@ -399,7 +399,9 @@ fn a_leave_notice_after_the_leavers_down_gossip_is_still_a_leave() {
         Some(MemberState::Left),
         "not a leave yet"
     );
-    a.handle_frame(now, &b.name, &[TAG_LEAVE]).unwrap();
+    let mut notice = vec![TAG_LEAVE];
+    notice.extend_from_slice(&b.started.to_le_bytes());
+    a.handle_frame(now, &b.name, &notice).unwrap();
     assert_eq!(
         a.state_of(b.name.as_bytes()).map(|v| v.1),
         Some(MemberState::Left)
