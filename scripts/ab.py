@@ -74,7 +74,7 @@ def main():
         for i in range(a.rounds):
             for which, binary in (("old", a.old), ("new", a.new)):
                 for r in run(binary, args, out):
-                    if r.get("verification_failed"):
+                    if r.get("verification_failed") or any(r.get(k, 0) for k in ("lost", "duplicated", "reordered")):
                         sys.exit(f"{binary}: {key(r)} failed its checks (lost, duplicated or reordered)")
                     figures[which].setdefault(key(r), []).append(r["median"])
                     units[key(r)] = r["unit"]

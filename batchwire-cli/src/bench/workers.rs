@@ -62,8 +62,9 @@ pub fn finish_receiver(
 /// The last barrier of a receiving node that stopped taking messages once `v` had
 /// `expected` distinct ones: after it, whatever is left in `mb` came after every expected
 /// message (the senders had finished, and a node's messages arrive in the order it sent
-/// them, its barrier tag last), so each is checked with `see` and a repeat counts as
-/// duplicated (a late duplicate is not missed by stopping at the count). A receiver that
+/// them, its barrier tag last; not a message in pieces on the bulk lane, which the tag may
+/// overtake), so each is checked with `see` and a repeat counts as duplicated (a late
+/// duplicate is not missed by stopping at the count). A receiver that
 /// stopped short (something was lost) drops its mailbox first, so that a sender still
 /// sending is told its messages found no mailbox rather than left waiting for credit.
 pub fn finish_checking(
