@@ -113,7 +113,7 @@ pub struct BenchResult {
     pub soak: Option<SoakFigures>,
     /// In the JSON only: the run failed its checks (lost, duplicated or reordered
     /// messages, or the soak's failures), so its figures measure nothing; readers
-    /// (`scripts/ab.py`) skip it.
+    /// (`scripts/ab.py`) refuse it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub verification_failed: bool,
 }

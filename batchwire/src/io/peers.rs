@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use batchwire_core::codec::Name;
 use batchwire_core::outbox::Dest;
-use batchwire_core::session::{PeerState, Session};
+use batchwire_core::session::{DownReason, PeerState, Session};
 
 use crate::config::NodeConfig;
 use crate::io::NameHash;
@@ -33,8 +33,6 @@ struct Inner {
     /// By id (a peer's `Dest`); a removed peer's slot is empty (ids are never reused).
     by_id: RwLock<Vec<Option<Arc<Peer>>>>,
     maker: Maker,
-    /// When `make_room` last looked (it walks every peer: at most once a second).
-    room_looked: std::sync::Mutex<Option<Instant>>,
 }
 
 /// What it takes to make a peer.
@@ -71,7 +69,6 @@ impl Peers {
             map: RwLock::new(HashMap::default()),
             index: Index::new(config.max_peers.min(INDEX_PEERS)),
             by_id: RwLock::new(Vec::new()),
-            room_looked: std::sync::Mutex::new(None),
             maker: Maker {
                 ctx,
                 config,
@@ -229,26 +226,22 @@ impl Peers {
     }
 
     /// The registry is full: remove the peers nobody configured that are not live members
-    /// (`live`), whose sessions were declared down (a goodbye, or silent past
-    /// `peer_timeout`: what was pending either way was settled, so a later connection of
-    /// the same node starts afresh without repeating anything), and that hold nothing (see
-    /// `Peer::remove_if_idle`), so that a node that connects, or a member sent to, finds
-    /// room. Peers of nodes that came and went without being members (short-lived nodes
-    /// without membership, members refused from a full view, names a member that went bad
-    /// invented) would otherwise fill it for good. A peer merely disconnected is kept: its
-    /// node may resume, and what this node received from it but had not acknowledged
-    /// would come again to a fresh session. Looks at most once a second (it walks every
-    /// peer). Returns how many were removed.
+    /// (`live`), whose nodes said goodbye (that incarnation ended: it never resumes, and a
+    /// later start of the node is a new incarnation, which starts afresh anyway), and that
+    /// hold nothing (see `Peer::remove_if_idle`), so that a node that connects, or a member
+    /// sent to, finds room. Peers of nodes that came and went without being members
+    /// (short-lived nodes without membership, members refused from a full view) would
+    /// otherwise fill it for good. A peer merely disconnected, or declared down for
+    /// silence, is kept: its node may still resume that incarnation, and what this node
+    /// received from it but had not acknowledged would come again to a fresh session.
+    /// Returns how many were removed.
     pub fn make_room(&self, live: impl Fn(&Name) -> bool) -> usize {
-        {
-            let mut at = self.0.room_looked.lock().unwrap_or_else(|p| p.into_inner());
-            let now = Instant::now();
-            if at.is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(1)) {
-                return 0;
-            }
-            *at = Some(now);
-        }
-        self.remove_where(|p| p.state() == PeerState::Down && !live(&p.name))
+        self.remove_where(|p| {
+            // The state is an atomic mirror: the session is locked only for those down.
+            p.state() == PeerState::Down
+                && !live(&p.name)
+                && p.session(|s, _| s.down_reason()) == Some(DownReason::Left)
+        })
     }
 
     /// How a peer's writer thread is started (see `Peer::ensure_writer`): it runs while the

@@ -291,7 +291,9 @@ impl Setup {
 
         // 2. The peer's handles (made, with its writer, if it is not in the static list).
         let mut peer = self.peers.get_or_insert(&info.name);
-        if matches!(peer, Err(AddError::Full(_))) && self.make_room() > 0 {
+        if matches!(peer, Err(AddError::Full(_))) {
+            // Again even if this look removed none: another may have made room meanwhile.
+            self.make_room();
             peer = self.peers.get_or_insert(&info.name);
         }
         let peer = match peer {

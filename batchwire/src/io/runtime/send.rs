@@ -91,7 +91,8 @@ impl Runtime {
             return None;
         }
         match self.peers.get_or_insert_learnt(name) {
-            Err(crate::io::peers::AddError::Full(_)) if self.setup.make_room() > 0 => {
+            Err(crate::io::peers::AddError::Full(_)) => {
+                self.setup.make_room();
                 self.peers.get_or_insert_learnt(name).ok()
             }
             r => r.ok(),
