@@ -404,62 +404,6 @@ impl Membership {
         self.note_heard(now, name, started);
     }
 
-    /// The transport lost its connection to `name` and could not open a new one: suspect
-    /// it now rather than at its next probe (it refutes if it is alive).
-    pub fn handle_unreachable(&mut self, now: Instant, name: &[u8]) {
-        let m = self
-            .foca
-            .iter_members()
-            .find(|m| m.id().name.as_bytes() == name && m.state() == State::Alive)
-            .map(|m| Member::new(m.id().clone(), m.incarnation(), State::Suspect));
-        if let Some(m) = m {
-            // One deadline per member, for this suspicion: an older one is for an
-            // incarnation the member has since refuted (it was alive to suspect again).
-            let deadline = now + self.cfg.suspicion_timeout;
-            let entry = (deadline, m.id().clone(), m.incarnation());
-            if let Some(h) = self.hinted.iter_mut().find(|h| h.1 == *m.id()) {
-                *h = entry;
-            } else if self.hinted.len() < self.cfg.max_members {
-                self.hinted.push(entry);
-            }
-            let r = self
-                .foca
-                .apply_many(std::iter::once(m), true, &mut self.out);
-            self.result(r);
-            self.after(now, true);
-        }
-    }
-
-    /// Leave gracefully: a leave notice to every live member, then SWIM's own leave
-    /// (this node declares itself down and gossips it). Afterwards this node sends nothing
-    /// more on its own.
-    pub fn handle_leave(&mut self, now: Instant) {
-        if self.left_cluster {
-            return;
-        }
-        self.left_cluster = true;
-        let live: Vec<MemberId> = self.foca.iter_members().map(|m| m.id().clone()).collect();
-        // The notice names the leaving boot: replayed after this node restarted (a
-        // recording, or one held back on the way), it does not apply to the new one.
-        let mut notice = vec![TAG_LEAVE];
-        notice.extend_from_slice(&self.me().started.to_le_bytes());
-        let notice = Bytes::from(notice);
-        for id in live {
-            self.out.sends.push_back(Send {
-                to: id,
-                body: notice.clone(),
-                kind: Kind::Other,
-            });
-        }
-        let r = self.foca.leave_cluster(&mut self.out);
-        self.result(r);
-        self.after(now, true);
-        self.timers.clear();
-        self.hinted.clear();
-        self.held.clear();
-        self.rejoin_at = None;
-    }
-
     /// Fire every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         // Whether SWIM's member list may have changed: gossip, announces and the send of

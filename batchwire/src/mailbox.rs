@@ -310,6 +310,16 @@ mod tests {
         }
     }
 
+    /// A node alone whose mailboxes hold 64 bytes (a few messages fill one).
+    fn small_node() -> Node {
+        Node::start(
+            NodeConfig::new("solo", "127.0.0.1:0".parse().unwrap(), "s")
+                .mailbox_bytes(64)
+                .without_membership(),
+        )
+        .unwrap()
+    }
+
     /// Poll `f` once with a waker of its own (a task of its own), then drop it.
     fn poll_once_and_drop<F: Future>(f: F) -> bool {
         let w = Waker::from(Arc::new(Count(AtomicUsize::new(0))));
@@ -323,12 +333,7 @@ mod tests {
     /// future each turn, same task) is woken once by a message.
     #[test]
     fn futures_given_up_while_waiting_leave_no_growing_list() {
-        let node = Node::start(
-            NodeConfig::new("solo", "127.0.0.1:0".parse().unwrap(), "s")
-                .mailbox_bytes(64)
-                .without_membership(),
-        )
-        .unwrap();
+        let node = small_node();
         let idle = node.mailbox("idle").unwrap();
         let full = node.mailbox("full").unwrap();
         let to_full = Address::new("solo", "full").unwrap();
@@ -376,12 +381,7 @@ mod tests {
     /// not queued when room appears after that.
     #[test]
     fn a_request_that_timed_out_waiting_for_room_is_not_sent() {
-        let node = Node::start(
-            NodeConfig::new("solo", "127.0.0.1:0".parse().unwrap(), "s")
-                .mailbox_bytes(64)
-                .without_membership(),
-        )
-        .unwrap();
+        let node = small_node();
         let svc = node.mailbox("svc").unwrap();
         let to = Address::new("solo", "svc").unwrap();
         let mut filled = 0;
