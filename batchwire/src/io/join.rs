@@ -195,7 +195,8 @@ pub(crate) fn run_joiner(
     let names = seeds.iter().any(|s| matches!(s, Seed::Name { .. }));
     let mut backoff = Backoff::new(setup.config.reconnect_min, setup.config.reconnect_max);
     let mut resolver = Resolver::default();
-    let in_flight: Arc<Mutex<HashSet<SocketAddr>>> = Default::default();
+    // Addresses with a join connection, and whether it is established (see `InFlight`).
+    let in_flight: Arc<Mutex<HashMap<SocketAddr, bool>>> = Default::default();
     let mut attempts = 0u32;
     let mut was_joined = false;
     loop {
@@ -230,10 +231,13 @@ pub(crate) fn run_joiner(
             }
             {
                 let mut f = in_flight.lock().unwrap_or_else(|p| p.into_inner());
-                if f.contains(addr) || f.len() >= MAX_IN_FLIGHT {
+                // Not one with a join connection already (up or on its way), and at most
+                // `MAX_IN_FLIGHT` connects on their way (established ones do not count).
+                let connecting = f.values().filter(|up| !**up).count();
+                if f.contains_key(addr) || connecting >= MAX_IN_FLIGHT {
                     continue;
                 }
-                f.insert(*addr);
+                f.insert(*addr, false);
             }
             attempts += 1;
             let done = InFlight(in_flight.clone(), *addr);
@@ -243,11 +247,13 @@ pub(crate) fn run_joiner(
                         debug!(node = %setup.name, seed = %addr, "a seed address that is no live member's answers; joining through it too");
                     }
                     let st = setup.clone();
+                    let up = Established(done.0.clone(), done.1);
                     let spawned = threads.spawn(format!("bw-join-{}", setup.name), move || {
+                        let _done = done;
                         st.run(
                             s,
                             Side::Join {
-                                place: Box::new(done),
+                                place: Box::new(up),
                             },
                         );
                     });
@@ -274,8 +280,9 @@ pub(crate) fn run_joiner(
     }
 }
 
-/// An address with a join connection (or a connect) in progress; removed when dropped.
-struct InFlight(Arc<Mutex<HashSet<SocketAddr>>>, SocketAddr);
+/// An address with a join connection (or a connect) in progress; removed when dropped
+/// (when the connection's thread ends: join connections do not rest).
+struct InFlight(Arc<Mutex<HashMap<SocketAddr, bool>>>, SocketAddr);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -283,6 +290,24 @@ impl Drop for InFlight {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.1);
+    }
+}
+
+/// Marks the address's join connection established when dropped (by the connection's
+/// setup, see `Side::Join`): it no longer counts among the connects on their way, so
+/// lasting join connections do not keep later seed addresses from being dialled.
+struct Established(Arc<Mutex<HashMap<SocketAddr, bool>>>, SocketAddr);
+
+impl Drop for Established {
+    fn drop(&mut self) {
+        if let Some(up) = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&self.1)
+        {
+            *up = true;
+        }
     }
 }
 

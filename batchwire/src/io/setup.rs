@@ -114,10 +114,9 @@ pub(crate) struct Handshaken {
 pub(crate) enum Side {
     /// Dialled the peer called so.
     Dial(Name),
-    /// Dialled a seed's address, not knowing its name. `place` is what the joiner holds
-    /// for the address while it is dialled (so that it is not dialled twice at once):
-    /// released once the connection is established, not when it ends (a join connection
-    /// may be the canonical one and last, and the joiner dials at most a few at once).
+    /// Dialled a seed's address, not knowing its name. `place` is dropped once the
+    /// connection is established (the joiner then no longer counts it among the few
+    /// connects it makes at once: a join connection may be the canonical one and last).
     Join { place: Box<dyn Send> },
 }
 
@@ -396,6 +395,7 @@ impl Setup {
             conn,
             info,
             addr,
+            rests: !joining,
         };
         reading.start(buf);
         drop(span);

@@ -25,6 +25,9 @@ pub(crate) struct Reading {
     pub(super) conn: Arc<Conn>,
     pub(super) info: PeerInfo,
     pub(super) addr: SocketAddr,
+    /// Whether its reader may rest (not a join connection: the joiner counts it as
+    /// dialled until its reader returns, so it does not dial the address again).
+    pub(super) rests: bool,
 }
 
 impl Reading {
@@ -39,7 +42,7 @@ impl Reading {
             max_frame: s.config.max_frame(),
             max_payload: s.config.max_payload as u64,
             read_bytes: s.config.read_bytes,
-            linger: s.resting.is_some().then_some(s.config.thread_linger),
+            linger: (self.rests && s.resting.is_some()).then_some(s.config.thread_linger),
         }
     }
 
