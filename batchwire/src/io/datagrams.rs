@@ -88,8 +88,6 @@ pub(crate) struct DatagramReader {
     /// Where the node's own wake-ups come from (`DatagramWaker`): empty datagrams from
     /// there only make the thread look at its inbox.
     waker: Option<SocketAddr>,
-    /// A wake-up was read since [`DatagramReader::take_woken`] last said.
-    woken: bool,
 }
 
 impl DatagramReader {
@@ -115,7 +113,6 @@ impl DatagramReader {
             boot,
             stats,
             waker,
-            woken: false,
         })
     }
 
@@ -133,12 +130,6 @@ impl DatagramReader {
         }
         #[cfg(not(unix))]
         std::thread::sleep(limit.min(Duration::from_millis(10)));
-    }
-
-    /// Whether a wake-up was read since this was last asked (then the thread looks at its
-    /// inbox again: see `Members::looked`).
-    pub fn take_woken(&mut self) -> bool {
-        std::mem::take(&mut self.woken)
     }
 
     /// Read at most `max` datagrams waiting now; each that opens and passes the replay
@@ -159,7 +150,6 @@ impl DatagramReader {
             };
             any = true;
             if n == 0 && self.waker == Some(from) {
-                self.woken = true;
                 continue;
             }
             let checked =
@@ -316,52 +306,13 @@ mod tests {
         let mut taken = Vec::new();
         // Setting the waker wakes it once (inputs may be waiting already).
         woken(&mut r, &mut taken).expect("woken by set_waker");
-        // As the thread does: a wake-up read, it looks at its inbox.
-        assert!(r.take_woken());
-        m.looked();
         let name = Name::new("peer").unwrap();
         m.heard(&name, 7);
         woken(&mut r, &mut taken).expect("woken by an input");
-        assert!(r.take_woken());
-        m.looked();
         m.unreachable(&name);
         woken(&mut r, &mut taken).expect("woken by an input");
-        assert!(r.take_woken());
-        m.looked();
         m.wake();
         woken(&mut r, &mut taken).expect("woken by wake");
         assert_eq!(rx.try_iter().count(), 3);
-    }
-
-    /// A burst of inputs while the thread has not looked at its inbox sends one wake-up,
-    /// not one each (each is a datagram in the membership's own socket); an input after it
-    /// looked wakes it again.
-    #[test]
-    fn a_burst_of_inputs_sends_one_wake_up() {
-        let (sock, mut r, w, _stats) = rig();
-        let (m, rx) = Members::new();
-        m.set_waker(w);
-        let name = Name::new("peer").unwrap();
-        for i in 0..1000 {
-            m.heard(&name, i);
-        }
-        sock.set_nonblocking(true).unwrap();
-        let mut wakes = 0;
-        let mut buf = [0u8; 64];
-        let until = Instant::now() + Duration::from_millis(200);
-        while Instant::now() < until {
-            match sock.recv_from(&mut buf) {
-                Ok(_) => wakes += 1,
-                Err(_) => std::thread::sleep(Duration::from_millis(5)),
-            }
-        }
-        assert_eq!(wakes, 1, "one wake-up for the burst");
-        assert_eq!(rx.try_iter().count(), 1000);
-        // The thread read the wake-up and looked: the next input wakes it again.
-        m.looked();
-        m.heard(&name, 1);
-        let mut taken = Vec::new();
-        woken(&mut r, &mut taken).expect("woken again after it looked");
-        assert!(r.take_woken());
     }
 }

@@ -68,12 +68,6 @@ pub(crate) struct Members {
     dropped: Arc<AtomicU64>,
     /// Wakes the thread, which waits on its socket (set once the socket is bound).
     waker: Arc<std::sync::OnceLock<DatagramWaker>>,
-    /// A wake-up datagram was sent and the thread has not read it yet (it clears this when
-    /// it does, then looks at its inbox: [`Members::looked`]): later inputs need none of
-    /// their own. Each wake-up is a datagram in the socket the membership's packets come
-    /// in on; one per input, a burst of handshakes filled it with wake-ups (and woke the
-    /// thread once for each).
-    kicked: Arc<std::sync::atomic::AtomicBool>,
     /// Moves on at every change of the view (see `Runtime::member_peers`).
     generation: Arc<AtomicU64>,
 }
@@ -87,7 +81,6 @@ impl Members {
             view: Arc::new(RwLock::new(View::default())),
             dropped: Arc::default(),
             waker: Arc::default(),
-            kicked: Arc::default(),
             generation: Arc::default(),
         };
         (m, rx)
@@ -99,21 +92,10 @@ impl Members {
         self.kick();
     }
 
-    /// Wake the thread, unless a wake-up is already on its way.
     fn kick(&self) {
-        use std::sync::atomic::Ordering::SeqCst;
-        if let Some(w) = self.waker.get()
-            && !self.kicked.swap(true, SeqCst)
-        {
+        if let Some(w) = self.waker.get() {
             w.wake();
         }
-    }
-
-    /// The membership thread read a wake-up datagram and is about to look at its inbox
-    /// (call before taking inputs, so that an input queued after this wakes it again).
-    pub fn looked(&self) {
-        self.kicked
-            .store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn offer(&self, i: Input) {

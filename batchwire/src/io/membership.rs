@@ -75,22 +75,30 @@ pub(crate) fn run_members(
         // ack that came while this thread waited for a CPU is taken before the probe it
         // answers times out (on a loaded machine, the other order suspected live members).
         let mut acks = Vec::new();
-        // Looked at now (also if the wake-up datagram was lost: the next input sends one).
-        ctx.members.looked();
-        take_inputs(&mut m, &rx, &mut left, &mut acks, &ctx);
+        for input in rx.try_iter().take(TURN) {
+            let now = Instant::now();
+            match input {
+                Input::Join(seed) if !left => {
+                    debug!(node = %ctx.node, seed = %seed.name, addr = %seed.addr, "announcing to a seed");
+                    m.handle_join(now, seed);
+                }
+                Input::Join(_) => {}
+                Input::Heard(name, incarnation) => m.handle_heard(now, &name, incarnation),
+                Input::Unreachable(name) => m.handle_unreachable(now, name.as_bytes()),
+                Input::Wake => {}
+                Input::Leave(ack) => {
+                    m.handle_leave(now);
+                    left = true;
+                    acks.push(ack);
+                }
+            }
+        }
         // Every datagram waiting, taken as one batch (see `Membership::handle_frames`).
         reader.drain(BATCH, |from, body| {
             if !left {
                 batch.push((from, body));
             }
         });
-        // A wake-up was among them: inputs queued since the first look, which sent no
-        // wake-up of their own while that one was on its way (see `Members::looked`), are
-        // taken now.
-        if reader.take_woken() {
-            ctx.members.looked();
-            take_inputs(&mut m, &rx, &mut left, &mut acks, &ctx);
-        }
         if !batch.is_empty() {
             // The datagram opened with the cluster key: a body that breaks the rules (a
             // sender field that is not the datagram's sender, a packet that does not
@@ -109,34 +117,6 @@ pub(crate) fn run_members(
         act(&mut m, &ctx);
         for a in acks {
             let _ = a.try_send(());
-        }
-    }
-}
-
-/// Act on the inputs waiting (at most [`TURN`]).
-fn take_inputs(
-    m: &mut Membership,
-    rx: &Receiver<Input>,
-    left: &mut bool,
-    acks: &mut Vec<std::sync::mpsc::SyncSender<()>>,
-    ctx: &MembersCtx,
-) {
-    for input in rx.try_iter().take(TURN) {
-        let now = Instant::now();
-        match input {
-            Input::Join(seed) if !*left => {
-                debug!(node = %ctx.node, seed = %seed.name, addr = %seed.addr, "announcing to a seed");
-                m.handle_join(now, seed);
-            }
-            Input::Join(_) => {}
-            Input::Heard(name, incarnation) => m.handle_heard(now, &name, incarnation),
-            Input::Unreachable(name) => m.handle_unreachable(now, name.as_bytes()),
-            Input::Wake => {}
-            Input::Leave(ack) => {
-                m.handle_leave(now);
-                *left = true;
-                acks.push(ack);
-            }
         }
     }
 }
