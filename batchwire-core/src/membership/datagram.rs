@@ -67,10 +67,11 @@ pub enum DatagramError {
         boot: u64,
         counter: u64,
     },
-    /// Sealed for another boot of this node: one that ran before (a datagram recorded
-    /// then and replayed, or a sender that has not heard of the restart yet).
+    /// Sealed for another boot of this node: as a rule one that ran before (a datagram
+    /// recorded then and replayed, or a sender that has not heard of the restart yet).
+    /// Checked before the tag: the boot named may also be made up.
     #[error(
-        "membership datagram from {sender:?} was meant for an earlier boot of this node ({to_boot})"
+        "membership datagram from {sender:?} was meant for another boot of this node ({to_boot}), not this one"
     )]
     Stale { sender: String, to_boot: u64 },
 }

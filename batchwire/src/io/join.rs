@@ -15,9 +15,10 @@
 //! dialled.
 //!
 //! Bounds: at most [`MAX_ADDRS`] addresses a round, at most [`MAX_IN_FLIGHT`] join
-//! connections being made at once (established ones do not count), one per address; the resolver is waited for at most
-//! [`LOOKUP_WAIT`] a round (one lookup per name at a time, off this thread); what the resolver says is logged when a name's
-//! addresses change, and failures at the first and then at doubling counts.
+//! connections being made at once (established ones do not count), one per address;
+//! the resolver is waited for at most [`LOOKUP_WAIT`] a round (one lookup per name at a
+//! time, off this thread); what the resolver says is logged when a name's addresses
+//! change, and failures at the first and then at doubling counts.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};

@@ -268,9 +268,9 @@ impl Setup {
     }
 
     /// Run a connection whose handshake is done to its end: with TLS the certificate's
-    /// name first, then (the inbound handshake's or the join's place freed) RESUME, the reader and the
-    /// teardown. Returns whether the peer was authenticated.
-    pub fn established(self: &Arc<Self>, h: Handshaken, slot: Option<Place>) -> bool {
+    /// name first, then (the inbound handshake's or the join's `place` freed) RESUME, the
+    /// reader and the teardown. Returns whether the peer was authenticated.
+    pub fn established(self: &Arc<Self>, h: Handshaken, place: Option<Place>) -> bool {
         let (link, info, buf, addr) = (h.link, h.info, h.buf, h.addr);
         let (deadline, dialled, joining) = (h.deadline, h.dialled, h.joining);
         if let Err(e) = self.check_certificate(&link, &info) {
@@ -278,7 +278,7 @@ impl Setup {
             return false;
         }
         let link = Arc::new(link);
-        drop(slot);
+        drop(place);
         let span = tracing::info_span!(
             "conn",
             node = %self.name,

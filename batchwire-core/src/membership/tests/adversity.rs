@@ -548,10 +548,12 @@ fn departed_members_give_their_place_in_a_full_view_to_live_ones() {
     let _ = a.take_view_delta();
     // Two live newcomers: each takes a departed member's place, at once.
     t += Duration::from_millis(50);
-    let live: Vec<_> = (0..2)
-        .map(|k| foca::Member::alive(id(200 + k, 1)))
-        .collect();
-    a.handle_frame(t, &bad.name, &gossip(&bad, &me, &live))
+    let two_alive = |from: usize| -> Vec<_> {
+        (0..2)
+            .map(|k| foca::Member::alive(id(from + k, 1)))
+            .collect()
+    };
+    a.handle_frame(t, &bad.name, &gossip(&bad, &me, &two_alive(200)))
         .unwrap();
     let joined: Vec<Name> = std::iter::from_fn(|| a.poll_event())
         .filter_map(|e| match e {
@@ -575,13 +577,16 @@ fn departed_members_give_their_place_in_a_full_view_to_live_ones() {
     ));
     // A full view of live members still refuses newcomers, live or not.
     t += Duration::from_millis(50);
-    let more: Vec<_> = (0..2)
-        .map(|k| foca::Member::alive(id(300 + k, 1)))
-        .collect();
-    a.handle_frame(t, &bad.name, &gossip(&bad, &me, &more))
+    let refused = a.counters().members_refused;
+    a.handle_frame(t, &bad.name, &gossip(&bad, &me, &two_alive(300)))
         .unwrap();
     assert_eq!(a.counters().departed_evicted, 3, "the last departed one");
     assert_eq!(a.members().len(), 4);
     assert!(a.members().iter().filter(|m| m.1.is_live()).count() <= 4);
+    assert_eq!(
+        a.counters().members_refused,
+        refused + 1,
+        "the second, with only live members left, is refused"
+    );
     assert_eq!(a.view_disagrees(), None);
 }
