@@ -202,6 +202,18 @@ pub(crate) fn set_receive_buffer(fd: RawFd, bytes: libc::c_int) -> io::Result<()
     Ok(())
 }
 
+/// Let the listening socket `fd` queue up to `backlog` connections that the node has not
+/// accepted yet (Linux updates the queue of a socket that already listens; it caps the
+/// length at `net.core.somaxconn`).
+pub(crate) fn set_listen_backlog(fd: RawFd, backlog: libc::c_int) -> io::Result<()> {
+    // SAFETY: listen(2) takes a descriptor the caller keeps open and an integer; it
+    // touches no memory of this process.
+    if unsafe { libc::listen(fd, backlog) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The CPU time the calling thread has used.
 #[cfg(test)]
 pub(crate) fn thread_cpu_time() -> std::time::Duration {

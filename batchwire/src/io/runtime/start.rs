@@ -31,6 +31,7 @@ impl Runtime {
             addr: config.listen,
             source,
         })?;
+        grow_listen_backlog(&listener, &config.name);
         let local_addr = listener.local_addr()?;
         // Membership datagrams on the same address and port number, over UDP.
         let udp = match &config.membership {
@@ -267,5 +268,53 @@ impl Runtime {
             }
         }
         Ok(rt)
+    }
+}
+
+/// Connections the kernel queues for the acceptor before it refuses more. The standard
+/// library listens with 128: when a thousand nodes joined through one seed on a loaded
+/// host, its queue overflowed, the kernel dropped the joiners' SYNs and each waited a
+/// second or more for its retransmission (`cannot reach the seed yet: connection timed
+/// out`), which spread the join over half a minute. A queued connection costs the kernel
+/// a socket; the acceptor's own bounds (handshakes in progress) apply once it is taken.
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// Raise the listener's queue to `LISTEN_BACKLOG` (best effort: the node works with the
+/// standard library's if the kernel refuses).
+fn grow_listen_backlog(listener: &TcpListener, node: &str) {
+    use std::os::fd::AsRawFd;
+    if let Err(e) = crate::sys::set_listen_backlog(listener.as_raw_fd(), LISTEN_BACKLOG) {
+        tracing::debug!(node, error = %e, "listener: queue not grown");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// More connections than the standard library's 128 wait to be accepted: each
+    /// completes its connect at once (with the queue at 128, the kernel dropped the SYNs
+    /// past it and those connects waited a second for a retransmission).
+    #[test]
+    fn the_listener_queues_hundreds_of_connections_before_the_acceptor_takes_them() {
+        let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(4096);
+        let n = 300.min(somaxconn);
+        assert!(
+            n > 129,
+            "net.core.somaxconn = {somaxconn} caps any queue below the test's"
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        grow_listen_backlog(&listener, "n0");
+        let addr = listener.local_addr().unwrap();
+        let mut held = Vec::with_capacity(n);
+        for i in 0..n {
+            let c = TcpStream::connect_timeout(&addr, Duration::from_millis(500));
+            assert!(c.is_ok(), "connect {i} of {n} not queued: {c:?}");
+            held.push(c.unwrap());
+        }
     }
 }
