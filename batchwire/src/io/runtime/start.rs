@@ -284,7 +284,7 @@ const LISTEN_BACKLOG: i32 = 1024;
 fn grow_listen_backlog(listener: &TcpListener, node: &str) {
     use std::os::fd::AsRawFd;
     if let Err(e) = crate::sys::set_listen_backlog(listener.as_raw_fd(), LISTEN_BACKLOG) {
-        tracing::debug!(node, error = %e, "listener: queue not grown");
+        tracing::warn!(node, error = %e, backlog = LISTEN_BACKLOG, "listener: its queue of connections not yet accepted could not be grown (128 is used); many nodes joining at once may have to retry");
     }
 }
 
@@ -303,10 +303,13 @@ mod tests {
             .and_then(|s| s.trim().parse::<usize>().ok())
             .unwrap_or(4096);
         let n = 300.min(somaxconn);
-        assert!(
-            n > 129,
-            "net.core.somaxconn = {somaxconn} caps any queue below the test's"
-        );
+        if n <= 129 {
+            // Only a host whose kernel caps every queue at 128 skips it.
+            eprintln!(
+                "net.core.somaxconn = {somaxconn} caps any queue at the standard one: not run"
+            );
+            return;
+        }
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         grow_listen_backlog(&listener, "n0");
         let addr = listener.local_addr().unwrap();
