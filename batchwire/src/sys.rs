@@ -214,6 +214,17 @@ pub(crate) fn set_listen_backlog(fd: RawFd, backlog: libc::c_int) -> io::Result<
     Ok(())
 }
 
+/// Bytes received on socket `fd` that no one has read yet (ioctl FIONREAD).
+pub(crate) fn unread_bytes(fd: RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int, here a local that lives across the call; the
+    // descriptor is one the caller keeps open.
+    if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n.max(0) as usize)
+}
+
 /// The CPU time the calling thread has used.
 #[cfg(test)]
 pub(crate) fn thread_cpu_time() -> std::time::Duration {

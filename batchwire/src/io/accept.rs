@@ -25,7 +25,7 @@ use mio::{Events, Interest, Poll, Token};
 use tracing::warn;
 
 use crate::io::logs::warn_limited;
-use crate::io::setup::Setup;
+use crate::io::setup::{Setup, Turn};
 use crate::io::threads::Threads;
 use inbound::{Inbound, Progress};
 
@@ -225,6 +225,10 @@ impl Acceptor {
         let progress = c.span.clone().in_scope(|| c.drive(setup));
         match progress {
             Progress::Waiting { writable } => {
+                // All it could do for now is done (see `Turn`).
+                if let Some(slot) = &c.slot {
+                    slot.set_turn(c.turn(writable));
+                }
                 if writable != c.writable {
                     c.writable = writable;
                     let interest = if writable {
@@ -254,6 +258,9 @@ impl Acceptor {
             return;
         };
         self.forget(&c);
+        if let Some(slot) = &c.slot {
+            slot.set_turn(Turn::Proved);
+        }
         let (addr, span) = (c.addr, c.span.clone());
         let (h, slot) = match c.into_handshaken() {
             Ok(x) => x,

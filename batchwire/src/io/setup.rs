@@ -8,8 +8,8 @@ mod places;
 mod reading;
 mod steps;
 
-pub(crate) use places::HandshakeSlot;
 use places::Slots;
+pub(crate) use places::{HandshakeSlot, Turn};
 pub(crate) use reading::Reading;
 
 use std::net::{SocketAddr, TcpStream};

@@ -21,10 +21,28 @@ use bytes::BytesMut;
 
 use crate::io::conn::LinkError;
 use crate::io::link::Link;
-use crate::io::setup::{HANDSHAKE_MAX_FRAME, HandshakeSlot, Handshaken, Setup, looks_like_tls};
+use crate::io::setup::{
+    HANDSHAKE_MAX_FRAME, HandshakeSlot, Handshaken, Setup, Turn, looks_like_tls,
+};
 
 /// Bytes read from the socket at once while setting up.
 const CHUNK: usize = 4096;
+
+/// Most bytes a TLS record adds around its plaintext (header, explicit nonce, tag).
+const TLS_RECORD_OVERHEAD: usize = 29;
+
+/// The bytes still to come before the frame begun in `buf` (read, not yet whole) is whole:
+/// at least one, plus a TLS record's framing and tag around them (`tls`). The length in a
+/// frame's header was checked when it was read (at most `HANDSHAKE_MAX_FRAME`).
+fn needs(buf: &[u8], tls: bool) -> u32 {
+    let frame = match buf.get(..4) {
+        Some(h) => 4 + u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize,
+        None => 4,
+    };
+    let over = if tls { TLS_RECORD_OVERHEAD } else { 0 };
+    let n = frame.saturating_sub(buf.len()).max(1) + over;
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
 
 /// What a turn of [`Inbound::drive`] came to.
 pub(super) enum Progress {
@@ -121,6 +139,24 @@ impl Inbound {
                 Read1::Empty => return Ok(Progress::Waiting { writable: owed }),
                 Read1::End => return Err(LinkError::Eof),
             }
+        }
+    }
+
+    /// After [`Inbound::drive`] came to `Waiting { writable }`: on what (see
+    /// `setup::Turn`, for who gives way when places run out). Everything read was acted
+    /// on, so it waits on the peer, unless the peer proved the secret already.
+    pub fn turn(&self, writable: bool) -> Turn {
+        if self.hs.peer().is_some() {
+            return Turn::Proved;
+        }
+        // The peer does not read what this node wrote, or TLS is still shaking hands (how
+        // many bytes its next flight takes is rustls' to know): any byte short of that is
+        // the peer's.
+        if writable || self.tls.as_ref().is_some_and(|t| t.is_handshaking()) {
+            return Turn::Peer { needs: u32::MAX };
+        }
+        Turn::Peer {
+            needs: needs(&self.buf, self.tls.is_some()),
         }
     }
 
@@ -311,4 +347,26 @@ fn tls_error(e: std::io::Error) -> LinkError {
     LinkError::Tls(format!(
         "{e} (does the peer run TLS with a certificate from the same CA, naming the node?)"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_begun_needs_the_rest_of_it() {
+        assert_eq!(needs(&[], false), 4, "a header");
+        assert_eq!(needs(&[10, 0], false), 2, "the rest of the header");
+        let mut b = vec![10, 0, 0, 0];
+        assert_eq!(needs(&b, false), 10);
+        b.extend_from_slice(&[0; 9]);
+        assert_eq!(needs(&b, false), 1);
+        assert_eq!(needs(&b, true), 1 + TLS_RECORD_OVERHEAD as u32);
+        b.push(0);
+        assert_eq!(
+            needs(&b, false),
+            1,
+            "whole (never the case here): still one"
+        );
+    }
 }
