@@ -478,3 +478,45 @@ fn lasting_join_connections_do_not_stop_later_merges() {
         live(&z.members())
     );
 }
+
+/// A seed address that does not answer (its host gone: SYNs dropped, here a listener whose
+/// queue is full) does not hold up the join through the next one: each connect runs on
+/// its join connection's thread. (Before, the joiner connected to one address at a time
+/// and waited out the handshake timeout, 5 s, on the silent one first.)
+#[test]
+fn a_silent_seed_does_not_hold_up_the_join_through_the_next() {
+    use socket2::{Domain, Socket, Type};
+    let silent = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    silent
+        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    silent.listen(0).unwrap();
+    let silent_addr = silent.local_addr().unwrap().as_socket().unwrap();
+    // Fill its queue (a backlog of 0 holds one), so that later SYNs are dropped.
+    let mut fill = Vec::new();
+    while fill.len() < 8 {
+        match std::net::TcpStream::connect_timeout(&silent_addr, Duration::from_millis(200)) {
+            Ok(s) => fill.push(s),
+            Err(_) => break,
+        }
+    }
+    assert!(
+        std::net::TcpStream::connect_timeout(&silent_addr, Duration::from_millis(300)).is_err(),
+        "the silent seed answered a connect"
+    );
+    let a = node("a", None);
+    let t0 = std::time::Instant::now();
+    let b = Node::start(
+        NodeConfig::new("b", "127.0.0.1:0".parse().unwrap(), SECRET)
+            .join(silent_addr)
+            .join(a.local_addr()),
+    )
+    .unwrap();
+    assert!(
+        b.wait_for_members(Duration::from_secs(4), |v| live(v) == ["a"]),
+        "b sees {:?} after {:?}",
+        live(&b.members()),
+        t0.elapsed()
+    );
+    drop(fill);
+}

@@ -2,8 +2,9 @@
 //! resolved through the system resolver) and dials them.
 //!
 //! While this node has no live member, each round resolves the names again and dials every
-//! seed address that has no join connection yet, then waits with the reconnect back-off. A
-//! connection that comes up runs on a thread of its own (to its end, like any connection):
+//! seed address that has no join connection yet, then waits with the reconnect back-off.
+//! Each dial runs on a thread of its own, the connect too (so a seed address that does not
+//! answer holds up no other), and a connection that comes up runs there to its end:
 //! the handshake tells the seed's name and the connection announces this node to the
 //! seed's membership (see `Setup::run`), which brings the rest of the cluster both ways.
 //!
@@ -242,32 +243,15 @@ pub(crate) fn run_joiner(
             }
             attempts += 1;
             let done = InFlight(in_flight.clone(), *addr);
-            match TcpStream::connect_timeout(addr, setup.config.handshake_timeout) {
-                Ok(s) => {
-                    if joined {
-                        debug!(node = %setup.name, seed = %addr, "a seed address that is no live member's answers; joining through it too");
-                    }
-                    let st = setup.clone();
-                    let up = Established(done.0.clone(), done.1);
-                    let spawned = threads.spawn(format!("bw-join-{}", setup.name), move || {
-                        let _done = done;
-                        st.run(
-                            s,
-                            Side::Join {
-                                place: Box::new(up),
-                            },
-                        );
-                    });
-                    if let Err(e) = spawned {
-                        info!(node = %setup.name, seed = %addr, error = %e, "cannot start a thread for a join connection; retrying");
-                    }
-                }
-                Err(e) if attempts == 1 || attempts.is_power_of_two() => {
-                    info!(node = %setup.name, seed = %addr, error = %e, attempts, "cannot reach the seed yet; retrying");
-                }
-                Err(e) => {
-                    debug!(node = %setup.name, seed = %addr, error = %e, "cannot reach the seed")
-                }
+            // The connect too runs on the connection's thread: a seed address that does
+            // not answer (a host gone, its SYNs dropped) costs its own thread up to the
+            // handshake timeout, not every address after it in this round.
+            let (st, addr, n) = (setup.clone(), *addr, attempts);
+            let spawned = threads.spawn(format!("bw-join-{}", setup.name), move || {
+                join_through(&st, addr, done, joined, n)
+            });
+            if let Err(e) = spawned {
+                info!(node = %setup.name, seed = %addr, error = %e, "cannot start a thread for a join connection; retrying");
             }
         }
         let pause = if joined {
@@ -279,6 +263,31 @@ pub(crate) fn run_joiner(
             return;
         }
     }
+}
+
+/// On a thread of its own: connect to seed `addr` and run the connection to its end;
+/// `done` frees the address for the joiner when this returns. `attempts` counts the
+/// joiner's connects so far (for the log's back-off).
+fn join_through(setup: &Arc<Setup>, addr: SocketAddr, done: InFlight, joined: bool, attempts: u32) {
+    match TcpStream::connect_timeout(&addr, setup.config.handshake_timeout) {
+        Ok(s) => {
+            if joined {
+                debug!(node = %setup.name, seed = %addr, "a seed address that is no live member's answers; joining through it too");
+            }
+            let up = Established(done.0.clone(), done.1);
+            setup.run(
+                s,
+                Side::Join {
+                    place: Box::new(up),
+                },
+            );
+        }
+        Err(e) if attempts == 1 || attempts.is_power_of_two() => {
+            info!(node = %setup.name, seed = %addr, error = %e, attempts, "cannot reach the seed yet; retrying");
+        }
+        Err(e) => debug!(node = %setup.name, seed = %addr, error = %e, "cannot reach the seed"),
+    }
+    drop(done);
 }
 
 /// An address with a join connection (or a connect) in progress; removed when dropped
