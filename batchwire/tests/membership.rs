@@ -479,31 +479,40 @@ fn lasting_join_connections_do_not_stop_later_merges() {
     );
 }
 
-/// A seed address that does not answer (its host gone: SYNs dropped, here a listener whose
-/// queue is full) does not hold up the join through the next one: each connect runs on
-/// its join connection's thread. (Before, the joiner connected to one address at a time
-/// and waited out the handshake timeout, 5 s, on the silent one first.)
-#[test]
-fn a_silent_seed_does_not_hold_up_the_join_through_the_next() {
+/// A seed address that does not answer, as a host that is gone (SYNs dropped): a
+/// listener whose queue (of one: a backlog of 0) is full. Keep what it returns alive.
+/// `None` if this kernel answers a connect to it all the same.
+fn silent_seed() -> Option<(socket2::Socket, SocketAddr, Vec<std::net::TcpStream>)> {
     use socket2::{Domain, Socket, Type};
     let silent = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
     silent
         .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
         .unwrap();
     silent.listen(0).unwrap();
-    let silent_addr = silent.local_addr().unwrap().as_socket().unwrap();
-    // Fill its queue (a backlog of 0 holds one), so that later SYNs are dropped.
+    let addr = silent.local_addr().unwrap().as_socket().unwrap();
     let mut fill = Vec::new();
     while fill.len() < 8 {
-        match std::net::TcpStream::connect_timeout(&silent_addr, Duration::from_millis(200)) {
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
             Ok(s) => fill.push(s),
             Err(_) => break,
         }
     }
-    assert!(
-        std::net::TcpStream::connect_timeout(&silent_addr, Duration::from_millis(300)).is_err(),
-        "the silent seed answered a connect"
-    );
+    if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok() {
+        eprintln!("a full listener still answers connects here: not run");
+        return None;
+    }
+    Some((silent, addr, fill))
+}
+
+/// A seed address that does not answer does not hold up the join through the next one:
+/// each connect runs on its join connection's thread. (Before, the joiner connected to
+/// one address at a time and waited out the handshake timeout, 5 s, on the silent one
+/// first.)
+#[test]
+fn a_silent_seed_does_not_hold_up_the_join_through_the_next() {
+    let Some((_silent, silent_addr, _fill)) = silent_seed() else {
+        return;
+    };
     let a = node("a", None);
     let t0 = std::time::Instant::now();
     let b = Node::start(
@@ -518,5 +527,29 @@ fn a_silent_seed_does_not_hold_up_the_join_through_the_next() {
         live(&b.members()),
         t0.elapsed()
     );
-    drop(fill);
+}
+
+/// More silent seed addresses listed first than the joiner makes connects at once (8):
+/// the live one after them is still dialled once their connects give up (each round
+/// starts after the last address dialled), not crowded out round after round.
+#[test]
+fn silent_seeds_listed_first_cannot_crowd_out_a_live_one() {
+    let silent: Vec<_> = (0..9).filter_map(|_| silent_seed()).collect();
+    if silent.len() < 9 {
+        return;
+    }
+    let a = node("a", None);
+    let t0 = std::time::Instant::now();
+    let mut cfg = NodeConfig::new("b", "127.0.0.1:0".parse().unwrap(), SECRET)
+        .handshake_timeout(Duration::from_secs(2));
+    for (_, addr, _) in &silent {
+        cfg = cfg.join(*addr);
+    }
+    let b = Node::start(cfg.join(a.local_addr())).unwrap();
+    assert!(
+        b.wait_for_members(Duration::from_secs(8), |v| live(v) == ["a"]),
+        "b sees {:?} after {:?}",
+        live(&b.members()),
+        t0.elapsed()
+    );
 }

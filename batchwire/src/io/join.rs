@@ -201,6 +201,11 @@ pub(crate) fn run_joiner(
     let in_flight: Arc<Mutex<HashMap<SocketAddr, bool>>> = Default::default();
     let mut attempts = 0u32;
     let mut was_joined = false;
+    // Where the next round starts in the addresses: after the last one dialled, so that
+    // silent addresses listed first cannot take every connect's place round after round
+    // while a live one waits behind them.
+    let mut cursor = 0usize;
+    let mut spawn_failures = 0u32;
     loop {
         if setup.shutdown.is_shutting_down() {
             return;
@@ -221,7 +226,9 @@ pub(crate) fn run_joiner(
         if joined && !names {
             return;
         }
-        for addr in &addrs {
+        let start = cursor % addrs.len().max(1);
+        for i in (0..addrs.len()).map(|k| (start + k) % addrs.len()) {
+            let addr = &addrs[i];
             if setup.shutdown.is_shutting_down() {
                 return;
             }
@@ -242,6 +249,7 @@ pub(crate) fn run_joiner(
                 f.insert(*addr, false);
             }
             attempts += 1;
+            cursor = i + 1;
             let done = InFlight(in_flight.clone(), *addr);
             // The connect too runs on the connection's thread: a seed address that does
             // not answer (a host gone, its SYNs dropped) costs its own thread up to the
@@ -251,7 +259,13 @@ pub(crate) fn run_joiner(
                 join_through(&st, addr, done, joined, n)
             });
             if let Err(e) = spawned {
-                info!(node = %setup.name, seed = %addr, error = %e, "cannot start a thread for a join connection; retrying");
+                // No thread now: the round ends here (the address is free again), and
+                // the log says so at the first failure and then at doubling counts.
+                spawn_failures += 1;
+                if spawn_failures.is_power_of_two() {
+                    info!(node = %setup.name, seed = %addr, error = %e, failures = spawn_failures, "cannot start a thread for a join connection; retrying");
+                }
+                break;
             }
         }
         let pause = if joined {
