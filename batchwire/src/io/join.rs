@@ -249,7 +249,6 @@ pub(crate) fn run_joiner(
                 f.insert(*addr, false);
             }
             attempts += 1;
-            cursor = i + 1;
             let done = InFlight(in_flight.clone(), *addr);
             // The connect too runs on the connection's thread: a seed address that does
             // not answer (a host gone, its SYNs dropped) costs its own thread up to the
@@ -258,9 +257,12 @@ pub(crate) fn run_joiner(
             let spawned = threads.spawn(format!("bw-join-{}", setup.name), move || {
                 join_through(&st, addr, done, joined, n)
             });
+            cursor = i + 1;
             if let Err(e) = spawned {
-                // No thread now: the round ends here (the address is free again), and
-                // the log says so at the first failure and then at doubling counts.
+                // No thread now: the round ends here (the address is free again, and
+                // first in the next round), and the log says so at the first failure
+                // and then at doubling counts.
+                cursor = i;
                 spawn_failures += 1;
                 if spawn_failures.is_power_of_two() {
                     info!(node = %setup.name, seed = %addr, error = %e, failures = spawn_failures, "cannot start a thread for a join connection; retrying");
