@@ -28,22 +28,15 @@ use crate::io::setup::{
 /// Bytes read from the socket at once while setting up.
 const CHUNK: usize = 4096;
 
-/// The fewest bytes a TLS record adds around its plaintext (a header and a 16-byte tag:
-/// TLS 1.2 with ChaCha20-Poly1305; TLS 1.3 adds one more). The fewest, since the rest of a
-/// frame sent whole must never look short of it.
-const TLS_RECORD_OVERHEAD: usize = 21;
-
-/// The bytes still to come before the frame begun in `buf` (read, not yet whole) is whole:
-/// at least one, plus a TLS record's framing and tag around them (`tls`). The length in a
-/// frame's header was checked when it was read (at most `HANDSHAKE_MAX_FRAME`).
-fn needs(buf: &[u8], tls: bool) -> u32 {
+/// The bytes still to come before the frame begun in `buf` (read, not yet whole) is whole,
+/// at least one. The length in a frame's header was checked when it was read (at most
+/// `HANDSHAKE_MAX_FRAME`).
+fn needs(buf: &[u8]) -> u32 {
     let frame = match buf.get(..4) {
         Some(h) => 4 + u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize,
         None => 4,
     };
-    let over = if tls { TLS_RECORD_OVERHEAD } else { 0 };
-    let n = frame.saturating_sub(buf.len()).max(1) + over;
-    u32::try_from(n).unwrap_or(u32::MAX)
+    u32::try_from(frame.saturating_sub(buf.len()).max(1)).unwrap_or(u32::MAX)
 }
 
 /// What a turn of [`Inbound::drive`] came to.
@@ -157,8 +150,15 @@ impl Inbound {
         if writable || self.tls.as_ref().is_some_and(|t| t.is_handshaking()) {
             return Turn::Peer { needs: u32::MAX };
         }
+        // Over TLS the peer has shown a certificate of the cluster's CA by now, and how
+        // much of a record rustls holds is not known here: any byte unread is the node's
+        // to read. On plain TCP, the rest of the frame begun (a stranger trickling one
+        // byte at a time must not look like a peer the node is behind on).
+        if self.tls.is_some() {
+            return Turn::Peer { needs: 1 };
+        }
         Turn::Peer {
-            needs: needs(&self.buf, self.tls.is_some()),
+            needs: needs(&self.buf),
         }
     }
 
@@ -357,18 +357,13 @@ mod tests {
 
     #[test]
     fn a_frame_begun_needs_the_rest_of_it() {
-        assert_eq!(needs(&[], false), 4, "a header");
-        assert_eq!(needs(&[10, 0], false), 2, "the rest of the header");
+        assert_eq!(needs(&[]), 4, "a header");
+        assert_eq!(needs(&[10, 0]), 2, "the rest of the header");
         let mut b = vec![10, 0, 0, 0];
-        assert_eq!(needs(&b, false), 10);
+        assert_eq!(needs(&b), 10);
         b.extend_from_slice(&[0; 9]);
-        assert_eq!(needs(&b, false), 1);
-        assert_eq!(needs(&b, true), 1 + TLS_RECORD_OVERHEAD as u32);
+        assert_eq!(needs(&b), 1);
         b.push(0);
-        assert_eq!(
-            needs(&b, false),
-            1,
-            "whole (never the case here): still one"
-        );
+        assert_eq!(needs(&b), 1, "whole (never the case here): still one");
     }
 }
