@@ -483,9 +483,10 @@ impl NodeConfig {
 
     /// Most of those from one source address, so that one client cannot take every place.
     /// A known address gets as many again among the kept places; past that its oldest
-    /// handshake that waits on its peer (silent, or trickling a frame) gives way, or, if
-    /// the node is behind on all of them, the oldest once it has waited half the handshake
-    /// timeout (until then the newcomer is closed at once and dials again). Default 16.
+    /// handshake that waits on its peer (silent, or on plain TCP trickling a frame) gives
+    /// way, or, if the node is behind on all of them, the oldest once it has waited half
+    /// the handshake timeout (until then the newcomer is closed at once and dials again).
+    /// Default 16.
     pub fn max_handshakes_per_address(mut self, n: usize) -> Self {
         self.max_handshakes_per_address = n;
         self

@@ -158,10 +158,11 @@ struct Pending {
 /// Of `list`'s kept places in use, the one to cut for a newcomer from the same address,
 /// taken out of the list's hands (`None`: cut none, refuse the newcomer):
 /// - the oldest whose peer keeps it waiting: its handshake did all it could and waits on
-///   the peer ([`Turn::Peer`]), and fewer bytes than the rest of the frame begun are
-///   unread here (`unread`): the peer is silent, or trickles a frame, or does not read.
+///   the peer ([`Turn::Peer`]), and fewer bytes than it needs are unread here
+///   (`unread`; on plain TCP the rest of the frame begun, over TLS past TLS's own
+///   handshake one byte): the peer is silent, or trickles a frame, or does not read.
 ///   "A real peer's handshake is over in moments" holds only while this node keeps up;
-/// - else (this node is the one behind on every one: a whole frame unread, or a peer
+/// - else (this node is the one behind on every one: what it needs unread, or a peer
 ///   that proved the secret still to set up, as a seed has when a thousand nodes join
 ///   through it at once on a loaded host) the oldest, if it has waited `patience` (half
 ///   the handshake timeout), so that a stranger on a member's address cannot keep a
@@ -215,7 +216,8 @@ pub(crate) enum Turn {
     /// Just accepted: this node's HELLO is owed.
     Node,
     /// This node did all it could and waits on the peer: for at least `needs` more bytes
-    /// (the rest of the frame begun), or for the peer to read what it wrote.
+    /// (on plain TCP the rest of the frame begun; over TLS, past TLS's own handshake, one;
+    /// during it, `u32::MAX`), or for the peer to read what it wrote.
     Peer { needs: u32 },
     /// The peer proved the secret: what is left (the certificate's name, on a thread of
     /// its own) is this node's.
