@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -30,6 +29,7 @@ impl Setup {
     pub fn slot(self: &Arc<Self>, ip: IpAddr, stream: &TcpStream) -> Option<HandshakeSlot> {
         let cfg = &self.config;
         let per_address = cfg.max_handshakes_per_address;
+        let now = Instant::now();
         let mut g = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let live = |p: &&Pending| p.stream.is_some();
         let (here, here_known) = g.by_ip.get(&ip).map_or((0, 0), |l| {
@@ -51,7 +51,7 @@ impl Setup {
                 let cut = g
                     .by_ip
                     .get_mut(&ip)
-                    .and_then(|l| give_way(l, Instant::now(), patience, unread));
+                    .and_then(|l| give_way(l, now, patience, unread));
                 let s = cut?;
                 let _ = s.shutdown(std::net::Shutdown::Both);
                 self.security.evicted.fetch_add(1, Relaxed);
@@ -91,11 +91,10 @@ impl Setup {
         } else {
             g.strangers += 1;
         }
-        let turn = Arc::new(AtomicU64::new(Turn::Node.code()));
         g.by_ip.entry(ip).or_default().push(Pending {
             id,
-            since: Instant::now(),
-            turn: turn.clone(),
+            since: now,
+            turn: Turn::Node,
             known,
             stream: stream.try_clone().ok(),
         });
@@ -103,7 +102,6 @@ impl Setup {
             setup: self.clone(),
             ip,
             id,
-            turn,
         })
     }
 
@@ -149,8 +147,8 @@ struct Pending {
     id: u64,
     /// When its place was taken.
     since: Instant,
-    /// Whose turn it is, as its handshake last said (see [`Turn::code`]).
-    turn: Arc<AtomicU64>,
+    /// Whose turn it is, as its handshake last said (`HandshakeSlot::set_turn`).
+    turn: Turn,
     known: bool,
     stream: Option<TcpStream>,
 }
@@ -183,7 +181,7 @@ fn give_way(
         .collect();
     live.sort_by_key(|p| p.id);
     let waiting_on_peer = live.iter().position(|p| {
-        let Turn::Peer { needs } = Turn::from_code(p.turn.load(Relaxed)) else {
+        let Turn::Peer { needs } = p.turn else {
             return false;
         };
         p.stream.as_ref().is_none_or(|s| unread(s) < needs as usize)
@@ -207,7 +205,6 @@ pub(crate) struct HandshakeSlot {
     setup: Arc<Setup>,
     ip: IpAddr,
     id: u64,
-    turn: Arc<AtomicU64>,
 }
 
 /// Where an inbound handshake stands, for `give_way`.
@@ -224,34 +221,15 @@ pub(crate) enum Turn {
     Proved,
 }
 
-impl Turn {
-    const PEER: u64 = 1 << 63;
-    const PROVED: u64 = 1 << 62;
-
-    /// As one atomic word: `Peer`'s `needs` in the low bits.
-    fn code(self) -> u64 {
-        match self {
-            Turn::Node => 0,
-            Turn::Peer { needs } => Turn::PEER | u64::from(needs),
-            Turn::Proved => Turn::PROVED,
-        }
-    }
-
-    fn from_code(c: u64) -> Turn {
-        if c & Turn::PEER != 0 {
-            Turn::Peer { needs: c as u32 }
-        } else if c & Turn::PROVED != 0 {
-            Turn::Proved
-        } else {
-            Turn::Node
-        }
-    }
-}
-
 impl HandshakeSlot {
-    /// Its handshake now waits on `turn`.
+    /// Its handshake now waits on `turn` (set by the acceptor, which alone reads it:
+    /// `give_way` runs as it takes a connection).
     pub(crate) fn set_turn(&self, turn: Turn) {
-        self.turn.store(turn.code(), Relaxed);
+        let mut g = self.setup.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let place = g.by_ip.get_mut(&self.ip);
+        if let Some(p) = place.and_then(|l| l.iter_mut().find(|p| p.id == self.id)) {
+            p.turn = turn;
+        }
     }
 }
 
@@ -297,7 +275,7 @@ mod tests {
             list.push(Pending {
                 id,
                 since: t0,
-                turn: Arc::new(AtomicU64::new(Turn::Peer { needs: FRAME }.code())),
+                turn: Turn::Peer { needs: FRAME },
                 known: true,
                 stream: Some(s),
             });
@@ -342,8 +320,9 @@ mod tests {
         // Id 2's whole frame is unread (the node is behind on it); id 3 proved the secret;
         // id 4 was just accepted: none of them is their peer's fault...
         send(&mut clients, 1, &list, 2, FRAME as usize);
-        place(&list, 3).turn.store(Turn::Proved.code(), Relaxed);
-        place(&list, 4).turn.store(Turn::Node.code(), Relaxed);
+        for (id, turn) in [(3, Turn::Proved), (4, Turn::Node)] {
+            list.iter_mut().find(|p| p.id == id).unwrap().turn = turn;
+        }
         // ...but id 5 trickles its frame: the bytes unread are short of it, so it goes.
         send(&mut clients, 4, &list, 5, FRAME as usize - 1);
         let cut = give_way(&mut list, t0, patience, unread).unwrap();
@@ -360,18 +339,5 @@ mod tests {
             give_way(&mut list, t0 + patience, patience, unread).is_none(),
             "none left"
         );
-    }
-
-    #[test]
-    fn a_turn_survives_its_atomic_word() {
-        for t in [
-            Turn::Node,
-            Turn::Proved,
-            Turn::Peer { needs: 0 },
-            Turn::Peer { needs: 1 },
-            Turn::Peer { needs: u32::MAX },
-        ] {
-            assert_eq!(Turn::from_code(t.code()), t);
-        }
     }
 }
